@@ -1,0 +1,35 @@
+# Every target sets itself up: a fresh machine needs nothing but python3.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test bench lint diagrams clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+$(VENV)/.bench-installed: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	touch $@
+
+demo: $(STAMP)
+	$(BIN)/lifecycle demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: $(VENV)/.bench-installed
+	$(BIN)/python -m benchmarks $(BENCH_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check lifecycle tests benchmarks
+	$(BIN)/mypy lifecycle
+
+clean:
+	rm -rf $(VENV) lifecycle.db lifecycle.db-wal lifecycle.db-shm

@@ -1,0 +1,133 @@
+"""The exception tree. Every error names what was wrong, where, and what to do."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+class LifecycleError(Exception):
+    """Base class of every error lifecycle raises on purpose."""
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One problem found in a machine spec: where it is, what is wrong, and a hint."""
+
+    location: str
+    message: str
+    suggestion: str | None = None
+
+    def __str__(self) -> str:
+        text = f"{self.location}: {self.message}" if self.location else self.message
+        return f"{text}; {self.suggestion}" if self.suggestion else text
+
+
+class SpecError(LifecycleError):
+    """A machine spec is invalid. ``problems`` lists every problem found, not just the first."""
+
+    def __init__(self, machine: str, problems: Sequence[Problem]) -> None:
+        self.machine = machine
+        self.problems = list(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        noun = "problem" if len(self.problems) == 1 else "problems"
+        super().__init__(f"machine {machine!r} has {len(self.problems)} {noun}:\n{lines}")
+
+
+class UnknownMachine(LifecycleError):
+    def __init__(self, name: str, known: Sequence[str]) -> None:
+        self.name = name
+        self.known = sorted(known)
+        hint = f"known machines: {', '.join(self.known)}" if self.known else "no machine is known"
+        super().__init__(f"unknown machine {name!r} ({hint}); give a built-in name or a spec file")
+
+
+class UnknownResource(LifecycleError):
+    def __init__(self, key: str, machine: str | None = None) -> None:
+        self.key = key
+        self.machine = machine
+        where = f"of machine {machine!r} " if machine else ""
+        super().__init__(f"no resource {where}with key {key!r}; `lifecycle create` makes one")
+
+
+class AmbiguousKey(LifecycleError):
+    def __init__(self, key: str, machines: Sequence[str]) -> None:
+        self.key = key
+        self.machines = sorted(machines)
+        options = ", ".join(f"{m}:{key}" for m in self.machines)
+        super().__init__(f"key {key!r} exists in several machines; say which: {options}")
+
+
+class ResourceExists(LifecycleError):
+    def __init__(self, machine: str, key: str) -> None:
+        self.machine = machine
+        self.key = key
+        super().__init__(f"machine {machine!r} already has a resource with key {key!r}")
+
+
+class UnknownTrigger(LifecycleError):
+    def __init__(self, machine: str, trigger: str, known: Sequence[str]) -> None:
+        self.machine = machine
+        self.trigger = trigger
+        self.known = sorted(known)
+        super().__init__(
+            f"machine {machine!r} has no trigger {trigger!r}; its triggers: {', '.join(self.known)}"
+        )
+
+
+class UnknownState(LifecycleError):
+    def __init__(self, machine: str, state: str, known: Sequence[str]) -> None:
+        self.machine = machine
+        self.state = state
+        super().__init__(
+            f"machine {machine!r} has no state {state!r}; its states: {', '.join(sorted(known))}"
+        )
+
+
+class InvalidData(LifecycleError):
+    """A resource's data or an event payload does not fit the machine's declared schema."""
+
+    def __init__(self, machine: str, key: str, detail: str) -> None:
+        self.machine = machine
+        self.key = key
+        super().__init__(f"resource {machine}:{key}: invalid data: {detail}")
+
+
+class StrandedResources(LifecycleError):
+    """A changed spec would leave live resources in states it no longer has."""
+
+    def __init__(self, machine: str, version: str, stranded: Sequence[tuple[str, str]]) -> None:
+        self.machine = machine
+        self.version = version
+        self.stranded = list(stranded)
+        shown = ", ".join(f"{key} (in {state!r})" for key, state in self.stranded[:20])
+        more = f" and {len(self.stranded) - 20} more" if len(self.stranded) > 20 else ""
+        super().__init__(
+            f"cannot register machine {machine!r} version {version}: "
+            f"{len(self.stranded)} live resources are in states it no longer has: {shown}{more}; "
+            "keep those states, or move the resources out of them first"
+        )
+
+
+class SchemaOutOfDate(LifecycleError):
+    """The database schema is not the one this code needs."""
+
+    def __init__(self, url: str, current: str | None, head: str) -> None:
+        self.url = url
+        self.current = current
+        self.head = head
+        if current is None:
+            what = "has no lifecycle schema yet"
+        else:
+            what = f"is at schema revision {current}, this code needs {head}"
+        super().__init__(
+            f"database {url} {what}; run `lifecycle db upgrade` (or pass upgrade=True)"
+        )
+
+
+class ConcurrencyError(LifecycleError):
+    """A transition kept losing the compare-and-swap race; nothing was written."""
+
+
+class DatabaseError(LifecycleError):
+    """The database could not be reached or refused the operation."""

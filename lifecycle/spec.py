@@ -1,0 +1,443 @@
+"""Machine specs: pure data, validated as a whole.
+
+A spec is written in Python (pydantic models), or loaded from a dict, a YAML file or a
+JSON file. ``MachineSpec.problems()`` reports every problem at once, each with its location
+and, where one exists, a suggestion; ``load_spec`` and ``Engine.register`` raise
+``SpecError`` with all of them.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError, model_validator
+
+from .errors import Problem, SpecError
+
+SEPARATOR = "."
+ANY = "*"
+EVENTLESS = "_eventless"
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
+_TRIGGER = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+_RESERVED_TRIGGERS = frozenset({"trigger", "state", "step"})
+
+
+def _as_state(value: Any) -> Any:
+    return {"name": value} if isinstance(value, str) else value
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StateSpec(_Strict):
+    """A state; with ``states`` it is a composite state entered through its ``initial`` child."""
+
+    name: str
+    states: tuple[StateSpec, ...] = ()
+    initial: str | None = None
+    description: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _children_as_dicts(cls, value: Any) -> Any:
+        if isinstance(value, Mapping) and isinstance(value.get("states"), list | tuple):
+            value = {**value, "states": [_as_state(s) for s in value["states"]]}
+        return value
+
+
+class Freshness(_Strict):
+    """The rule of a risky edge: fire only on an observation at most ``max_age`` seconds old,
+    made after the resource's last transition; ask ``probe`` for one when none is held."""
+
+    max_age: PositiveFloat
+    probe: str | None = None
+
+
+class _Edge(_Strict):
+    source: str | tuple[str, ...]
+    dest: str
+    guards: tuple[str, ...] = ()
+    unless: tuple[str, ...] = ()
+    effects: tuple[str, ...] = ()
+    fresh: Freshness | None = None
+    description: str | None = None
+    ref: str | None = None
+    merge_payload: bool = True
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        return (self.source,) if isinstance(self.source, str) else self.source
+
+
+class TransitionSpec(_Edge):
+    """``trigger`` takes the resource from ``source`` to ``dest`` when every guard holds and no
+    ``unless`` guard does. When it fires, the payload's keys are merged into the resource's
+    data (unless ``merge_payload`` is false) and ``effects`` are asked for."""
+
+    trigger: str
+
+
+class EventlessSpec(_Edge):
+    """A transition without a trigger, taken by ``Engine.step`` when its guards hold."""
+
+
+class MachineSpec(_Strict):
+    """A whole machine. Pure data: nothing here runs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+    name: str
+    description: str | None = None
+    states: tuple[StateSpec, ...]
+    initial: str
+    final: tuple[str, ...] = ()
+    transitions: tuple[TransitionSpec, ...] = ()
+    eventless: tuple[EventlessSpec, ...] = ()
+    data_model: type[BaseModel] | None = Field(default=None, exclude=True)
+    """A pydantic model the resource's data must fit (Python only; its JSON schema is kept)."""
+    data_schema: dict[str, Any] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _normalise(cls, value: Any) -> Any:
+        if isinstance(value, Mapping):
+            value = dict(value)
+            if isinstance(value.get("states"), list | tuple):
+                value["states"] = [_as_state(s) for s in value["states"]]
+            if isinstance(value.get("final"), str):
+                value["final"] = [value["final"]]
+            model = value.get("data_model")
+            if isinstance(model, type) and issubclass(model, BaseModel):
+                value.setdefault("data_schema", model.model_json_schema())
+        return value
+
+    # -- derived views -------------------------------------------------------------------
+
+    @cached_property
+    def graph(self) -> StateGraph:
+        return StateGraph.build(self)
+
+    @cached_property
+    def version(self) -> str:
+        """The content hash: the same spec always has the same version."""
+        text = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", exclude_defaults=True)
+
+    @property
+    def triggers(self) -> frozenset[str]:
+        return frozenset(t.trigger for t in self.transitions)
+
+    def guard_names(self) -> set[str]:
+        return {g for e in self.edges() for g in (*e.guards, *e.unless)}
+
+    def effect_names(self) -> set[str]:
+        return {name for e in self.edges() for name in e.effects}
+
+    def probe_names(self) -> set[str]:
+        return {e.fresh.probe for e in self.edges() if e.fresh and e.fresh.probe}
+
+    def edges(self) -> Iterable[_Edge]:
+        yield from self.transitions
+        yield from self.eventless
+
+    # -- validation -----------------------------------------------------------------------
+
+    def problems(self) -> list[Problem]:
+        """Every problem of this spec, in order of location."""
+        return _check(self)
+
+    def validated(self) -> MachineSpec:
+        problems = self.problems()
+        if problems:
+            raise SpecError(self.name, problems)
+        return self
+
+
+@dataclass(slots=True)
+class StateGraph:
+    """The flattened state tree: full names (``parent.child``), nesting, and what an edge
+    from a source covers. Shared by validation, the engine and the renderers."""
+
+    names: list[str] = field(default_factory=list)
+    parent: dict[str, str | None] = field(default_factory=dict)
+    children: dict[str, list[str]] = field(default_factory=dict)
+    initial_child: dict[str, str] = field(default_factory=dict)
+    duplicates: list[tuple[str, str]] = field(default_factory=list)
+    bad_names: list[tuple[str, str]] = field(default_factory=list)
+    bad_initials: list[tuple[str, str, str | None]] = field(default_factory=list)
+
+    @classmethod
+    def build(cls, spec: MachineSpec) -> StateGraph:
+        graph = cls()
+
+        def walk(states: tuple[StateSpec, ...], parent: str | None, where: str) -> None:
+            for i, state in enumerate(states):
+                loc = f"{where}[{i}]"
+                if not _NAME.match(state.name):
+                    graph.bad_names.append((loc, state.name))
+                full = f"{parent}{SEPARATOR}{state.name}" if parent else state.name
+                if full in graph.parent:
+                    graph.duplicates.append((loc, full))
+                    continue
+                graph.names.append(full)
+                graph.parent[full] = parent
+                graph.children[full] = []
+                if parent is not None:
+                    graph.children[parent].append(full)
+                walk(state.states, full, f"{loc}.states")
+                if state.states:
+                    child_names = [c.name for c in state.states]
+                    if state.initial in child_names:
+                        graph.initial_child[full] = f"{full}{SEPARATOR}{state.initial}"
+                    else:
+                        graph.bad_initials.append((loc, full, state.initial))
+                        graph.initial_child[full] = f"{full}{SEPARATOR}{child_names[0]}"
+                elif state.initial is not None:
+                    graph.bad_initials.append((loc, full, state.initial))
+
+        walk(spec.states, None, "states")
+        return graph
+
+    @property
+    def leaves(self) -> list[str]:
+        return [n for n in self.names if not self.children[n]]
+
+    def is_leaf(self, name: str) -> bool:
+        return not self.children[name]
+
+    def ancestors(self, name: str) -> list[str]:
+        """``name`` and its ancestors, innermost first."""
+        chain = []
+        current: str | None = name
+        while current is not None:
+            chain.append(current)
+            current = self.parent[current]
+        return chain
+
+    def descendants(self, name: str) -> list[str]:
+        out = [name]
+        for child in self.children[name]:
+            out.extend(self.descendants(child))
+        return out
+
+    def enter(self, name: str) -> str:
+        """The leaf a resource is in after entering ``name``."""
+        while name in self.initial_child:
+            name = self.initial_child[name]
+        return name
+
+    def covered_leaves(self, sources: Iterable[str]) -> set[str]:
+        """The leaves an edge from ``sources`` applies to."""
+        leaves: set[str] = set()
+        for source in sources:
+            if source == ANY:
+                return set(self.leaves)
+            if source in self.parent:
+                leaves.update(n for n in self.descendants(source) if self.is_leaf(n))
+        return leaves
+
+    def is_final(self, leaf: str, final: Iterable[str]) -> bool:
+        listed = set(final)
+        return any(a in listed for a in self.ancestors(leaf))
+
+
+def _suggest(name: str, options: Iterable[str]) -> str | None:
+    options = list(options)
+    close = difflib.get_close_matches(name, options, n=1, cutoff=0.6)
+    if not close:
+        # a bare child name where the full dotted name is needed
+        close = [o for o in options if o.rsplit(SEPARATOR, 1)[-1] == name][:1]
+    return f"did you mean {close[0]!r}?" if close else None
+
+
+def _check(spec: MachineSpec) -> list[Problem]:
+    problems: list[Problem] = []
+    graph = spec.graph
+    states = set(graph.names)
+
+    def state_ref(loc: str, name: str, allow_any: bool = False) -> bool:
+        if name in states or (allow_any and name == ANY):
+            return True
+        problems.append(Problem(loc, f"{name!r} is not a state", _suggest(name, graph.names)))
+        return False
+
+    if not _NAME.match(spec.name):
+        problems.append(Problem("name", f"{spec.name!r} is not a valid machine name",
+                                "use letters, digits, '_' and '-'"))
+    for loc, name in graph.bad_names:
+        problems.append(Problem(f"{loc}.name", f"{name!r} is not a valid state name",
+                                "use letters, digits, '_' and '-' (no '.')"))
+    for loc, full in graph.duplicates:
+        problems.append(Problem(f"{loc}.name", f"duplicate state {full!r}"))
+    for loc, full, initial in graph.bad_initials:
+        kids = [c.rsplit(SEPARATOR, 1)[-1] for c in graph.children[full]]
+        if not kids:
+            problems.append(Problem(f"{loc}.initial", f"state {full!r} has no children, "
+                                    f"so it cannot have an initial child ({initial!r})"))
+        elif initial is None:
+            problems.append(Problem(f"{loc}.initial", f"composite state {full!r} needs an "
+                                    "initial child", f"add `initial: {kids[0]}`"))
+        else:
+            problems.append(Problem(f"{loc}.initial", f"{initial!r} is not a child of {full!r}",
+                                    _suggest(initial, kids)))
+    if not spec.states:
+        problems.append(Problem("states", "a machine needs at least one state"))
+    initial_ok = state_ref("initial", spec.initial)
+    for i, name in enumerate(spec.final):
+        state_ref(f"final[{i}]", name)
+
+    edges: list[tuple[str, str, Any]] = [
+        (f"transitions[{i}]", t.trigger, t) for i, t in enumerate(spec.transitions)
+    ] + [(f"eventless[{i}]", EVENTLESS, e) for i, e in enumerate(spec.eventless)]
+    covered: list[set[str]] = []
+    for loc, trigger, edge in edges:
+        if trigger != EVENTLESS and (not _TRIGGER.match(trigger) or trigger in _RESERVED_TRIGGERS):
+            problems.append(Problem(f"{loc}.trigger", f"{trigger!r} is not a valid trigger name",
+                                    "start with a letter; use letters, digits and '_'; "
+                                    f"{', '.join(sorted(_RESERVED_TRIGGERS))} are reserved"))
+        sources = edge.sources
+        if not sources:
+            problems.append(Problem(f"{loc}.source", "a transition needs at least one source"))
+        for j, source in enumerate(sources):
+            where = f"{loc}.source" if isinstance(edge.source, str) else f"{loc}.source[{j}]"
+            state_ref(where, source, allow_any=True)
+        state_ref(f"{loc}.dest", edge.dest)
+        covered.append(graph.covered_leaves(sources))
+        for kind in ("guards", "unless"):
+            names = getattr(edge, kind)
+            for name in sorted({n for n in names if names.count(n) > 1}):
+                problems.append(Problem(f"{loc}.{kind}", f"guard {name!r} is named twice"))
+
+    # two edges with the same trigger and an overlapping source that no guard tells apart
+    for b, (loc_b, trig_b, edge_b) in enumerate(edges):
+        for a in range(b):
+            loc_a, trig_a, edge_a = edges[a]
+            if trig_a != trig_b or not (covered[a] & covered[b]):
+                continue
+            if set(edge_a.guards) == set(edge_b.guards) and set(edge_a.unless) == set(
+                edge_b.unless
+            ):
+                what = "eventless" if trig_b == EVENTLESS else f"trigger {trig_b!r}"
+                overlap = ", ".join(sorted(covered[a] & covered[b])[:3])
+                problems.append(Problem(
+                    loc_b,
+                    f"{what} from {overlap} is already taken by {loc_a}, and no guard tells "
+                    "them apart",
+                    "give one of them a guard (or an unless guard), or merge them",
+                ))
+                break
+
+    # reachability from the initial state, and a way out of every non-final state
+    if initial_ok and not graph.duplicates:
+        reached: set[str] = set()
+        todo = [graph.enter(spec.initial)]
+        while todo:
+            leaf = todo.pop()
+            if leaf in reached:
+                continue
+            reached.update(graph.ancestors(leaf))
+            for (_, _, edge), leaves in zip(edges, covered, strict=True):
+                if leaf in leaves and edge.dest in states:
+                    todo.append(graph.enter(edge.dest))
+        for name in graph.names:
+            if name not in reached:
+                problems.append(Problem(
+                    f"states.{name}", f"state {name!r} is unreachable from the initial state "
+                    f"{spec.initial!r}", "add a transition into it, or remove it"))
+        leaving = set().union(*covered) if covered else set()
+        for leaf in graph.leaves:
+            if leaf in reached and leaf not in leaving and not graph.is_final(leaf, spec.final):
+                problems.append(Problem(
+                    f"states.{leaf}", f"state {leaf!r} is not final and no transition leaves it",
+                    f"add a transition from it, or list it in `final`"))
+    problems.sort(key=lambda p: _location_order(p.location))
+    return problems
+
+
+def _location_order(location: str) -> tuple[int, str]:
+    order = ["name", "states", "initial", "final", "transitions", "eventless"]
+    head = re.split(r"[.\[]", location, maxsplit=1)[0]
+    rank = order.index(head) if head in order else len(order)
+    return rank, re.sub(r"\d+", lambda m: m.group().zfill(8), location)
+
+
+# -- loading ------------------------------------------------------------------------------
+
+SpecSource = MachineSpec | Mapping[str, Any] | str | Path
+
+
+def load_spec(source: SpecSource) -> MachineSpec:
+    """A validated spec from a ``MachineSpec``, a dict, or a YAML/JSON file path."""
+    if isinstance(source, MachineSpec):
+        return source.validated()
+    origin = "<dict>"
+    if isinstance(source, str | Path):
+        origin = str(source)
+        source = _read_file(Path(source))
+    if not isinstance(source, Mapping):
+        raise SpecError(origin, [Problem("", f"a machine spec must be a mapping, not "
+                                         f"{type(source).__name__}")])
+    name = str(source.get("name", origin))
+    try:
+        spec = MachineSpec.model_validate(source)
+    except ValidationError as exc:
+        raise SpecError(name, [_from_pydantic(e) for e in exc.errors()]) from None
+    return spec.validated()
+
+
+def _read_file(path: Path) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpecError(str(path), [Problem(str(path), f"cannot read: {exc.strerror}")]) from None
+    if path.suffix.lower() == ".json":
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SpecError(str(path), [Problem(f"{path}:{exc.lineno}:{exc.colno}",
+                                                f"invalid JSON: {exc.msg}")]) from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        what = getattr(exc, "problem", None) or str(exc)
+        raise SpecError(str(path), [Problem(where, f"invalid YAML: {what}")]) from None
+
+
+def _from_pydantic(error: Mapping[str, Any]) -> Problem:
+    loc = ""
+    for part in error["loc"]:
+        loc += f"[{part}]" if isinstance(part, int) else (f".{part}" if loc else str(part))
+    message = str(error["msg"])
+    if error["type"] == "extra_forbidden":
+        field_name = str(error["loc"][-1])
+        known = _known_fields(error["loc"][:-1])
+        return Problem(loc, "unknown field", _suggest(field_name, known))
+    if error["type"] == "missing":
+        return Problem(loc, "required field is missing")
+    if "input" in error and not isinstance(error["input"], Mapping | list):
+        message = f"{message} (got {error['input']!r})"
+    return Problem(loc, message)
+
+
+def _known_fields(loc: tuple[Any, ...]) -> list[str]:
+    names = [p for p in loc if isinstance(p, str)]
+    model: type[BaseModel] = MachineSpec
+    for name in names:
+        model = {"states": StateSpec, "transitions": TransitionSpec, "eventless": EventlessSpec,
+                 "fresh": Freshness}.get(name, model)
+    return list(model.model_fields)

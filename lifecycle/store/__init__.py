@@ -1,0 +1,181 @@
+"""The store: schema, database setup and the pre-compiled statements of the hot path."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, bindparam, insert, select, update
+from sqlalchemy.dialects import sqlite as sqlite_dialect
+from sqlalchemy.engine import Dialect, make_url
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+from ..errors import DatabaseError, SchemaOutOfDate
+from . import migrate
+from .database import create_sa_engine, display_url, raw_transaction, resolve_url
+from .schema import UTC, journal, machines, metadata, resources, specs, sqlite_time
+
+__all__ = ["Store", "journal", "machines", "metadata", "resources", "resolve_url", "specs"]
+
+
+class Store:
+    """One database: SQLite by default, PostgreSQL when many processes and hosts share it.
+
+    Opening checks that the schema is at the code's revision and refuses otherwise (or
+    upgrades, when ``upgrade=True``); it never creates tables behind Alembic's back."""
+
+    def __init__(self, url: str | None = None, *, upgrade: bool = False, check: bool = True):
+        self.url = resolve_url(url)
+        self.display_url = display_url(self.url)
+        parsed = make_url(self.url)
+        self._sqlite_file = (
+            parsed.database
+            if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:")
+            else None
+        )
+        if check and not upgrade and self._sqlite_file and not Path(self._sqlite_file).exists():
+            raise SchemaOutOfDate(self.display_url, None, migrate.head_revision())
+        self.engine = create_sa_engine(self.url)
+        self.dialect: str = self.engine.dialect.name
+        self.sql = Statements(self.engine.dialect)
+        self.integrity_error: type[Exception] = self.engine.dialect.dbapi.IntegrityError  # type: ignore[union-attr]
+        if check:
+            self.check_schema(upgrade=upgrade)
+
+    # -- schema ------------------------------------------------------------------------
+
+    def current_revision(self) -> str | None:
+        with self.read() as connection:
+            return migrate.current_revision(connection)
+
+    def check_schema(self, *, upgrade: bool = False) -> None:
+        head = migrate.head_revision()
+        current = self.current_revision()
+        if current == head:
+            return
+        known = [r for r, _, _ in migrate.revisions()]
+        if current is not None and current not in known:
+            raise DatabaseError(
+                f"database {self.display_url} is at schema revision {current}, which this "
+                f"version of lifecycle does not know (its newest is {head}): upgrade lifecycle"
+            )
+        if not upgrade:
+            raise SchemaOutOfDate(self.display_url, current, head)
+        self.upgrade()
+
+    def upgrade(self, revision: str = "head") -> None:
+        migrate.upgrade(self.engine, revision)
+
+    def downgrade(self, revision: str) -> None:
+        migrate.downgrade(self.engine, revision)
+
+    # -- connections -------------------------------------------------------------------
+
+    @contextmanager
+    def read(self) -> Iterator[Connection]:
+        """A SQLAlchemy connection for reading (a deferred transaction on SQLite)."""
+        try:
+            with self.engine.connect().execution_options(lifecycle_readonly=True) as connection:
+                yield connection
+        except OperationalError as exc:
+            raise DatabaseError(f"database {self.display_url}: {exc.orig}") from None
+
+    @contextmanager
+    def begin(self) -> Iterator[Connection]:
+        """A SQLAlchemy connection inside one write transaction."""
+        try:
+            with self.engine.begin() as connection:
+                yield connection
+        except OperationalError as exc:
+            raise DatabaseError(f"database {self.display_url}: {exc.orig}") from None
+
+    @contextmanager
+    def write(self) -> Iterator[Any]:
+        """A raw DBAPI cursor inside one write transaction, for ``self.sql`` statements."""
+        try:
+            with raw_transaction(self.engine) as cursor:
+                yield cursor
+        except DBAPIError as exc:  # raised when the pool cannot connect
+            raise DatabaseError(f"database {self.display_url}: {exc.orig}") from None
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+    # -- values on the raw path --------------------------------------------------------
+
+    def time_param(self, value: dt.datetime) -> Any:
+        return sqlite_time(value) if self.dialect == "sqlite" else value
+
+    def json_param(self, value: Any) -> Any:
+        if self.dialect == "sqlite":
+            return json.dumps(value, separators=(",", ":"))
+        from psycopg.types.json import Jsonb
+
+        return Jsonb(value)
+
+    def json_value(self, value: Any) -> Any:
+        return json.loads(value) if isinstance(value, str) else value
+
+    def time_value(self, value: Any) -> dt.datetime:
+        if isinstance(value, str):
+            value = dt.datetime.fromisoformat(value)
+        assert isinstance(value, dt.datetime)
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Statements:
+    """The hot path's statements, built from the schema once and compiled for the dialect,
+    then run on a raw DBAPI cursor: SQLAlchemy's per-statement overhead would otherwise cost
+    several times the database's own work (see benchmarks/)."""
+
+    RESOURCE_COLUMNS = ("id", "machine", "key", "state", "version", "seq", "data", "spec_version")
+
+    def __init__(self, dialect: Dialect) -> None:
+        if dialect.name == "sqlite":
+            dialect = sqlite_dialect.dialect(paramstyle="named")
+        r = resources.c
+        cols = [r[name] for name in self.RESOURCE_COLUMNS]
+
+        def sql(statement: Any) -> str:
+            return str(statement.compile(dialect=dialect))
+
+        self.resource_by_key = sql(select(*cols).where(r.key == bindparam("key")))
+        self.resource_by_machine_key = sql(
+            select(*cols).where(r.machine == bindparam("machine"), r.key == bindparam("key"))
+        )
+        cas = (r.id == bindparam("id_"), r.version == bindparam("version_"), r.seq == bindparam("seq_"))
+        moved = {
+            "state": bindparam("new_state"),
+            "version": bindparam("new_version"),
+            "seq": bindparam("new_seq"),
+            "spec_version": bindparam("new_spec_version"),
+            "updated_at": bindparam("now"),
+        }
+        self.move = sql(update(resources).where(*cas).values(**moved))
+        self.move_with_data = sql(
+            update(resources).where(*cas).values(**moved, data=bindparam("new_data"))
+        )
+        self.insert_resource = sql(
+            insert(resources)
+            .values(
+                machine=bindparam("machine"), key=bindparam("key"),
+                spec_version=bindparam("spec_version"), state=bindparam("state"),
+                version=bindparam("version"), seq=bindparam("seq"), data=bindparam("data"),
+                created_at=bindparam("now"), updated_at=bindparam("now"),
+            )
+            .returning(r.id)
+        )
+        self.insert_journal = sql(
+            insert(journal).values(
+                resource_id=bindparam("resource_id"), seq=bindparam("seq"),
+                kind=bindparam("kind"), trigger=bindparam("trigger"),
+                source=bindparam("source"), dest=bindparam("dest"),
+                version=bindparam("version"), spec_version=bindparam("spec_version"),
+                actor=bindparam("actor"), at=bindparam("at"),
+                payload=bindparam("payload"), guards=bindparam("guards"),
+            )
+        )

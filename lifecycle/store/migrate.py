@@ -1,0 +1,59 @@
+"""The schema's history, managed by Alembic. Nothing else creates tables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection
+from sqlalchemy.engine import Engine as SAEngine
+
+VERSION_TABLE = "lifecycle_alembic_version"
+
+
+def migrations_dir() -> Path:
+    """``migrations/`` of a source checkout, or its copy inside an installed wheel."""
+    package = Path(__file__).resolve().parent.parent
+    for candidate in (package / "_migrations", package.parent / "migrations"):
+        if (candidate / "env.py").is_file():
+            return candidate
+    raise FileNotFoundError(f"lifecycle's migrations are missing (looked beside {package})")
+
+
+def _config(connection: Connection | None = None) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(migrations_dir()))
+    config.attributes["connection"] = connection
+    return config
+
+
+def head_revision() -> str:
+    head = ScriptDirectory.from_config(_config()).get_current_head()
+    assert head is not None, "no migrations found"
+    return head
+
+
+def current_revision(connection: Connection) -> str | None:
+    context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
+    return context.get_current_revision()
+
+
+def revisions() -> list[tuple[str, str | None, str]]:
+    """(revision, down revision, message) from base to head."""
+    script = ScriptDirectory.from_config(_config())
+    out = [(r.revision, r.down_revision if isinstance(r.down_revision, str) else None,
+            r.doc or "") for r in script.walk_revisions()]
+    return list(reversed(out))
+
+
+def upgrade(engine: SAEngine, revision: str = "head") -> None:
+    with engine.begin() as connection:
+        command.upgrade(_config(connection), revision)
+
+
+def downgrade(engine: SAEngine, revision: str) -> None:
+    with engine.begin() as connection:
+        command.downgrade(_config(connection), revision)

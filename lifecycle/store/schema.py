@@ -1,0 +1,129 @@
+"""The database schema: the single source of truth. Every change here comes with an Alembic
+revision in ``migrations/versions/`` (a test checks that the two agree)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Column,
+    DateTime,
+    Dialect,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    String,
+    Table,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+
+UTC = dt.UTC
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+
+def sqlite_time(value: dt.datetime) -> str:
+    """How a time is stored on SQLite: UTC, sortable text (SQLAlchemy's own format)."""
+    return value.astimezone(UTC).replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds")
+
+
+class UtcDateTime(TypeDecorator[dt.datetime]):
+    """Timezone-aware UTC datetimes on every backend (SQLite has no time zones)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: dt.datetime | None, dialect: Dialect) -> Any:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r}: lifecycle stores aware UTC times")
+        return value.astimezone(UTC).replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        if isinstance(value, str):
+            value = dt.datetime.fromisoformat(value)
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def Document() -> JSON:  # noqa: N802 - a column type, named like one
+    return JSON().with_variant(JSONB(), "postgresql")
+
+
+Key = String(255)
+Name = String(200)
+Hash = String(64)
+# SQLite only makes INTEGER PRIMARY KEY columns auto-increment.
+Id = BigInteger().with_variant(Integer(), "sqlite")
+
+machines = Table(
+    "lifecycle_machines",
+    metadata,
+    Column("name", Name, primary_key=True),
+    Column("spec_version", Hash, nullable=False),
+    Column("updated_at", UtcDateTime(), nullable=False),
+    comment="each machine name and the spec version registered last",
+)
+
+specs = Table(
+    "lifecycle_specs",
+    metadata,
+    Column("machine", Name, nullable=False),
+    Column("version", Hash, nullable=False),
+    Column("spec", Document(), nullable=False),
+    Column("created_at", UtcDateTime(), nullable=False),
+    PrimaryKeyConstraint("machine", "version"),
+    comment="every spec version ever used, so history can be read long after a file changed",
+)
+
+resources = Table(
+    "lifecycle_resources",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("machine", Name, nullable=False),
+    Column("key", Key, nullable=False),
+    Column("spec_version", Hash, nullable=False),
+    Column("state", Name, nullable=False),
+    Column("version", Integer, nullable=False, comment="bumped by every change of state or data"),
+    Column("seq", Integer, nullable=False, comment="sequence number of the last journal row"),
+    Column("data", Document(), nullable=False),
+    Column("created_at", UtcDateTime(), nullable=False),
+    Column("updated_at", UtcDateTime(), nullable=False),
+    UniqueConstraint("machine", "key"),
+    Index(None, "key"),
+    Index(None, "machine", "state"),
+)
+
+journal = Table(
+    "lifecycle_journal",
+    metadata,
+    Column("resource_id", Id, ForeignKey(resources.c.id, ondelete="CASCADE"), nullable=False),
+    Column("seq", Integer, nullable=False),
+    Column("kind", String(16), nullable=False, comment="create, adopt, transition"),
+    Column("trigger", Name),
+    Column("source", Name),
+    Column("dest", Name, nullable=False),
+    Column("version", Integer, nullable=False, comment="the resource's version after this row"),
+    Column("spec_version", Hash, nullable=False),
+    Column("actor", String(255)),
+    Column("at", UtcDateTime(), nullable=False),
+    Column("payload", Document()),
+    Column("guards", Document(), comment="the verdict of each guard evaluated"),
+    PrimaryKeyConstraint("resource_id", "seq"),
+)
