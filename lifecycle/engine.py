@@ -132,6 +132,11 @@ class _Conflict(Exception):
     """The compare-and-swap lost: somebody else moved the resource first."""
 
 
+class _NeedMachine(Exception):
+    """The resource's machine must be loaded first, outside the write transaction (loading
+    may register a spec, which takes a transaction of its own)."""
+
+
 class Engine:
     """Runs machine specs against a store.
 
@@ -371,7 +376,9 @@ class Engine:
                 with store.write() as cursor:
                     rid, machine, rkey, state, version, seq, raw_data, spec_version = (
                         self._locate(cursor, key))
-                    runner = self._runner(machine)
+                    runner = self._runners.get(machine)
+                    if runner is None:
+                        raise _NeedMachine(machine)
                     if trigger != EVENTLESS and trigger not in runner.triggers:
                         raise UnknownTrigger(machine, trigger, runner.triggers)
                     data = store.json_value(raw_data)
@@ -403,6 +410,9 @@ class Engine:
                         "payload": store.json_param(payload) if payload else None,
                         "guards": store.json_param(decision.guards) if decision.guards else None,
                     })
+            except _NeedMachine as need:
+                self._runner(str(need))
+                continue
             except _Conflict:
                 log.debug("%s: version %s moved while firing %s; deciding again", key,
                           version, trigger)

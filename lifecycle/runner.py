@@ -181,6 +181,4 @@ def _why(verdicts: dict[str, bool], spec: MachineSpec, state: str, trigger: str)
                 if verdicts.get(name) is True:
                     reasons.append(f"unless guard {name!r} is true")
                     break
-    unique = list(dict.fromkeys(reasons)) or ["no transition's guards held"]
-    what = "eventless transitions" if trigger == EVENTLESS else repr(trigger)
-    return f"{what} from {state!r} refused: " + "; ".join(unique)
+    return "; ".join(dict.fromkeys(reasons)) or "no transition's guards held"

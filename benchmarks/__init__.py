@@ -1,0 +1,15 @@
+"""Side-by-side benchmarks of lifecycle, run by ``make bench`` (``python -m benchmarks``).
+
+Every number in the table is measured in the same run, on the same machine, so the ratios
+compare like with like:
+
+1. a persisted fire through :class:`lifecycle.Engine` against the floor: the same
+   statements through the raw driver (``sqlite3`` on a WAL file, ``psycopg`` on PostgreSQL);
+2. the same persisted transition with what a user would pick instead: django-fsm-2 with
+   django-fsm-log, and sqlalchemy-fsm with a hand-written log row;
+3. the in-memory decision alone against a bare ``transitions.Machine`` and
+   python-statemachine.
+
+``python -m benchmarks --help`` lists the options (``--quick`` for a smoke run of a few
+seconds, ``--json`` for machines, ``--profile CASE`` for a cProfile breakdown).
+"""

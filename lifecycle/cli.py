@@ -1,0 +1,433 @@
+"""The ``lifecycle`` command."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from .engine import Engine, FireResult, JournalEntry
+from .errors import LifecycleError, UnknownMachine
+from .machines import builtins
+from .spec import MachineSpec, load_spec
+from .store import Store, migrate
+
+F = TypeVar("F", bound=Callable[..., Any])
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+
+class _Group(click.Group):
+    """Errors lifecycle raises on purpose are one line on stderr and exit status 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except LifecycleError as exc:
+            err.print(f"[bold red]error:[/] {_escape(str(exc))}")
+            sys.exit(1)
+
+
+def _escape(text: str) -> str:
+    return text.replace("[", "\\[")
+
+
+def db_option(f: F) -> F:
+    return click.option(
+        "--db", "db_url", metavar="URL",
+        help="Database URL, or a SQLite file path. Default: $LIFECYCLE_DATABASE_URL, "
+             "else ./lifecycle.db",
+    )(f)
+
+
+def json_option(f: F) -> F:
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON.")(f)
+
+
+def _json_arg(value: str | None, option: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not JSON: {exc.msg} at line {exc.lineno} column "
+                                 f"{exc.colno}", param_hint=option) from None
+    if not isinstance(parsed, dict):
+        raise click.BadParameter(f"must be a JSON object, not {type(parsed).__name__}",
+                                 param_hint=option)
+    return parsed
+
+
+def _store(db_url: str | None, *, upgrade: bool = False) -> Store:
+    return Store(db_url, upgrade=upgrade)
+
+
+def _engine(db_url: str | None, *, upgrade: bool = False) -> Engine:
+    """An engine with every built-in machine's guards and handlers; the built-in specs are
+    registered as they are used, machines from files as the database stored them."""
+    guards: dict[str, Any] = {}
+    effects: dict[str, Any] = {}
+    probes: dict[str, Any] = {}
+    for builtin in builtins().values():
+        guards.update(builtin.guards)
+        effects.update(builtin.effects)
+        probes.update(builtin.probes)
+    return _BuiltinAwareEngine(_store(db_url, upgrade=upgrade), guards=guards, effects=effects,
+                               probes=probes)
+
+
+class _BuiltinAwareEngine(Engine):
+    """Runs a built-in machine with the code's spec, not the copy stored in the database."""
+
+    def _load_stored(self, machine: str) -> Any:
+        builtin = builtins().get(machine)
+        if builtin is not None:
+            self.register(builtin.spec)
+            return self._runners[machine]
+        return super()._load_stored(machine)
+
+
+def _machine(engine: Engine, name_or_path: str) -> MachineSpec:
+    """A built-in name, a spec file (registered), or a machine the database knows."""
+    if name_or_path in builtins():
+        return engine.register(builtins()[name_or_path].spec)
+    path = Path(name_or_path)
+    if path.suffix.lower() in (".yaml", ".yml", ".json") or path.exists():
+        return engine.register(load_spec(path))
+    try:
+        return engine.spec(name_or_path)
+    except UnknownMachine:
+        raise UnknownMachine(name_or_path, [*builtins(), *engine.machine_names()]) from None
+
+
+# -- commands ------------------------------------------------------------------------------
+
+
+@click.group(cls=_Group)
+@click.version_option(package_name="lifecycle-fsm")
+def main() -> None:
+    """Explicit, persisted state machines of computing resources."""
+
+
+@main.command()
+@db_option
+@json_option
+def machines(db_url: str | None, as_json: bool) -> None:
+    """List the built-in machines and those the database knows."""
+    engine = _engine(db_url)
+    counts = engine.counts()
+    known = builtins()
+    names = sorted({*known, *engine.machine_names()})
+    rows = []
+    for name in names:
+        spec = known[name].spec if name in known else engine.spec(name)
+        rows.append({
+            "name": name, "kind": "built-in" if name in known else "stored",
+            "spec_version": spec.version, "resources": sum(counts.get(name, {}).values()),
+            "summary": known[name].summary if name in known else (spec.description or ""),
+        })
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    table = Table("machine", "kind", "spec version", "resources", "about")
+    for r in rows:
+        table.add_row(r["name"], r["kind"], r["spec_version"], str(r["resources"]), r["summary"])
+    out.print(table)
+
+
+@main.command()
+@click.argument("machine")
+@db_option
+@json_option
+def describe(machine: str, db_url: str | None, as_json: bool) -> None:
+    """Show a machine's states and transitions. MACHINE is a built-in name, a spec file
+    (checked without a database when no --db is needed), or a stored machine."""
+    if machine not in builtins() and Path(machine).suffix.lower() in (".yaml", ".yml", ".json"):
+        spec = load_spec(machine)  # a file is described without touching a database
+    elif machine in builtins():
+        spec = builtins()[machine].spec
+    else:
+        spec = _machine(_engine(db_url), machine)
+    doc = describe_json(spec)
+    if as_json:
+        print(json.dumps(doc, indent=2))
+        return
+    out.print(f"[bold]{spec.name}[/] (spec version {spec.version})")
+    if spec.description:
+        out.print(spec.description)
+    states = Table("state", "parent", "final", title="states", title_justify="left")
+    for s in doc["states"]:
+        initial = " (initial)" if s["name"] == spec.graph.enter(spec.initial) else ""
+        states.add_row(s["name"] + initial, s["parent"] or "", "yes" if s["final"] else "")
+    out.print(states)
+    columns = ["trigger", "source", "dest", "guards", "effects", "fresh", "about"]
+    rows = []
+    for t in doc["transitions"]:
+        fresh = t["fresh"]
+        rows.append([
+            t["trigger"] or "(eventless)", ", ".join(t["source"]), t["dest"],
+            ", ".join([*t["guards"], *(f"not {u}" for u in t["unless"])]),
+            ", ".join(t["effects"]),
+            (f"{fresh['max_age']:g} s" + (f", probe {fresh['probe']}" if fresh["probe"] else ""))
+            if fresh else "",
+            _escape(t["description"] or ""),
+        ])
+    used = [i for i, name in enumerate(columns) if i < 3 or any(row[i] for row in rows)]
+    table = Table(*(columns[i] for i in used), title="transitions", title_justify="left")
+    for row in rows:
+        table.add_row(*(row[i] for i in used))
+    out.print(table)
+
+
+def describe_json(spec: MachineSpec) -> dict[str, Any]:
+    graph = spec.graph
+    edges: list[tuple[str | None, Any]] = [(t.trigger, t) for t in spec.transitions]
+    edges += [(None, e) for e in spec.eventless]
+    return {
+        "name": spec.name,
+        "version": spec.version,
+        "initial": spec.initial,
+        "states": [
+            {"name": n, "parent": graph.parent[n],
+             "final": graph.is_leaf(n) and graph.is_final(n, spec.final)}
+            for n in graph.names
+        ],
+        "transitions": [
+            {"trigger": trigger, "source": list(e.sources), "dest": e.dest,
+             "guards": list(e.guards), "unless": list(e.unless), "effects": list(e.effects),
+             "fresh": e.fresh.model_dump() if e.fresh else None, "ref": e.ref,
+             "description": e.description}
+            for trigger, e in edges
+        ],
+    }
+
+
+@main.command()
+@click.argument("machine")
+@click.argument("key")
+@click.option("--data", metavar="JSON", help="The resource's data, a JSON object.")
+@click.option("--state", help="Adopt the resource in this state instead of the initial one.")
+@click.option("--actor", help="Who did it, for the journal.")
+@db_option
+@json_option
+def create(machine: str, key: str, data: str | None, state: str | None, actor: str | None,
+           db_url: str | None, as_json: bool) -> None:
+    """Create resource KEY of MACHINE (a built-in name or a spec file)."""
+    document = _json_arg(data, "--data")
+    engine = _engine(db_url)
+    spec = _machine(engine, machine)
+    resource = engine.create(spec.name, key, document, state=state, actor=actor)
+    if as_json:
+        print(json.dumps(resource.to_json(), indent=2))
+    else:
+        out.print(f"created {resource.machine}:{resource.key} in [bold]{resource.state}[/] "
+                  f"(version {resource.version})")
+
+
+@main.command()
+@click.argument("key")
+@click.argument("trigger")
+@click.option("--payload", metavar="JSON", help="The event's payload, a JSON object.")
+@click.option("--actor", help="Who did it, for the journal.")
+@db_option
+@json_option
+def fire(key: str, trigger: str, payload: str | None, actor: str | None, db_url: str | None,
+         as_json: bool) -> None:
+    """Fire TRIGGER on resource KEY (MACHINE:KEY when the key is in several machines).
+    Exits 3 when the transition was refused."""
+    document = _json_arg(payload, "--payload")
+    result = _engine(db_url).fire(key, trigger, document, actor=actor)
+    _print_result(result, as_json)
+
+
+@main.command()
+@click.argument("key")
+@click.option("--actor", help="Who did it, for the journal.")
+@db_option
+@json_option
+def step(key: str, actor: str | None, db_url: str | None, as_json: bool) -> None:
+    """Take the first eventless transition of KEY whose guards hold. Exits 3 when none did."""
+    _print_result(_engine(db_url).step(key, actor=actor), as_json)
+
+
+def _print_result(result: FireResult, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(result.to_json(), indent=2))
+    elif result.fired:
+        out.print(f"{result.machine}:{result.key}: {result.trigger}: {result.source} -> "
+                  f"[bold]{result.dest}[/] (version {result.version})")
+    else:
+        out.print(f"{result.machine}:{result.key}: [yellow]not fired[/]: "
+                  f"{_escape(result.reason or '')}")
+    if not result.fired:
+        sys.exit(3)
+
+
+@main.command()
+@click.argument("key")
+@db_option
+@json_option
+def show(key: str, db_url: str | None, as_json: bool) -> None:
+    """Show resource KEY: its state, version, data and the triggers it can take."""
+    engine = _engine(db_url)
+    resource = engine.get(key)
+    triggers = engine.available_triggers(f"{resource.machine}:{resource.key}")
+    if as_json:
+        print(json.dumps({**resource.to_json(), "triggers": triggers}, indent=2))
+        return
+    table = Table(show_header=False, box=None)
+    table.add_row("resource", f"{resource.machine}:{resource.key}")
+    table.add_row("state", f"[bold]{resource.state}[/]")
+    table.add_row("version", str(resource.version))
+    table.add_row("spec version", resource.spec_version)
+    table.add_row("created", _time(resource.created_at))
+    table.add_row("updated", _time(resource.updated_at))
+    table.add_row("triggers", ", ".join(triggers) or "none")
+    table.add_row("data", _escape(json.dumps(resource.data, sort_keys=True)))
+    out.print(table)
+
+
+@main.command("list")
+@click.argument("machine", required=False)
+@click.option("--state", help="Only resources in this state.")
+@db_option
+@json_option
+def list_(machine: str | None, state: str | None, db_url: str | None, as_json: bool) -> None:
+    """List resources, of one MACHINE or of all."""
+    items = _engine(db_url).resources(machine, state)
+    if as_json:
+        print(json.dumps([r.to_json() for r in items], indent=2))
+        return
+    table = Table("resource", "state", "version", "updated")
+    for r in items:
+        table.add_row(f"{r.machine}:{r.key}", r.state, str(r.version), _time(r.updated_at))
+    out.print(table)
+    out.print(f"{len(items)} resources")
+
+
+@main.command()
+@click.argument("key")
+@db_option
+@json_option
+def history(key: str, db_url: str | None, as_json: bool) -> None:
+    """Show the journal of resource KEY, oldest first."""
+    engine = _engine(db_url)
+    entries = engine.history(key)
+    if as_json:
+        print(json.dumps([e.to_json() for e in entries], indent=2))
+        return
+    resource = engine.get(key)
+    table = Table("seq", "at", "what", "from", "to", "version", "actor", "guards", "payload",
+                  title=f"{resource.machine}:{resource.key}", title_justify="left")
+    for e in entries:
+        table.add_row(str(e.seq), _time(e.at), _what(e), e.source or "", e.dest,
+                      str(e.version), e.actor or "", _verdicts(e.guards),
+                      _escape(json.dumps(e.payload, sort_keys=True)) if e.payload else "")
+    out.print(table)
+
+
+def _what(entry: JournalEntry) -> str:
+    if entry.kind == "transition":
+        return entry.trigger or "(eventless)"
+    return entry.kind
+
+
+def _verdicts(guards: dict[str, bool] | None) -> str:
+    return ", ".join(f"{name}={'yes' if ok else 'no'}" for name, ok in (guards or {}).items())
+
+
+def _time(value: Any) -> str:
+    return str(value.isoformat(timespec="milliseconds").replace("+00:00", "Z"))
+
+
+@main.command()
+@db_option
+@json_option
+def verify(db_url: str | None, as_json: bool) -> None:
+    """Replay every resource's journal; exit 1 if any does not end where its resource is."""
+    engine = _engine(db_url)
+    mismatches = engine.verify()
+    total = sum(sum(c.values()) for c in engine.counts().values())
+    if as_json:
+        print(json.dumps({"resources": total, "mismatches": [
+            {"machine": m.machine, "key": m.key, "problem": m.problem} for m in mismatches]},
+            indent=2))
+    else:
+        for m in mismatches:
+            out.print(f"[red]mismatch[/] {_escape(str(m))}")
+        if mismatches:
+            out.print(f"{len(mismatches)} mismatches in {total} resources")
+        else:
+            out.print(f"{total} resources verified: every journal replays to its resource")
+    if mismatches:
+        sys.exit(1)
+
+
+# -- database ------------------------------------------------------------------------------
+
+
+@main.group()
+def db() -> None:
+    """Create and migrate the database schema (Alembic)."""
+
+
+@db.command()
+@click.argument("revision", default="head")
+@db_option
+def upgrade(revision: str, db_url: str | None) -> None:
+    """Upgrade the schema to REVISION (default: the newest)."""
+    store = Store(db_url, check=False)
+    before = store.current_revision()
+    store.upgrade(revision)
+    after = store.current_revision()
+    if before == after:
+        out.print(f"{store.display_url}: already at {after}")
+    else:
+        out.print(f"{store.display_url}: {before or 'empty'} -> {after}")
+
+
+@db.command()
+@click.argument("revision")
+@db_option
+def downgrade(revision: str, db_url: str | None) -> None:
+    """Downgrade the schema to REVISION ('base' drops every lifecycle table)."""
+    store = Store(db_url, check=False)
+    before = store.current_revision()
+    store.downgrade(revision)
+    out.print(f"{store.display_url}: {before or 'empty'} -> {store.current_revision() or 'empty'}")
+
+
+@db.command()
+@db_option
+def current(db_url: str | None) -> None:
+    """Print the schema revision of the database, and whether it is the newest."""
+    store = Store(db_url, check=False)
+    revision = store.current_revision()
+    head = migrate.head_revision()
+    state = "up to date" if revision == head else f"behind {head}: run `lifecycle db upgrade`"
+    out.print(f"{store.display_url}: {revision or 'empty'} ({state})")
+    if revision != head:
+        sys.exit(1)
+
+
+@db.command("history")
+def db_history() -> None:
+    """List the schema revisions, oldest first."""
+    for revision, down, message in migrate.revisions():
+        out.print(f"{down or 'base'} -> {revision}: {message.splitlines()[0] if message else ''}")
+
+
+@main.command()
+@db_option
+def demo(db_url: str | None) -> None:
+    """Run the tutorial machine on the embedded database and show what was recorded."""
+    from .demo import run_demo
+
+    run_demo(_engine(db_url, upgrade=True), out)
+
