@@ -53,8 +53,12 @@ def json_option(f: F) -> F:
 def _json_arg(value: str | None, option: str) -> dict[str, Any]:
     if value is None:
         return {}
+    def refuse(constant: str) -> Any:
+        raise click.BadParameter(f"not JSON: {constant} is not a JSON number",
+                                 param_hint=option)
+
     try:
-        parsed = json.loads(value)
+        parsed = json.loads(value, parse_constant=refuse)
     except json.JSONDecodeError as exc:
         raise click.BadParameter(f"not JSON: {exc.msg} at line {exc.lineno} column "
                                  f"{exc.colno}", param_hint=option) from None

@@ -345,6 +345,8 @@ class Engine:
                 })
         except store.integrity_error:
             raise ResourceExists(machine, key) from None
+        except (TypeError, ValueError) as exc:
+            raise InvalidData(machine, key, f"data is not JSON: {exc}") from None
         return Resource(machine, key, dest, 1, 1, document, spec.version, now, now)
 
     def fire(
@@ -417,7 +419,7 @@ class Engine:
                 log.debug("%s: version %s moved while firing %s; deciding again", key,
                           version, trigger)
                 continue
-            except TypeError as exc:  # a payload that JSON cannot hold
+            except (TypeError, ValueError) as exc:  # a payload that JSON cannot hold
                 raise InvalidData(machine, rkey, f"payload is not JSON: {exc}") from None
             return FireResult(True, machine, rkey, _shown(trigger), state, decision.dest,
                               version + 1, None, decision.guards)

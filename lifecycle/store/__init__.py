@@ -111,11 +111,14 @@ class Store:
         return sqlite_time(value) if self.dialect == "sqlite" else value
 
     def json_param(self, value: Any) -> Any:
+        """Strict JSON (no NaN or Infinity, which PostgreSQL refuses): raises ValueError or
+        TypeError for what JSON cannot hold."""
+        text = json.dumps(value, separators=(",", ":"), allow_nan=False)
         if self.dialect == "sqlite":
-            return json.dumps(value, separators=(",", ":"))
+            return text
         from psycopg.types.json import Jsonb
 
-        return Jsonb(value)
+        return Jsonb(value, dumps=lambda _: text)
 
     def json_value(self, value: Any) -> Any:
         return json.loads(value) if isinstance(value, str) else value

@@ -1,0 +1,163 @@
+"""Timing: warm up, calibrate, then time every case of a group in interleaved rounds.
+
+A case is a context manager that sets itself up and yields a :class:`Bench`: ``op`` does one
+operation (and raises if it did not do what it should); ``verify`` checks afterwards, from
+the database, that every operation really happened. Cases of one group are open together
+and timed round-robin, so drift of the machine (other load, WAL growth, CPU frequency)
+spreads over all of them instead of biasing whichever ran last.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class BenchError(AssertionError):
+    """An operation under test did not do what it should: the numbers would be meaningless."""
+
+
+@dataclass(slots=True)
+class Bench:
+    op: Callable[[], Any]
+    verify: Callable[[int], None] | None = None
+    """Called with the number of operations run; raises :class:`BenchError` on a mismatch."""
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    id: str
+    label: str
+    open: Callable[[Workspace], AbstractContextManager[Bench]]
+    needs: str | None = None
+    """``"postgres"`` when the case needs the PostgreSQL server."""
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    rounds: int = 7
+    round_seconds: float = 0.6
+    warmup_seconds: float = 0.25
+    min_warmup_ops: int = 30
+    ops: int | None = None
+    """A fixed number of operations per round; by default calibrated to ``round_seconds``."""
+
+    @classmethod
+    def quick(cls) -> Settings:
+        return cls(rounds=2, round_seconds=0.04, warmup_seconds=0.02, min_warmup_ops=5)
+
+
+@dataclass(slots=True)
+class Measurement:
+    case: Case
+    ops_per_round: int
+    samples_us: list[float] = field(default_factory=list)
+    """Microseconds per operation, one sample per round."""
+    warmup_ops: int = 0
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples_us)
+
+    @property
+    def spread(self) -> float:
+        """Half the range of the rounds, relative to the median."""
+        return (max(self.samples_us) - min(self.samples_us)) / 2 / self.median
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "label": self.case.label, "us_per_op": round(self.median, 3),
+            "min_us": round(min(self.samples_us), 3), "max_us": round(max(self.samples_us), 3),
+            "samples_us": [round(s, 3) for s in self.samples_us],
+            "ops_per_round": self.ops_per_round, "rounds": len(self.samples_us),
+            "warmup_ops": self.warmup_ops,
+        }
+
+
+class Workspace:
+    """Where cases put their databases: a temporary directory for SQLite files and, when
+    the server is reachable, PostgreSQL schemas of their own. Everything is removed on
+    close."""
+
+    def __init__(self, directory: Path, postgres_url: str | None, stack: ExitStack):
+        self.directory = directory
+        self.postgres_url = postgres_url
+        self.stack = stack
+
+    def sqlite_path(self, name: str) -> Path:
+        return self.directory / f"{name}.db"
+
+    def postgres_schema(self, name: str) -> str:
+        """A fresh schema, dropped when the workspace closes; returns a SQLAlchemy URL whose
+        search_path is that schema."""
+        from . import postgres
+
+        assert self.postgres_url is not None, "case needs PostgreSQL but it is unreachable"
+        schema = postgres.create_schema(self.postgres_url, name)
+        self.stack.callback(postgres.drop_schema, self.postgres_url, schema)
+        return postgres.with_search_path(self.postgres_url, schema)
+
+
+def _timed(op: Callable[[], Any], n: int) -> float:
+    """Seconds for ``n`` operations."""
+    start = time.perf_counter()
+    for _ in range(n):
+        op()
+    return time.perf_counter() - start
+
+
+def warm_up(bench: Bench, settings: Settings) -> tuple[int, float]:
+    """Run operations until ``warmup_seconds`` passed and at least ``min_warmup_ops`` ran, in
+    growing batches; returns how many ran and the cost of one (in seconds) in the last,
+    warmest batch."""
+    op = bench.op
+    n, elapsed, batch, per_op = 0, 0.0, 1, float("inf")
+    while n < settings.min_warmup_ops or elapsed < settings.warmup_seconds:
+        spent = _timed(op, batch)
+        n += batch
+        elapsed += spent
+        per_op = spent / batch
+        # a batch takes at most a quarter of the warm-up, so the estimate is recent
+        batch = max(1, min(batch * 2, int(settings.warmup_seconds / 4 / per_op)))
+    return n, per_op
+
+
+def run_group(
+    cases: list[Case],
+    workspace: Workspace,
+    settings: Settings,
+    progress: Callable[[str], None] = lambda _message: None,
+) -> dict[str, Measurement]:
+    """Open every case, warm each up, then time them in interleaved rounds."""
+    results: dict[str, Measurement] = {}
+    with ExitStack() as stack:
+        benches: dict[str, Bench] = {}
+        for case in cases:
+            progress(f"setting up {case.label}")
+            benches[case.id] = stack.enter_context(case.open(workspace))
+        for case in cases:
+            progress(f"warming up {case.label}")
+            warm, per_op = warm_up(benches[case.id], settings)
+            ops = settings.ops or max(5, round(settings.round_seconds / per_op))
+            results[case.id] = Measurement(case, ops, warmup_ops=warm)
+        for r in range(settings.rounds):
+            # rotate the order so no case always runs first or last
+            order = cases[r % len(cases):] + cases[:r % len(cases)]
+            for case in order:
+                progress(f"round {r + 1}/{settings.rounds}: {case.label}")
+                m = results[case.id]
+                gc.collect()
+                seconds = _timed(benches[case.id].op, m.ops_per_round)
+                m.samples_us.append(seconds / m.ops_per_round * 1e6)
+        for case in cases:
+            verify = benches[case.id].verify
+            if verify is not None:
+                m = results[case.id]
+                verify(m.warmup_ops + m.ops_per_round * settings.rounds)
+    return results

@@ -1,0 +1,239 @@
+"""Case 1: a persisted fire through ``lifecycle.Engine`` against the floor.
+
+The floor runs the statements a fire needs, written by hand, through the raw driver with no
+framework: read the resource row, compare-and-swap UPDATE of state and version WHERE id AND
+version, journal INSERT, COMMIT. Its tables are lifecycle's own (created from
+``lifecycle.store.schema``, so the shapes, keys and indexes are the same) in a file or
+PostgreSQL schema of its own. On SQLite it opens the file as lifecycle does: WAL,
+synchronous=NORMAL, foreign keys on, a busy timeout, and ``BEGIN IMMEDIATE``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import sqlite3
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import create_engine, func, select
+
+from lifecycle import Engine, Store
+from lifecycle.store import journal
+from lifecycle.store import metadata as lifecycle_metadata
+
+from . import postgres, toggle
+from .harness import Bench, BenchError, Case, Workspace
+
+UTC = dt.UTC
+SPEC_VERSION = "0123456789abcdef"  # what a spec's content hash looks like
+
+# -- lifecycle ------------------------------------------------------------------------------
+
+
+@contextmanager
+def lifecycle_fire(url: str, *, guarded: bool) -> Iterator[Bench]:
+    """``Engine(Store(url, upgrade=True), [spec]).fire(key, "flip")``, one resource."""
+    store = Store(url, upgrade=True)
+    try:
+        engine = Engine(store, [toggle.spec(guarded=guarded)],
+                        guards={toggle.GUARD: toggle.enabled} if guarded else None)
+        engine.create(toggle.MACHINE, toggle.KEY)
+        fire, key, trigger = engine.fire, toggle.KEY, toggle.TRIGGER
+
+        def op() -> None:
+            if not fire(key, trigger):
+                raise BenchError(f"lifecycle: {trigger} on {key} did not fire")
+
+        def verify(n: int) -> None:
+            resource = engine.get(key)
+            with store.read() as db:
+                rows = db.execute(select(func.count()).select_from(journal)).scalar_one()
+            _expect("lifecycle", resource.version, rows, n)
+
+        yield Bench(op, verify)
+    finally:
+        store.dispose()
+
+
+def _expect(who: str, version: int, journal_rows: int, n: int) -> None:
+    """After ``n`` transitions from a fresh resource: version n + 1, n + 1 journal rows
+    (the create and the transitions)."""
+    if version != n + 1 or journal_rows != n + 1:
+        raise BenchError(f"{who}: after {n} fires expected version and journal rows {n + 1}, "
+                         f"found version {version} and {journal_rows} journal rows")
+
+
+# -- the floor ------------------------------------------------------------------------------
+
+_COLUMNS = "id, machine, key, state, version, seq, data, spec_version"
+_JOURNAL_COLUMNS = ("resource_id, seq, kind, trigger, source, dest, version, spec_version, "
+                    "actor, at, payload, guards")
+
+
+def _sql(placeholder: str) -> tuple[str, str, str, str]:
+    """The floor's statements: read, compare-and-swap, journal, and the first resource."""
+    def marks(n: int) -> str:
+        return ", ".join([placeholder] * n)
+
+    p = placeholder
+    read = f"SELECT {_COLUMNS} FROM lifecycle_resources WHERE key = {p}"
+    move = (f"UPDATE lifecycle_resources SET state = {p}, version = {p}, seq = {p}, "
+            f"spec_version = {p}, updated_at = {p} WHERE id = {p} AND version = {p} AND seq = {p}")
+    record = f"INSERT INTO lifecycle_journal ({_JOURNAL_COLUMNS}) VALUES ({marks(12)})"
+    insert = ("INSERT INTO lifecycle_resources (machine, key, spec_version, state, version, "
+              f"seq, data, created_at, updated_at) VALUES ({marks(9)}) RETURNING id")
+    return read, move, record, insert
+
+
+def _create_tables(sqlalchemy_url: str) -> None:
+    """lifecycle's tables, exactly as its schema declares them."""
+    engine = create_engine(sqlalchemy_url)
+    try:
+        with engine.begin() as connection:
+            lifecycle_metadata.create_all(connection)
+    finally:
+        engine.dispose()
+
+
+def _sqlite_time(value: dt.datetime) -> str:
+    """UTC as sortable text, the format lifecycle stores on SQLite."""
+    return value.replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds")
+
+
+def _journal_count(cursor: Any) -> int:
+    cursor.execute("SELECT count(*) FROM lifecycle_journal")
+    return int(cursor.fetchone()[0])
+
+
+def _state_version(cursor: Any, read: str) -> int:
+    cursor.execute(read, (toggle.KEY,))
+    return int(cursor.fetchone()[4])
+
+
+@contextmanager
+def sqlite_floor(path: Path) -> Iterator[Bench]:
+    _create_tables(f"sqlite:///{path}")
+    connection = sqlite3.connect(path, isolation_level=None)
+    cursor = connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    read, move, record, insert = _sql("?")
+    now = _sqlite_time(dt.datetime.now(UTC))
+    cursor.execute("BEGIN IMMEDIATE")
+    cursor.execute(insert, (toggle.MACHINE, toggle.KEY, SPEC_VERSION, "a", 1, 1, "{}", now, now))
+    rid = cursor.fetchone()[0]
+    cursor.execute(record, (rid, 1, "create", None, None, "a", 1, SPEC_VERSION, None, now, None,
+                            None))
+    cursor.execute("COMMIT")
+    key, trigger = toggle.KEY, toggle.TRIGGER
+
+    def op() -> None:
+        cursor.execute("BEGIN IMMEDIATE")
+        try:
+            cursor.execute(read, (key,))
+            rid, _machine, _key, state, version, seq, _data, spec_version = cursor.fetchall()[0]
+            dest = "b" if state == "a" else "a"
+            at = _sqlite_time(dt.datetime.now(UTC))
+            cursor.execute(move, (dest, version + 1, seq + 1, spec_version, at, rid, version,
+                                  seq))
+            if cursor.rowcount != 1:
+                raise BenchError("floor: the compare-and-swap lost with no other writer")
+            cursor.execute(record, (rid, seq + 1, "transition", trigger, state, dest,
+                                    version + 1, spec_version, None, at, None, None))
+        except BaseException:
+            cursor.execute("ROLLBACK")
+            raise
+        cursor.execute("COMMIT")
+
+    def verify(n: int) -> None:
+        _expect("sqlite3 floor", _state_version(cursor, read), _journal_count(cursor), n)
+
+    try:
+        yield Bench(op, verify)
+    finally:
+        connection.close()
+
+
+@contextmanager
+def psycopg_floor(url: str) -> Iterator[Bench]:
+    import psycopg
+    from psycopg.types.json import Jsonb
+
+    _create_tables(url)
+    connection = psycopg.connect(postgres.libpq(url))
+    cursor = connection.cursor()
+    read, move, record, insert = _sql("%s")
+    now = dt.datetime.now(UTC)
+    cursor.execute(insert, (toggle.MACHINE, toggle.KEY, SPEC_VERSION, "a", 1, 1, Jsonb({}), now,
+                            now))
+    rid = cursor.fetchone()[0]  # type: ignore[index]
+    cursor.execute(record, (rid, 1, "create", None, None, "a", 1, SPEC_VERSION, None, now, None,
+                            None))
+    connection.commit()
+    key, trigger, commit, rollback = toggle.KEY, toggle.TRIGGER, connection.commit, \
+        connection.rollback
+
+    def op() -> None:
+        try:
+            cursor.execute(read, (key,))
+            rid, _machine, _key, state, version, seq, _data, spec_version = cursor.fetchall()[0]
+            dest = "b" if state == "a" else "a"
+            at = dt.datetime.now(UTC)
+            cursor.execute(move, (dest, version + 1, seq + 1, spec_version, at, rid, version,
+                                  seq))
+            if cursor.rowcount != 1:
+                raise BenchError("floor: the compare-and-swap lost with no other writer")
+            cursor.execute(record, (rid, seq + 1, "transition", trigger, state, dest,
+                                    version + 1, spec_version, None, at, None, None))
+        except BaseException:
+            rollback()
+            raise
+        commit()
+
+    def verify(n: int) -> None:
+        _expect("psycopg floor", _state_version(cursor, read), _journal_count(cursor), n)
+        connection.rollback()
+
+    try:
+        yield Bench(op, verify)
+    finally:
+        connection.close()
+
+
+# -- the cases ------------------------------------------------------------------------------
+
+
+def _sqlite_url(path: Path) -> str:
+    return f"sqlite:///{path}"
+
+
+def _on_sqlite(name: str, opener: Callable[[Path], AbstractContextManager[Bench]]) -> Callable[
+        [Workspace], AbstractContextManager[Bench]]:
+    return lambda ws: opener(ws.sqlite_path(name))
+
+
+def _on_postgres(name: str, opener: Callable[[str], AbstractContextManager[Bench]]) -> Callable[
+        [Workspace], AbstractContextManager[Bench]]:
+    return lambda ws: opener(ws.postgres_schema(name))
+
+
+SQLITE_FLOOR = Case("sqlite.floor", "raw sqlite3", _on_sqlite("floor", sqlite_floor))
+SQLITE_LIFECYCLE = Case(
+    "sqlite.lifecycle", "lifecycle Engine.fire",
+    _on_sqlite("lifecycle", lambda p: lifecycle_fire(_sqlite_url(p), guarded=False)))
+SQLITE_LIFECYCLE_GUARD = Case(
+    "sqlite.lifecycle_guard", "lifecycle Engine.fire, 1 guard",
+    _on_sqlite("lifecycle_guard", lambda p: lifecycle_fire(_sqlite_url(p), guarded=True)))
+
+PG_FLOOR = Case("pg.floor", "raw psycopg", _on_postgres("floor", psycopg_floor), "postgres")
+PG_LIFECYCLE = Case(
+    "pg.lifecycle", "lifecycle Engine.fire",
+    _on_postgres("lifecycle", lambda url: lifecycle_fire(url, guarded=False)), "postgres")
+PG_LIFECYCLE_GUARD = Case(
+    "pg.lifecycle_guard", "lifecycle Engine.fire, 1 guard",
+    _on_postgres("lifecycle_guard", lambda url: lifecycle_fire(url, guarded=True)), "postgres")
+

@@ -1,0 +1,152 @@
+"""The `lifecycle` command as a user types it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from lifecycle.cli import main
+
+TOGGLE = {"name": "toggle", "initial": "off", "final": ["broken"],
+          "states": ["off", "on", "broken"],
+          "transitions": [{"trigger": "flip", "source": "off", "dest": "on"},
+                          {"trigger": "flip", "source": "on", "dest": "off"},
+                          {"trigger": "smash", "source": "*", "dest": "broken",
+                           "description": "for good", "ref": "manual 3.1"}]}
+
+
+@pytest.fixture
+def run(db_url: str):  # type: ignore[no-untyped-def]
+    runner = CliRunner()
+
+    def invoke(*args: str, code: int = 0) -> str:
+        result = runner.invoke(main, [*args, "--db", db_url], catch_exceptions=False)
+        output = result.output
+        assert result.exit_code == code, f"exit {result.exit_code} != {code}:\n{output}"
+        return output
+
+    return invoke
+
+
+@pytest.fixture
+def spec_file(tmp_path: Path) -> Path:
+    path = tmp_path / "toggle.yaml"
+    # quoted keys: YAML 1.1 would read a bare off/on as booleans
+    path.write_text(yaml.safe_dump(TOGGLE))
+    return path
+
+
+@pytest.fixture
+def upgraded(run) -> None:  # type: ignore[no-untyped-def]
+    assert "-> 0001" in run("db", "upgrade") or "already" in run("db", "upgrade")
+
+
+def test_a_tour(run, upgraded, spec_file: Path) -> None:  # type: ignore[no-untyped-def]
+    assert "created toggle:t1 in off" in run("create", str(spec_file), "t1", "--data",
+                                             '{"room": "b12"}')
+    assert "toggle:t1: flip: off -> on (version 2)" in run("fire", "t1", "flip")
+    shown = json.loads(run("show", "t1", "--json"))
+    assert (shown["state"], shown["version"], shown["data"]) == ("on", 2, {"room": "b12"})
+    assert shown["triggers"] == ["flip", "smash"]
+    history = json.loads(run("history", "toggle:t1", "--json"))
+    assert [(h["kind"], h["trigger"], h["dest"]) for h in history] == [
+        ("create", None, "off"), ("transition", "flip", "on")]
+    # the machine is found again from the file, and from the database by key alone
+    run("create", str(spec_file), "t2")
+    assert "t2: flip: off -> on" in run("fire", "t2", "flip", "--actor", "me")
+    listed = json.loads(run("list", "toggle", "--json"))
+    assert [r["key"] for r in listed] == ["t1", "t2"]
+    assert "2 resources verified" in run("verify")
+    machines = json.loads(run("machines", "--json"))
+    assert {"name": "toggle", "kind": "stored"}.items() <= next(
+        m for m in machines if m["name"] == "toggle").items()
+
+
+def test_refused_fire_exits_3_with_the_reason(run, upgraded, spec_file: Path) -> None:  # type: ignore[no-untyped-def]
+    run("create", str(spec_file), "t")
+    run("fire", "t", "smash")
+    out = run("fire", "t", "flip", code=3)
+    assert "not fired: no transition for 'flip' from 'broken'" in out
+    result = json.loads(run("fire", "t", "flip", "--json", code=3))
+    assert result["fired"] is False and "no transition" in result["reason"]
+
+
+def test_describe_json(run, spec_file: Path) -> None:  # type: ignore[no-untyped-def]
+    doc = json.loads(run("describe", str(spec_file), "--json"))
+    assert doc["name"] == "toggle" and doc["initial"] == "off"
+    assert doc["states"][2] == {"name": "broken", "parent": None, "final": True}
+    smash = doc["transitions"][2]
+    assert {k: smash[k] for k in ("trigger", "source", "dest", "guards", "effects", "fresh",
+                                  "ref", "description")} == {
+        "trigger": "smash", "source": ["*"], "dest": "broken", "guards": [], "effects": [],
+        "fresh": None, "ref": "manual 3.1", "description": "for good"}
+
+
+def test_describe_nested_builtin(run) -> None:  # type: ignore[no-untyped-def]
+    doc = json.loads(run("describe", "batch_job", "--json"))
+    assert {"name": "running.executing", "parent": "running", "final": False} in doc["states"]
+    text = run("describe", "batch_job")
+    assert "running.starting" in text and "holds_left" in text
+
+
+def test_bad_input_is_one_clear_line_and_writes_nothing(  # type: ignore[no-untyped-def]
+        run, upgraded, spec_file: Path) -> None:
+    run("create", str(spec_file), "t")
+    out = run("create", "nosuchmachine", "x", code=1)
+    assert "error: unknown machine 'nosuchmachine'" in out and "batch_job" in out
+    assert "Traceback" not in out
+    assert "error: no resource with key 'nope'" in run("fire", "nope", "flip", code=1)
+    out = run("fire", "t", "flip", "--payload", "{not json", code=2)
+    assert "Invalid value for --payload: not JSON" in out
+    out = run("fire", "t", "flip", "--payload", "[1, 2]", code=2)
+    assert "must be a JSON object" in out
+    out = run("fire", "t", "flip", "--payload", '{"x": NaN}', code=2)
+    assert "not JSON: NaN is not a JSON number" in out
+    assert "error: machine 'toggle' has no trigger 'flop'" in run("fire", "t", "flop", code=1)
+    bad = spec_file.parent / "bad.yaml"
+    bad.write_text("name: bad\nstates: [a]\ninitial: b\n")
+    out = run("create", str(bad), "x", code=1)
+    assert "initial: 'b' is not a state" in out
+    history = json.loads(run("history", "t", "--json"))
+    assert [h["kind"] for h in history] == ["create"]  # nothing else was written
+
+
+def test_never_upgraded_database(tmp_path: Path, spec_file: Path) -> None:
+    path = tmp_path / "fresh.db"
+    runner = CliRunner()
+    for args in (["create", str(spec_file), "t"], ["show", "t"], ["verify"], ["machines"]):
+        result = runner.invoke(main, [*args, "--db", str(path)])
+        assert result.exit_code == 1, result.output
+        assert "has no lifecycle schema yet; run `lifecycle db upgrade`" in result.output
+        assert not path.exists()
+    result = runner.invoke(main, ["db", "current", "--db", str(path)])
+    assert "empty" in result.output and result.exit_code == 1
+
+
+def test_db_commands(run) -> None:  # type: ignore[no-untyped-def]
+    assert "empty" in run("db", "current", code=1)
+    assert "empty -> 0001_core" in run("db", "upgrade")
+    assert "up to date" in run("db", "current")
+    assert "already at 0001_core" in run("db", "upgrade")
+    assert "0001_core -> empty" in run("db", "downgrade", "base")
+    assert "base -> 0001_core" in CliRunner().invoke(main, ["db", "history"]).output
+
+
+def test_console_script_and_module_entry_point(tmp_path: Path) -> None:
+    db = tmp_path / "x.db"
+    for command in ([sys.executable, "-m", "lifecycle"],
+                    [str(Path(sys.executable).parent / "lifecycle")]):
+        done = subprocess.run([*command, "db", "upgrade", "--db", str(db)],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+    done = subprocess.run([sys.executable, "-m", "lifecycle", "show", "nope", "--db", str(db)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert done.stderr.strip() == (
+        "error: no resource with key 'nope'; `lifecycle create` makes one")

@@ -1,0 +1,272 @@
+"""Many OS processes fire at the same resources at once: nothing is lost, nothing is doubled.
+
+Each worker process opens its own ``Store`` and ``Engine`` and fires triggers at random at a
+few shared resources of a two-state toggle machine. Afterwards every fire a worker saw succeed
+must be exactly one journal row, every resource's journal must be contiguous and replay to its
+row, and every resource must sit in its initial state flipped once per transition.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import queue
+import random
+import threading
+import time
+import traceback
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+
+from lifecycle import Engine, GuardContext, Store
+from lifecycle.store import journal, resources
+
+TOGGLE_SPEC: dict[str, Any] = {
+    "name": "toggle",
+    "states": ["a", "b"],
+    "initial": "a",
+    "transitions": [
+        {"trigger": "flip", "source": "a", "dest": "b"},
+        {"trigger": "flip", "source": "b", "dest": "a"},
+        # refused from b (no such transition) and from a when the payload says ok=False
+        {"trigger": "set_b", "source": "a", "dest": "b", "guards": ["ok"]},
+    ],
+}
+OTHER = {"a": "b", "b": "a"}
+RESOURCES = 20
+START_TIMEOUT_S = 120.0
+RUN_TIMEOUT_S = 300.0
+
+
+def _ok(context: GuardContext) -> bool:
+    return bool(context.payload.get("ok", True))
+
+
+GUARDS = {"ok": _ok}
+
+
+def _keys() -> list[str]:
+    return [f"r{i:02d}" for i in range(RESOURCES)]
+
+
+class _RetryCounter(logging.Handler):
+    """Counts the engine's "version moved while firing; deciding again" messages: how often a
+    worker really lost a compare-and-swap race (only for the diagnostics)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "moved while firing" in record.getMessage():
+            self.count += 1
+
+
+def _worker(url: str, index: int, fires: int, seed: int, start: Any, results: Any) -> None:
+    """One OS process: its own Store and Engine, ``fires`` random fires, then one report."""
+    try:
+        counter = _RetryCounter()
+        engine_log = logging.getLogger("lifecycle.engine")
+        engine_log.setLevel(logging.DEBUG)
+        engine_log.addHandler(counter)
+        store = Store(url)
+        engine = Engine(store, [TOGGLE_SPEC], guards=GUARDS)
+        rng = random.Random(seed)
+        keys = _keys()
+        fired: list[tuple[str, int, str, str, str, dict[str, Any] | None]] = []
+        refused = 0
+        start.wait(START_TIMEOUT_S)
+        began = time.perf_counter()
+        for i in range(fires):
+            key = rng.choice(keys)
+            roll = rng.random()
+            payload: dict[str, Any] | None
+            if roll < 0.6:
+                trigger, payload = "flip", None
+            elif roll < 0.8:
+                trigger, payload = "flip", {"by": index, "n": i}
+            else:
+                trigger, payload = "set_b", {"ok": rng.random() < 0.7, "by": index, "n": i}
+            # half of the fires name the machine, half use the plain key
+            name = f"toggle:{key}" if i % 2 else key
+            result = engine.fire(name, trigger, payload, actor=f"worker-{index}")
+            if result.fired:
+                assert result.dest == OTHER[result.source], result
+                fired.append((key, result.version, result.source, result.dest, trigger, payload))
+            else:
+                assert result.reason, result
+                refused += 1
+        elapsed = time.perf_counter() - began
+        store.dispose()
+        results.put(("ok", index, {"fired": fired, "refused": refused, "retries": counter.count,
+                                   "seconds": elapsed}))
+    except BaseException:
+        results.put(("error", index, traceback.format_exc()))
+        raise
+
+
+@dataclass
+class _Outcome:
+    reports: dict[int, dict[str, Any]] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def _run_workers(url: str, processes: int, fires: int, seed: int) -> _Outcome:
+    context = multiprocessing.get_context("spawn")
+    start = context.Barrier(processes + 1)
+    results = context.Queue()
+    workers = [
+        context.Process(target=_worker, args=(url, i, fires, seed * 1000 + i, start, results),
+                        name=f"lifecycle-worker-{i}", daemon=True)
+        for i in range(processes)
+    ]
+    outcome = _Outcome()
+    failed: set[int] = set()
+    for worker in workers:
+        worker.start()
+    # every worker has started (imports, store, engine) before the first fire
+    try:
+        start.wait(START_TIMEOUT_S)
+    except threading.BrokenBarrierError:
+        outcome.errors.append(f"not every worker got ready within {START_TIMEOUT_S:.0f} s")
+    began = time.perf_counter()
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    try:
+        while len(outcome.reports) + len(failed) < processes:
+            try:
+                status, index, body = results.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                missing = sorted(set(range(processes)) - set(outcome.reports) - failed)
+                outcome.errors.append(f"no report from workers {missing} in time; exit codes: "
+                                      f"{[w.exitcode for w in workers]}")
+                break
+            if status == "ok":
+                outcome.reports[index] = body
+            else:
+                failed.add(index)
+                outcome.errors.append(f"worker {index} raised:\n{body}")
+        outcome.seconds = time.perf_counter() - began
+    finally:
+        for worker in workers:
+            worker.join(timeout=30)
+            if worker.is_alive():
+                worker.kill()
+                worker.join()
+                outcome.errors.append(f"{worker.name} (pid {worker.pid}) did not exit; killed")
+            elif worker.exitcode != 0 and not outcome.errors:
+                outcome.errors.append(f"{worker.name} exited with code {worker.exitcode}")
+    return outcome
+
+
+def _race(url: str, processes: int, fires: int, seed: int) -> None:
+    store = Store(url, upgrade=True)
+    try:
+        engine = Engine(store, [TOGGLE_SPEC], guards=GUARDS)
+        rng = random.Random(seed)
+        initial: dict[str, str] = {}
+        initial_data: dict[str, dict[str, Any]] = {}
+        for key in _keys():
+            data = {"label": key}
+            if rng.random() < 0.5:
+                resource = engine.create("toggle", key, data)
+            else:
+                resource = engine.create("toggle", key, data, state="b")
+            initial[key], initial_data[key] = resource.state, data
+
+        outcome = _run_workers(url, processes, fires, seed)
+        assert not outcome.errors, "\n\n".join(outcome.errors)
+        _check(engine, store, outcome, initial, initial_data, processes, fires)
+    finally:
+        store.dispose()
+
+
+def _check(engine: Engine, store: Store, outcome: _Outcome, initial: dict[str, str],
+           initial_data: dict[str, dict[str, Any]], processes: int, fires: int) -> None:
+    reported: dict[str, list[tuple[int, str, str, str, dict[str, Any] | None]]] = defaultdict(list)
+    for report in outcome.reports.values():
+        for key, version, source, dest, trigger, payload in report["fired"]:
+            reported[key].append((version, source, dest, trigger, payload))
+    fired_total = sum(len(r["fired"]) for r in outcome.reports.values())
+    refused_total = sum(r["refused"] for r in outcome.reports.values())
+    retries = {i: r["retries"] for i, r in sorted(outcome.reports.items())}
+    summary = (f"{processes} processes x {fires} fires on {store.dialect} in "
+               f"{outcome.seconds:.1f} s: {fired_total} fired, {refused_total} refused, "
+               f"compare-and-swap retries per worker {retries}")
+    print(summary)
+    assert fired_total + refused_total == processes * fires, summary
+
+    problems: list[str] = []
+    mismatches = engine.verify()
+    problems += [f"verify(): {m}" for m in mismatches]
+
+    transitions_total = 0
+    table = []
+    for key in _keys():
+        row = engine.get(f"toggle:{key}")
+        history = engine.history(f"toggle:{key}")
+        seqs = [entry.seq for entry in history]
+        if seqs != list(range(1, len(seqs) + 1)):
+            problems.append(f"{key}: journal seq is not 1..{len(seqs)}: {seqs}")
+        if row.seq != len(history) or row.version != len(history):
+            problems.append(f"{key}: row has seq {row.seq}, version {row.version} but the "
+                            f"journal has {len(history)} rows")
+        if history and history[0].kind not in ("create", "adopt"):
+            problems.append(f"{key}: journal starts with {history[0].kind!r}")
+        moves = [e for e in history if e.kind == "transition"]
+        transitions_total += len(moves)
+        expected_state = initial[key] if len(moves) % 2 == 0 else OTHER[initial[key]]
+        if row.state != expected_state:
+            problems.append(f"{key}: started in {initial[key]!r}, took {len(moves)} "
+                            f"transitions, so should be in {expected_state!r}, is in "
+                            f"{row.state!r}")
+        # replay the journal: each row starts where the previous one ended, and the data is
+        # the creation data with every fired payload merged in order
+        state, data = history[0].dest, dict(initial_data[key])
+        for entry in moves:
+            if entry.source != state or entry.dest != OTHER[state]:
+                problems.append(f"{key}: seq {entry.seq} goes {entry.source!r} -> "
+                                f"{entry.dest!r} but the journal had reached {state!r}")
+            state = entry.dest
+            data.update(entry.payload or {})
+        if row.data != data:
+            problems.append(f"{key}: data {row.data} is not the replayed {data} (lost update)")
+        # every fire a worker saw succeed is exactly one journal row, with the same version
+        in_journal = sorted((e.version, e.source, e.dest, e.trigger, e.payload) for e in moves)
+        seen = sorted(reported[key], key=lambda item: item[0])
+        if in_journal != seen:
+            versions = Counter(v for v, *_ in seen)
+            doubled = sorted(v for v, n in versions.items() if n > 1)
+            journal_versions = {v for v, *_ in in_journal}
+            seen_versions = set(versions)
+            problems.append(
+                f"{key}: workers saw {len(seen)} fires, the journal has {len(in_journal)} "
+                f"transitions; versions reported twice: {doubled[:10]}; only in the journal: "
+                f"{sorted(journal_versions - seen_versions)[:10]}; only reported: "
+                f"{sorted(seen_versions - journal_versions)[:10]}")
+        table.append(f"  {key}: {initial[key]} -> {row.state}, {len(moves)} transitions "
+                     f"(reported {len(seen)}), version {row.version}")
+
+    with store.read() as db:
+        counted = db.execute(
+            select(func.count()).select_from(journal).where(journal.c.kind == "transition")
+        ).scalar_one()
+        rows = db.execute(select(func.count()).select_from(resources)).scalar_one()
+    if counted != fired_total or transitions_total != fired_total:
+        problems.append(f"workers reported {fired_total} fires that fired; the journal has "
+                        f"{counted} transition rows ({transitions_total} via history())")
+    if rows != RESOURCES:
+        problems.append(f"{rows} resources in the database, expected {RESOURCES}")
+    assert not problems, "\n".join([summary, *problems[:50], "resources:", *table])
+
+
+def test_eight_processes_race_on_postgresql(postgres_url: str) -> None:
+    _race(postgres_url, processes=8, fires=500, seed=8)
+
+
+def test_four_processes_race_on_sqlite(sqlite_url: str) -> None:
+    _race(sqlite_url, processes=4, fires=500, seed=4)

@@ -1,0 +1,275 @@
+"""The engine on a SQLite file and on PostgreSQL: create, fire, refusals, nested states,
+eventless steps, history, keys, data, and specs stored in the database."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from lifecycle import (
+    AmbiguousKey,
+    Engine,
+    GuardContext,
+    InvalidData,
+    LifecycleError,
+    ResourceExists,
+    SimulatedClock,
+    SpecError,
+    Store,
+    StrandedResources,
+    UnknownMachine,
+    UnknownResource,
+    UnknownState,
+    UnknownTrigger,
+)
+from lifecycle.runner import GuardError
+
+SLOT: dict[str, Any] = {
+    "name": "slot",
+    "initial": "unclaimed",
+    "final": ["gone"],
+    "states": [
+        "unclaimed",
+        {"name": "claimed", "initial": "idle", "states": ["idle", "busy"]},
+        "cleanup",
+        "gone",
+    ],
+    "transitions": [
+        {"trigger": "claim", "source": "unclaimed", "dest": "claimed", "guards": ["has_claim_id"]},
+        {"trigger": "activate", "source": "claimed.idle", "dest": "claimed.busy"},
+        {"trigger": "deactivate", "source": "claimed.busy", "dest": "claimed.idle"},
+        {"trigger": "release", "source": "claimed", "dest": "cleanup"},
+        {"trigger": "finish", "source": "cleanup", "dest": "gone", "unless": ["busy_elsewhere"]},
+        {"trigger": "retire", "source": "*", "dest": "gone", "merge_payload": False},
+    ],
+    "eventless": [
+        {"source": "cleanup", "dest": "unclaimed", "guards": ["recycle"]},
+    ],
+}
+
+GUARDS = {
+    "has_claim_id": lambda c: bool(c.payload.get("claim_id")),
+    "busy_elsewhere": lambda c: bool(c.data.get("busy_elsewhere")),
+    "recycle": lambda c: bool(c.data.get("recycle")),
+}
+
+
+@pytest.fixture
+def clock() -> SimulatedClock:
+    return SimulatedClock("2026-03-01T12:00:00Z")
+
+
+@pytest.fixture
+def engine(store: Store, clock: SimulatedClock) -> Engine:
+    return Engine(store, [SLOT], guards=GUARDS, clock=clock)
+
+
+def test_create_and_fire_through_nested_states(engine: Engine, clock: SimulatedClock) -> None:
+    created = engine.create("slot", "slot1@host", {"memory": 2048})
+    assert (created.state, created.version) == ("unclaimed", 1)
+    clock.advance(5)
+    result = engine.fire("slot1@host", "claim", {"claim_id": "<1.2.3.4:9618>#1"}, actor="schedd")
+    assert result.fired and (result.source, result.dest, result.version) == (
+        "unclaimed", "claimed.idle", 2)
+    assert engine.fire("slot1@host", "activate").dest == "claimed.busy"
+    # a transition declared on the parent applies to its children
+    released = engine.fire("slot1@host", "release")
+    assert (released.source, released.dest, released.version) == ("claimed.busy", "cleanup", 4)
+    resource = engine.get("slot1@host")
+    assert resource.state == "cleanup"
+    assert resource.data == {"memory": 2048, "claim_id": "<1.2.3.4:9618>#1"}
+    assert resource.updated_at == clock.now()
+
+
+def test_refused_fire_says_why_and_writes_nothing(engine: Engine) -> None:
+    engine.create("slot", "s")
+    refused = engine.fire("s", "claim", {"claim_id": ""})
+    assert not refused.fired
+    assert refused.reason == "guard 'has_claim_id' is false"
+    assert refused.guards == {"has_claim_id": False}
+    wrong_state = engine.fire("s", "activate")
+    assert not wrong_state
+    assert wrong_state.reason == (
+        "no transition for 'activate' from 'unclaimed' (triggers here: claim, retire)")
+    assert engine.get("s").version == 1
+    assert [e.kind for e in engine.history("s")] == ["create"]
+
+
+def test_unless_guard_refuses(engine: Engine) -> None:
+    engine.create("slot", "s", {"busy_elsewhere": True}, state="cleanup")
+    refused = engine.fire("s", "finish")
+    assert refused.reason == "unless guard 'busy_elsewhere' is true"
+
+
+def test_unknown_trigger_raises(engine: Engine) -> None:
+    engine.create("slot", "s")
+    with pytest.raises(UnknownTrigger, match="machine 'slot' has no trigger 'clam'"):
+        engine.fire("s", "clam")
+
+
+def test_eventless_step(engine: Engine) -> None:
+    engine.create("slot", "s", {"recycle": False}, state="cleanup")
+    assert not engine.step("s")
+    engine.create("slot", "t", {"recycle": True}, state="cleanup")
+    stepped = engine.step("t")
+    assert stepped and (stepped.source, stepped.dest) == ("cleanup", "unclaimed")
+    assert engine.step("t").reason == "no eventless transition from 'unclaimed'"
+    entries = engine.history("t")
+    assert entries[-1].trigger is None and entries[-1].guards == {"recycle": True}
+
+
+def test_history_records_every_transition(engine: Engine, clock: SimulatedClock) -> None:
+    engine.create("slot", "s", {"memory": 1}, actor="admin")
+    clock.advance(1)
+    engine.fire("s", "claim", {"claim_id": "c1"}, actor="schedd")
+    clock.advance(1)
+    engine.fire("s", "retire", {"why": "decommissioned"}, actor="admin")
+    entries = engine.history("s")
+    assert [(e.seq, e.kind, e.trigger, e.source, e.dest, e.version, e.actor) for e in entries] == [
+        (1, "create", None, None, "unclaimed", 1, "admin"),
+        (2, "transition", "claim", "unclaimed", "claimed.idle", 2, "schedd"),
+        (3, "transition", "retire", "claimed.idle", "gone", 3, "admin"),
+    ]
+    assert entries[1].guards == {"has_claim_id": True}
+    assert entries[2].payload == {"why": "decommissioned"}
+    assert entries[2].at == clock.now()
+    # merge_payload: false keeps the payload out of the data
+    assert "why" not in engine.get("s").data
+    assert all(e.spec_version == engine.spec("slot").version for e in entries)
+
+
+def test_adopting_a_resource_in_a_state(engine: Engine) -> None:
+    adopted = engine.create("slot", "s", state="claimed")
+    assert adopted.state == "claimed.idle"
+    assert engine.history("s")[0].kind == "adopt"
+    with pytest.raises(UnknownState, match="machine 'slot' has no state 'claimd'"):
+        engine.create("slot", "t", state="claimd")
+
+
+def test_keys(engine: Engine, store: Store) -> None:
+    other = copy.deepcopy(SLOT)
+    other["name"] = "slot2"
+    engine.register(other)
+    engine.create("slot", "shared")
+    engine.create("slot2", "shared")
+    with pytest.raises(AmbiguousKey, match="slot2:shared"):
+        engine.fire("shared", "retire")
+    assert engine.fire("slot2:shared", "retire").machine == "slot2"
+    assert engine.get("slot:shared").state == "unclaimed"
+    with pytest.raises(ResourceExists):
+        engine.create("slot", "shared")
+    with pytest.raises(UnknownResource, match="no resource with key 'nope'"):
+        engine.fire("nope", "claim")
+    with pytest.raises(UnknownMachine, match="unknown machine 'slto'"):
+        engine.create("slto", "x")
+    for bad in ("", " padded", "a:b"):
+        with pytest.raises(LifecycleError, match="invalid key"):
+            engine.create("slot", bad)
+
+
+class SlotData(BaseModel):
+    memory: int
+    owner: str = "condor"
+
+
+def test_data_model_validates_create_and_payload(store: Store) -> None:
+    spec = {**SLOT, "data_model": SlotData}
+    engine = Engine(store, [spec], guards=GUARDS)
+    assert engine.create("slot", "s", {"memory": "2048"}).data == {"memory": 2048,
+                                                                  "owner": "condor"}
+    with pytest.raises(InvalidData, match="memory: Input should be a valid integer"):
+        engine.create("slot", "t", {"memory": "lots"})
+    with pytest.raises(InvalidData, match="memory"):
+        engine.fire("s", "claim", {"claim_id": "c", "memory": "lots"})
+    assert engine.get("s").version == 1
+
+
+def test_guard_that_raises_is_reported_and_nothing_is_written(store: Store) -> None:
+    def broken(_: GuardContext) -> bool:
+        raise KeyError("claim_id")
+
+    engine = Engine(store, [SLOT], guards={**GUARDS, "has_claim_id": broken})
+    engine.create("slot", "s")
+    with pytest.raises(GuardError, match="guard 'has_claim_id' raised KeyError"):
+        engine.fire("s", "claim")
+    assert engine.get("s").version == 1
+
+
+def test_unregistered_guard_names_are_refused_at_registration(store: Store) -> None:
+    with pytest.raises(SpecError) as caught:
+        Engine(store, [SLOT], guards={"recycle": GUARDS["recycle"]})
+    text = str(caught.value)
+    assert "transitions[0]: guard 'has_claim_id' is not registered with this engine" in text
+    assert "transitions[4]: guard 'busy_elsewhere' is not registered" in text
+
+
+def test_specs_are_stored_and_found_by_another_engine(engine: Engine, store: Store) -> None:
+    engine.create("slot", "s")
+    # another process knows nothing but the key: the machine comes from the database
+    other = Engine(Store(store.url), guards=GUARDS)
+    assert other.fire("s", "retire").dest == "gone"
+    assert other.spec("slot").version == engine.spec("slot").version
+    assert other.history("s")[1].spec_version == engine.spec("slot").version
+
+
+def test_changed_spec_keeps_running_resources(engine: Engine, store: Store) -> None:
+    engine.create("slot", "s")
+    old_version = engine.spec("slot").version
+    changed = copy.deepcopy(SLOT)
+    changed["transitions"].append({"trigger": "drain", "source": "unclaimed", "dest": "cleanup"})
+    spec = engine.register(changed)
+    assert spec.version != old_version
+    assert engine.fire("s", "drain").dest == "cleanup"
+    assert [e.spec_version for e in engine.history("s")] == [old_version, spec.version]
+    assert engine.verify() == []
+
+
+def test_changed_spec_that_strands_live_resources_is_refused(engine: Engine) -> None:
+    engine.create("slot", "live", state="cleanup")
+    engine.create("slot", "dead", state="cleanup")
+    engine.fire("dead", "finish")
+    changed = copy.deepcopy(SLOT)
+    changed["states"] = [s for s in changed["states"] if s != "cleanup"]
+    changed["transitions"] = [t for t in changed["transitions"]
+                              if "cleanup" not in (t["source"], t["dest"])]
+    changed["transitions"].append({"trigger": "release", "source": "claimed", "dest": "gone"})
+    changed["eventless"] = []
+    with pytest.raises(StrandedResources, match=r"1 live resources .*live \(in 'cleanup'\)"):
+        engine.register(changed)
+    assert engine.spec("slot").version == Engine(engine.store, guards=GUARDS).spec("slot").version
+
+
+def test_verify_finds_a_tampered_resource(engine: Engine, store: Store) -> None:
+    from sqlalchemy import update
+
+    from lifecycle.store import resources
+
+    engine.create("slot", "s")
+    engine.fire("s", "retire")
+    assert engine.verify() == []
+    with store.begin() as db:
+        db.execute(update(resources).where(resources.c.key == "s").values(state="cleanup",
+                                                                          version=7))
+    found = [str(m) for m in engine.verify()]
+    assert "slot:s: journal replays to state 'gone' but the resource is in 'cleanup'" in found
+    assert "slot:s: journal replays to version 2 but the resource has 7" in found
+
+
+def test_available_triggers(engine: Engine) -> None:
+    engine.create("slot", "s", state="claimed.busy")
+    assert engine.available_triggers("s") == ["deactivate", "release", "retire"]
+
+
+def test_payload_json_cannot_hold_is_refused(engine: Engine) -> None:
+    engine.create("slot", "s")
+    with pytest.raises(InvalidData, match="payload is not JSON"):
+        engine.fire("s", "claim", {"claim_id": "c", "load": float("nan")})
+    with pytest.raises(InvalidData, match="payload is not JSON"):
+        engine.fire("s", "claim", {"claim_id": "c", "when": object()})
+    with pytest.raises(InvalidData, match="data is not JSON"):
+        engine.create("slot", "t", {"x": float("inf")})
+    assert engine.get("s").version == 1
+    assert [r.key for r in engine.resources("slot")] == ["s"]

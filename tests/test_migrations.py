@@ -1,0 +1,101 @@
+"""The schema's history: migrations agree with the models, go down and up again, and a
+database that was never upgraded is refused without being written to."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import inspect
+
+from lifecycle import Engine, SchemaOutOfDate, Store
+from lifecycle.store import metadata, migrate
+
+TOGGLE = {"name": "toggle", "initial": "a", "states": ["a", "b"],
+          "transitions": [{"trigger": "flip", "source": "a", "dest": "b"},
+                          {"trigger": "flip", "source": "b", "dest": "a"}]}
+
+
+def differences(store: Store) -> list[object]:
+    with store.engine.connect() as connection:
+        context = MigrationContext.configure(
+            connection, opts={"version_table": migrate.VERSION_TABLE, "compare_type": True})
+        return list(compare_metadata(context, metadata))
+
+
+def lifecycle_tables(store: Store) -> set[str]:
+    with store.engine.connect() as connection:
+        return {t for t in inspect(connection).get_table_names() if t.startswith("lifecycle_")}
+
+
+def test_models_and_migrations_agree(db_url: str) -> None:
+    store = Store(db_url, upgrade=True)
+    assert differences(store) == []
+
+
+def test_upgrade_downgrade_upgrade(db_url: str) -> None:
+    store = Store(db_url, check=False)
+    store.upgrade()
+    assert store.current_revision() == migrate.head_revision()
+    assert lifecycle_tables(store) >= {t for t in metadata.tables}
+    Engine(store, [TOGGLE]).create("toggle", "x")
+    store.downgrade("base")
+    assert store.current_revision() is None
+    assert lifecycle_tables(store) == {migrate.VERSION_TABLE} or lifecycle_tables(store) == set()
+    store.upgrade()
+    assert differences(store) == []
+    engine = Engine(Store(db_url), [TOGGLE])
+    engine.create("toggle", "x")
+    assert engine.fire("x", "flip").dest == "b"
+
+
+def test_every_revision_steps_down_and_up(db_url: str) -> None:
+    store = Store(db_url, check=False)
+    chain = [revision for revision, _, _ in migrate.revisions()]
+    for revision in chain:
+        store.upgrade(revision)
+        assert store.current_revision() == revision
+    for down in reversed([None, *chain[:-1]]):
+        store.downgrade(down or "base")
+        assert store.current_revision() == down
+
+
+def test_empty_database_is_refused_and_left_alone(db_url: str) -> None:
+    with pytest.raises(SchemaOutOfDate, match=r"has no lifecycle schema yet; run `lifecycle db "
+                                              r"upgrade`"):
+        Store(db_url)
+    if db_url.startswith("sqlite"):
+        assert not Path(db_url.removeprefix("sqlite:///")).exists()
+    else:
+        assert lifecycle_tables(Store(db_url, check=False)) == set()
+
+
+def test_database_behind_the_code_is_refused(db_url: str) -> None:
+    chain = [revision for revision, _, _ in migrate.revisions()]
+    store = Store(db_url, check=False)
+    if len(chain) < 2:
+        # With a single revision, "behind" can only mean "not upgraded at all".
+        store.upgrade()
+        store.downgrade("base")
+        with pytest.raises(SchemaOutOfDate):
+            Store(db_url)
+        return
+    store.upgrade(chain[-2])
+    with pytest.raises(SchemaOutOfDate, match=f"is at schema revision {chain[-2]}"):
+        Store(db_url)
+    assert Store(db_url, upgrade=True).current_revision() == chain[-1]
+
+
+def test_a_revision_this_code_does_not_know_is_refused(db_url: str) -> None:
+    from sqlalchemy import text
+
+    from lifecycle import DatabaseError
+
+    store = Store(db_url, upgrade=True)
+    with store.begin() as db:
+        db.execute(text(f"UPDATE {migrate.VERSION_TABLE} SET version_num = '9999_future'"))
+    with pytest.raises(DatabaseError, match="9999_future, which this version of lifecycle "
+                                            "does not know"):
+        Store(db_url)
