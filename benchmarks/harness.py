@@ -132,15 +132,24 @@ def run_group(
     cases: list[Case],
     workspace: Workspace,
     settings: Settings,
+    skipped: dict[str, str],
     progress: Callable[[str], None] = lambda _message: None,
 ) -> dict[str, Measurement]:
-    """Open every case, warm each up, then time them in interleaved rounds."""
+    """Open every case, warm each up, then time them in interleaved rounds. A case whose
+    library is not installed is left out, with the reason in ``skipped``."""
     results: dict[str, Measurement] = {}
     with ExitStack() as stack:
         benches: dict[str, Bench] = {}
         for case in cases:
             progress(f"setting up {case.label}")
-            benches[case.id] = stack.enter_context(case.open(workspace))
+            try:
+                benches[case.id] = stack.enter_context(case.open(workspace))
+            except ImportError as exc:
+                skipped[case.id] = (f"{exc.name or exc} is not installed: "
+                                    "pip install -e '.[bench]'")
+        cases = [case for case in cases if case.id in benches]
+        if not cases:
+            return results
         for case in cases:
             progress(f"warming up {case.label}")
             warm, per_op = warm_up(benches[case.id], settings)

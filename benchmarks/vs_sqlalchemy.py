@@ -93,12 +93,12 @@ def sqlalchemy_fsm_fire(path: Path) -> Iterator[Bench]:
             obj = session.scalars(query).one()
             source = obj.state
             obj.flip.set()
+            dest = obj.state
+            if dest == source:
+                raise BenchError("sqlalchemy-fsm: flip did not move the state")
             now = dt.datetime.now(UTC)
             obj.updated_at = now
-            session.add(log(toggle_id=obj.id, trigger=trigger, source=source, dest=obj.state,
-                            at=now))
-        if obj.state == source:
-            raise BenchError("sqlalchemy-fsm: flip did not move the state")
+            session.add(log(toggle_id=obj.id, trigger=trigger, source=source, dest=dest, at=now))
 
     def verify(n: int) -> None:
         with session_factory() as session:

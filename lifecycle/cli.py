@@ -141,7 +141,8 @@ def machines(db_url: str | None, as_json: bool) -> None:
         return
     table = Table("machine", "kind", "spec version", "resources", "about")
     for r in rows:
-        table.add_row(r["name"], r["kind"], r["spec_version"], str(r["resources"]), r["summary"])
+        table.add_row(*(str(r[k]) for k in ("name", "kind", "spec_version", "resources",
+                                             "summary")))
     out.print(table)
 
 

@@ -376,13 +376,13 @@ class Engine:
         for _attempt in range(self.max_attempts):
             try:
                 with store.write() as cursor:
-                    rid, machine, rkey, state, version, seq, raw_data, spec_version = (
+                    rid, machine, rkey, state, version, seq, raw_data, _ = (
                         self._locate(cursor, key))
                     runner = self._runners.get(machine)
                     if runner is None:
                         raise _NeedMachine(machine)
                     if trigger != EVENTLESS and trigger not in runner.triggers:
-                        raise UnknownTrigger(machine, trigger, runner.triggers)
+                        raise UnknownTrigger(machine, trigger, sorted(runner.triggers))
                     data = store.json_value(raw_data)
                     now = self.clock.now()
                     context = GuardContext(machine, rkey, state, version, data, payload, now)

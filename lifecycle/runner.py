@@ -61,6 +61,7 @@ class _Model:
     """The object ``transitions`` moves: nothing but a state."""
 
     __slots__ = ("__dict__", "state")
+    state: str
 
 
 class Runner:
@@ -114,8 +115,8 @@ class Runner:
         model = pool.pop() if pool else self._new_model()
         try:
             self._machine.set_state(state, model)
-            fired = model.trigger(trigger, ctx=context)
-            dest = model.state
+            fired = model.trigger(trigger, ctx=context)  # type: ignore[attr-defined]
+            dest: str = model.state
         finally:
             pool.append(model)
         if fired:

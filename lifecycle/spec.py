@@ -362,7 +362,7 @@ def _check(spec: MachineSpec) -> list[Problem]:
             if leaf in reached and leaf not in leaving and not graph.is_final(leaf, spec.final):
                 problems.append(Problem(
                     f"states.{leaf}", f"state {leaf!r} is not final and no transition leaves it",
-                    f"add a transition from it, or list it in `final`"))
+                    "add a transition from it, or list it in `final`"))
     problems.sort(key=lambda p: _location_order(p.location))
     return problems
 
@@ -436,8 +436,10 @@ def _from_pydantic(error: Mapping[str, Any]) -> Problem:
 
 def _known_fields(loc: tuple[Any, ...]) -> list[str]:
     names = [p for p in loc if isinstance(p, str)]
+    nested: dict[str, type[BaseModel]] = {
+        "states": StateSpec, "transitions": TransitionSpec, "eventless": EventlessSpec,
+        "fresh": Freshness}
     model: type[BaseModel] = MachineSpec
     for name in names:
-        model = {"states": StateSpec, "transitions": TransitionSpec, "eventless": EventlessSpec,
-                 "fresh": Freshness}.get(name, model)
+        model = nested.get(name, model)
     return list(model.model_fields)

@@ -32,7 +32,7 @@ def _libpq(url: str) -> str:
     return url.replace("postgresql+psycopg://", "postgresql://")
 
 
-_PG_PROBLEM: str | None | bool = False
+_PG_PROBLEM: str | bool | None = False
 
 
 def postgres_problem() -> str | None:

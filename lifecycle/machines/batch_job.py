@@ -60,7 +60,7 @@ SPEC = MachineSpec.model_validate({
 
 
 def exit_ok(context: GuardContext) -> bool:
-    return context.payload.get("exit_code", context.data.get("exit_code")) == 0
+    return bool(context.payload.get("exit_code", context.data.get("exit_code")) == 0)
 
 
 def holds_left(context: GuardContext) -> bool:

@@ -19,7 +19,7 @@ from . import migrate
 from .database import create_sa_engine, display_url, raw_transaction, resolve_url
 from .schema import UTC, journal, machines, metadata, resources, specs, sqlite_time
 
-__all__ = ["Store", "journal", "machines", "metadata", "resources", "resolve_url", "specs"]
+__all__ = ["Store", "journal", "machines", "metadata", "resolve_url", "resources", "specs"]
 
 
 class Store:
@@ -32,11 +32,9 @@ class Store:
         self.url = resolve_url(url)
         self.display_url = display_url(self.url)
         parsed = make_url(self.url)
-        self._sqlite_file = (
-            parsed.database
-            if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:")
-            else None
-        )
+        in_file = parsed.get_backend_name() == "sqlite" and parsed.database not in (
+            None, "", ":memory:")
+        self._sqlite_file = parsed.database if in_file else None
         if check and not upgrade and self._sqlite_file and not Path(self._sqlite_file).exists():
             raise SchemaOutOfDate(self.display_url, None, migrate.head_revision())
         self.engine = create_sa_engine(self.url)
@@ -150,8 +148,9 @@ class Statements:
         self.resource_by_machine_key = sql(
             select(*cols).where(r.machine == bindparam("machine"), r.key == bindparam("key"))
         )
-        cas = (r.id == bindparam("id_"), r.version == bindparam("version_"), r.seq == bindparam("seq_"))
-        moved = {
+        cas = (r.id == bindparam("id_"), r.version == bindparam("version_"),
+               r.seq == bindparam("seq_"))
+        moved: dict[str, Any] = {
             "state": bindparam("new_state"),
             "version": bindparam("new_version"),
             "seq": bindparam("new_seq"),

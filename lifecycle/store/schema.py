@@ -59,10 +59,11 @@ class UtcDateTime(TypeDecorator[dt.datetime]):
             return None
         if isinstance(value, str):
             value = dt.datetime.fromisoformat(value)
-        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        moment: dt.datetime = value
+        return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
 
-def Document() -> JSON:  # noqa: N802 - a column type, named like one
+def Document() -> JSON:
     return JSON().with_variant(JSONB(), "postgresql")
 
 
