@@ -1,7 +1,7 @@
 """lifecycle: explicit, persisted finite-state machines of computing resources."""
 
 from .clock import Clock, SimulatedClock, SystemClock
-from .engine import Engine, FireResult, JournalEntry, Mismatch, Resource
+from .engine import Engine
 from .errors import (
     AmbiguousKey,
     ConcurrencyError,
@@ -12,12 +12,15 @@ from .errors import (
     ResourceExists,
     SchemaOutOfDate,
     SpecError,
+    StaleObservation,
     StrandedResources,
     UnknownMachine,
     UnknownResource,
     UnknownState,
     UnknownTrigger,
 )
+from .fresh import Probe, ProbeRequest
+from .records import FireResult, JournalEntry, Mismatch, Observation, Resource
 from .runner import GuardContext, GuardError
 from .spec import (
     EventlessSpec,
@@ -45,12 +48,16 @@ __all__ = [
     "LifecycleError",
     "MachineSpec",
     "Mismatch",
+    "Observation",
+    "Probe",
+    "ProbeRequest",
     "Problem",
     "Resource",
     "ResourceExists",
     "SchemaOutOfDate",
     "SimulatedClock",
     "SpecError",
+    "StaleObservation",
     "StateSpec",
     "Store",
     "StrandedResources",

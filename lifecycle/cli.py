@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import sys
 from collections.abc import Callable
@@ -19,8 +20,8 @@ from .spec import MachineSpec, load_spec
 from .store import Store, migrate
 
 F = TypeVar("F", bound=Callable[..., Any])
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 class _Group(click.Group):
@@ -247,8 +248,38 @@ def fire(key: str, trigger: str, payload: str | None, actor: str | None, db_url:
     """Fire TRIGGER on resource KEY (MACHINE:KEY when the key is in several machines).
     Exits 3 when the transition was refused."""
     document = _json_arg(payload, "--payload")
-    result = _engine(db_url).fire(key, trigger, document, actor=actor)
+    result = _engine(db_url).fire(key, trigger, document, actor=actor, on_stale="return")
     _print_result(result, as_json)
+
+
+@main.command()
+@click.argument("key")
+@click.argument("status")
+@click.option("--at", "observed_at", metavar="TIME",
+              help="When the status was true at its source (ISO 8601; default: now). A time "
+                   "without a zone is UTC.")
+@click.option("--source", default="cli", show_default=True, help="Who reported it.")
+@db_option
+@json_option
+def observe(key: str, status: str, observed_at: str | None, source: str, db_url: str | None,
+            as_json: bool) -> None:
+    """Record STATUS (a JSON object) as an observation of resource KEY."""
+    document = _json_arg(status, "STATUS")
+    when = None
+    if observed_at is not None:
+        try:
+            when = dt.datetime.fromisoformat(observed_at.replace("Z", "+00:00"))
+        except ValueError:
+            raise click.BadParameter(f"not an ISO 8601 time: {observed_at!r}",
+                                     param_hint="--at") from None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=dt.UTC)
+    observation = _engine(db_url).observe(key, document, when, source=source)
+    if as_json:
+        print(json.dumps(observation.to_json(), indent=2))
+    else:
+        out.print(f"{key}: observed {_escape(json.dumps(observation.status, sort_keys=True))} "
+                  f"at {_time(observation.observed_at)} (observation {observation.id})")
 
 
 @main.command()
@@ -258,7 +289,7 @@ def fire(key: str, trigger: str, payload: str | None, actor: str | None, db_url:
 @json_option
 def step(key: str, actor: str | None, db_url: str | None, as_json: bool) -> None:
     """Take the first eventless transition of KEY whose guards hold. Exits 3 when none did."""
-    _print_result(_engine(db_url).step(key, actor=actor), as_json)
+    _print_result(_engine(db_url).step(key, actor=actor, on_stale="return"), as_json)
 
 
 def _print_result(result: FireResult, as_json: bool) -> None:
@@ -295,6 +326,11 @@ def show(key: str, db_url: str | None, as_json: bool) -> None:
     table.add_row("updated", _time(resource.updated_at))
     table.add_row("triggers", ", ".join(triggers) or "none")
     table.add_row("data", _escape(json.dumps(resource.data, sort_keys=True)))
+    if resource.observation is not None:
+        seen = resource.observation
+        table.add_row("observed", _escape(
+            f"{json.dumps(seen.status, sort_keys=True)} at {_time(seen.observed_at)} by "
+            f"{seen.source} (#{seen.id})"))
     out.print(table)
 
 
@@ -329,17 +365,25 @@ def history(key: str, db_url: str | None, as_json: bool) -> None:
         return
     resource = engine.get(key)
     table = Table("seq", "at", "what", "from", "to", "version", "actor", "guards", "payload",
-                  title=f"{resource.machine}:{resource.key}", title_justify="left")
+                  "observation", title=f"{resource.machine}:{resource.key}",
+                  title_justify="left")
     for e in entries:
+        seen = ""
+        if e.observation is not None:
+            seen = (f"#{e.observation.id} {json.dumps(e.observation.status, sort_keys=True)} "
+                    f"at {_time(e.observation.observed_at)}")
         table.add_row(str(e.seq), _time(e.at), _what(e), e.source or "", e.dest,
                       str(e.version), e.actor or "", _verdicts(e.guards),
-                      _escape(json.dumps(e.payload, sort_keys=True)) if e.payload else "")
+                      _escape(json.dumps(e.payload, sort_keys=True)) if e.payload else "",
+                      _escape(seen))
     out.print(table)
 
 
 def _what(entry: JournalEntry) -> str:
     if entry.kind == "transition":
         return entry.trigger or "(eventless)"
+    if entry.kind == "refusal":
+        return f"[red]refused[/] {entry.trigger or '(eventless)'}"
     return entry.kind
 
 

@@ -1,8 +1,10 @@
-"""The Engine: create, fire, step, history. One fire is one database transaction.
+"""The Engine: create, fire, step, observe, history. One fire is one database transaction.
 
-The hot path reads the resource, decides with the ``transitions`` machine compiled once per
-spec, and writes the new state with a compare-and-swap on the version, the journal row in the
-same transaction. If the version moved underneath, it re-reads and decides again.
+The hot path reads the resource with its newest observation, decides with the
+``transitions`` machine compiled once per spec, and writes the new state with a
+compare-and-swap on the version, the journal row in the same transaction. If the version
+moved underneath, it re-reads and decides again. A risky edge whose observation is stale
+calls its probe first, outside any transaction, then decides on the answer.
 """
 
 from __future__ import annotations
@@ -10,122 +12,40 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from pydantic import ValidationError
-from sqlalchemy import func, select
 
+from . import queries, registry
 from .clock import Clock, SystemClock
 from .errors import (
-    AmbiguousKey,
     ConcurrencyError,
     InvalidData,
     LifecycleError,
     Problem,
     ResourceExists,
     SpecError,
-    StrandedResources,
-    UnknownMachine,
-    UnknownResource,
+    StaleObservation,
     UnknownState,
     UnknownTrigger,
 )
+from .fresh import Probe, ProbeFailed, ProbeRequest, call_probe, clock_time, rule_text
+from .records import FireResult, JournalEntry, Mismatch, Observation, Resource
 from .runner import Decision, GuardContext, Runner
-from .spec import EVENTLESS, MachineSpec, SpecSource, load_spec
-from .store import Store, journal, machines, resources, specs
+from .spec import EVENTLESS, MachineSpec, SpecSource, _Edge, load_spec
+from .store import Store
 
 log = logging.getLogger(__name__)
 
 Guard = Callable[[GuardContext], bool]
+OnStale = Literal["raise", "return"]
 
 _KEY_MAX = 255
+_MAX_PROBES = 3
 
-
-@dataclass(frozen=True, slots=True)
-class Resource:
-    """A resource as it is in the database now."""
-
-    machine: str
-    key: str
-    state: str
-    version: int
-    seq: int
-    data: dict[str, Any]
-    spec_version: str
-    created_at: dt.datetime
-    updated_at: dt.datetime
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "machine": self.machine, "key": self.key, "state": self.state,
-            "version": self.version, "seq": self.seq, "data": self.data,
-            "spec_version": self.spec_version, "created_at": self.created_at.isoformat(),
-            "updated_at": self.updated_at.isoformat(),
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class JournalEntry:
-    """One row of a resource's history."""
-
-    seq: int
-    kind: str
-    trigger: str | None
-    source: str | None
-    dest: str
-    version: int
-    spec_version: str
-    actor: str | None
-    at: dt.datetime
-    payload: dict[str, Any] | None
-    guards: dict[str, bool] | None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "seq": self.seq, "kind": self.kind, "trigger": self.trigger, "source": self.source,
-            "dest": self.dest, "version": self.version, "spec_version": self.spec_version,
-            "actor": self.actor, "at": self.at.isoformat(), "payload": self.payload,
-            "guards": self.guards,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class FireResult:
-    """What a fire (or a step) did. When ``fired`` is false, ``reason`` says why and nothing
-    was written."""
-
-    fired: bool
-    machine: str
-    key: str
-    trigger: str
-    source: str
-    dest: str | None
-    version: int
-    reason: str | None = None
-    guards: dict[str, bool] = field(default_factory=dict)
-
-    def __bool__(self) -> bool:
-        return self.fired
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "fired": self.fired, "machine": self.machine, "key": self.key,
-            "trigger": self.trigger, "source": self.source, "dest": self.dest,
-            "version": self.version, "reason": self.reason, "guards": self.guards,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class Mismatch:
-    """A resource whose journal does not replay to its current row."""
-
-    machine: str
-    key: str
-    problem: str
-
-    def __str__(self) -> str:
-        return f"{self.machine}:{self.key}: {self.problem}"
+__all__ = ["Engine", "FireResult", "Guard", "JournalEntry", "Mismatch", "Observation",
+           "Resource"]
 
 
 class _Conflict(Exception):
@@ -137,12 +57,36 @@ class _NeedMachine(Exception):
     may register a spec, which takes a transaction of its own)."""
 
 
+@dataclass(slots=True)
+class _NeedProbe(Exception):
+    """A risky edge needs a fresher observation: leave the transaction, ask the probe."""
+
+    name: str
+    request: ProbeRequest
+
+
+@dataclass(slots=True)
+class _Row:
+    """The resource as the hot path read it."""
+
+    id: int
+    machine: str
+    key: str
+    state: str
+    version: int
+    seq: int
+    data: dict[str, Any]
+    last_transition_at: dt.datetime
+    observation: Observation | None
+
+
 class Engine:
     """Runs machine specs against a store.
 
     ``guards`` maps guard names to predicates over a :class:`GuardContext`; guards never do
-    I/O. ``effects`` names the effect handlers this process provides (only their names are
-    checked here). Time comes from ``clock``.
+    I/O. ``probes`` maps probe names to functions that ask the outside world for a resource's
+    status (called outside any transaction, given up after ``probe_timeout`` seconds).
+    ``effects`` names the effect handlers this process provides. Time comes from ``clock``.
     """
 
     def __init__(
@@ -152,15 +96,17 @@ class Engine:
         *,
         guards: Mapping[str, Guard] | None = None,
         effects: Mapping[str, Any] | None = None,
-        probes: Mapping[str, Any] | None = None,
+        probes: Mapping[str, Probe] | None = None,
         clock: Clock | None = None,
+        probe_timeout: float = 10.0,
         max_attempts: int = 50,
     ) -> None:
         self.store = store
         self.clock: Clock = clock or SystemClock()
         self.guards: dict[str, Guard] = dict(guards or {})
         self.effects: dict[str, Any] = dict(effects or {})
-        self.probes: dict[str, Any] = dict(probes or {})
+        self.probes: dict[str, Probe] = dict(probes or {})
+        self.probe_timeout = probe_timeout
         self.max_attempts = max_attempts
         self._runners: dict[str, Runner] = {}
         for spec in machines:
@@ -178,75 +124,22 @@ class Engine:
         A changed spec is refused when live resources are in states it no longer has."""
         spec = load_spec(source)
         self._check_names(spec)
-        now = self.clock.now()
-        with self.store.begin() as db:
-            known = db.execute(
-                select(specs.c.version).where(
-                    specs.c.machine == spec.name, specs.c.version == spec.version
-                )
-            ).first()
-            current = db.execute(
-                select(machines.c.spec_version).where(machines.c.name == spec.name)
-            ).scalar()
-            if current != spec.version:
-                stranded = self._stranded(db, spec)
-                if stranded:
-                    raise StrandedResources(spec.name, spec.version, stranded)
-            if known is None:
-                db.execute(specs.insert().values(
-                    machine=spec.name, version=spec.version, spec=spec.to_json(), created_at=now))
-            if current is None:
-                db.execute(machines.insert().values(
-                    name=spec.name, spec_version=spec.version, updated_at=now))
-            elif current != spec.version:
-                db.execute(machines.update().where(machines.c.name == spec.name).values(
-                    spec_version=spec.version, updated_at=now))
-                log.info("machine %s: spec version %s replaces %s", spec.name, spec.version,
-                         current)
+        registry.store_spec(self.store, spec, self.clock.now())
         self._runners[spec.name] = Runner(spec, self.guards)
         return spec
 
     def _check_names(self, spec: MachineSpec) -> None:
         problems = []
-        for kind, names, registered in (
-            ("guard", spec.guard_names(), self.guards),
-            ("effect", spec.effect_names(), self.effects),
-            ("probe", spec.probe_names(), self.probes),
-        ):
-            for name in sorted(names - set(registered)):
-                where = [f"transitions[{i}]" for i, t in enumerate(spec.transitions)
-                         if name in (*t.guards, *t.unless, *t.effects)
-                         or (t.fresh and t.fresh.probe == name)]
-                where += [f"eventless[{i}]" for i, e in enumerate(spec.eventless)
-                          if name in (*e.guards, *e.unless, *e.effects)
-                          or (e.fresh and e.fresh.probe == name)]
+        for kind, registered in (("guard", self.guards), ("effect", self.effects),
+                                 ("probe", self.probes)):
+            for name in sorted(_names(spec, kind) - set(registered)):
+                where = [loc for loc, edge in _located_edges(spec) if name in _edge_names(
+                    edge, kind)]
                 problems.append(Problem(
                     ", ".join(where), f"{kind} {name!r} is not registered with this engine",
                     f"pass it in Engine({kind}s={{{name!r}: ...}})"))
         if problems:
             raise SpecError(spec.name, problems)
-
-    def _stranded(self, db: Any, spec: MachineSpec) -> list[tuple[str, str]]:
-        """Live resources (not in a final state of the spec they run under) whose state the
-        new spec does not have."""
-        states = set(spec.graph.names)
-        finals_of: dict[str, set[str]] = {}
-        rows = db.execute(
-            select(resources.c.key, resources.c.state, resources.c.spec_version)
-            .where(resources.c.machine == spec.name, resources.c.state.not_in(states))
-            .order_by(resources.c.key)
-        ).all()
-        stranded = []
-        for key, state, version in rows:
-            if version not in finals_of:
-                stored = db.execute(select(specs.c.spec).where(
-                    specs.c.machine == spec.name, specs.c.version == version)).scalar_one()
-                old = MachineSpec.model_validate(stored)
-                finals_of[version] = {n for n in old.graph.leaves
-                                      if old.graph.is_final(n, old.final)}
-            if state not in finals_of[version]:
-                stranded.append((key, state))
-        return stranded
 
     def _runner(self, machine: str) -> Runner:
         runner = self._runners.get(machine)
@@ -256,54 +149,19 @@ class Engine:
 
     def _load_stored(self, machine: str) -> Runner:
         """A machine this engine was not given, as the database last registered it."""
-        with self.store.read() as db:
-            stored = db.execute(
-                select(specs.c.spec).join(machines, (machines.c.name == specs.c.machine)
-                                          & (machines.c.spec_version == specs.c.version))
-                .where(machines.c.name == machine)
-            ).scalar()
-            if stored is None:
-                names = db.execute(select(machines.c.name)).scalars().all()
-                raise UnknownMachine(machine, [*self._runners, *names])
-        spec = MachineSpec.model_validate(stored)
+        spec = registry.stored_spec(self.store, machine, list(self._runners))
         self._check_names(spec)
         runner = self._runners[machine] = Runner(spec, self.guards)
         return runner
 
     def machine_names(self) -> list[str]:
         """Every machine registered with this engine or stored in the database."""
-        with self.store.read() as db:
-            stored = db.execute(select(machines.c.name)).scalars().all()
-        return sorted({*self._runners, *stored})
+        return sorted({*self._runners, *registry.stored_names(self.store)})
 
     def spec(self, machine: str) -> MachineSpec:
         return self._runner(machine).spec
 
-    # -- keys --------------------------------------------------------------------------
-
-    def _split(self, key: str) -> tuple[str | None, str]:
-        """``MACHINE:KEY`` or a plain key."""
-        machine, sep, rest = key.partition(":")
-        if sep and machine and rest:
-            return machine, rest
-        return None, key
-
-    def _locate(self, cursor: Any, key: str) -> tuple[Any, ...]:
-        machine, plain = self._split(key)
-        sql = self.store.sql
-        if machine is not None:
-            cursor.execute(sql.resource_by_machine_key, {"machine": machine, "key": plain})
-            rows = cursor.fetchall()
-        else:
-            cursor.execute(sql.resource_by_key, {"key": plain})
-            rows = cursor.fetchall()
-        if not rows:
-            raise UnknownResource(plain, machine)
-        if len(rows) > 1:
-            raise AmbiguousKey(plain, [row[1] for row in rows])
-        return tuple(rows[0])
-
-    # -- the unit of work --------------------------------------------------------------
+    # -- creating ----------------------------------------------------------------------
 
     def create(
         self,
@@ -332,8 +190,8 @@ class Engine:
             with store.write() as cursor:
                 cursor.execute(store.sql.insert_resource, {
                     "machine": machine, "key": key, "spec_version": spec.version,
-                    "state": dest, "version": 1, "seq": 1, "data": store.json_param(document),
-                    "now": store.time_param(now),
+                    "state": dest, "version": 1, "seq": 1,
+                    "data": store.json_param(document), "now": store.time_param(now),
                 })
                 resource_id = cursor.fetchone()[0]
                 cursor.execute(store.sql.insert_journal, {
@@ -341,13 +199,64 @@ class Engine:
                     "source": None, "dest": dest, "version": 1, "spec_version": spec.version,
                     "actor": actor, "at": store.time_param(now),
                     "payload": store.json_param(document) if document else None,
-                    "guards": None,
+                    "guards": None, "observation_id": None, "fence": None,
                 })
         except store.integrity_error:
             raise ResourceExists(machine, key) from None
         except (TypeError, ValueError) as exc:
             raise InvalidData(machine, key, f"data is not JSON: {exc}") from None
         return Resource(machine, key, dest, 1, 1, document, spec.version, now, now)
+
+    # -- observing ---------------------------------------------------------------------
+
+    def observe(
+        self,
+        key: str,
+        status: Mapping[str, Any],
+        observed_at: dt.datetime | None = None,
+        *,
+        source: str = "api",
+    ) -> Observation:
+        """Record a status report about ``key`` from outside. ``observed_at`` is when it was
+        true at its source (default: now). Guards see the newest observation by
+        ``observed_at``; an older one arriving late is kept in history but replaces nothing.
+        A time ahead of the engine's clock is taken as now."""
+        if not isinstance(status, Mapping):
+            raise InvalidData("?", key, f"a status is a JSON object, not {type(status).__name__}")
+        store = self.store
+        recorded_at = self.clock.now()
+        if observed_at is None:
+            observed_at = recorded_at
+        elif observed_at.tzinfo is None:
+            raise InvalidData("?", key, f"observed_at {observed_at} has no time zone")
+        elif observed_at > recorded_at:
+            log.warning("%s: observation from %s is ahead of the clock (%s); taken as now",
+                        key, observed_at.isoformat(), recorded_at.isoformat())
+            observed_at = recorded_at
+        try:
+            with store.write() as cursor:
+                row = self._locate(cursor, key)
+                observation_id = self._record(cursor, row.id, dict(status), observed_at,
+                                              recorded_at, source)
+        except (TypeError, ValueError) as exc:
+            raise InvalidData("?", key, f"status is not JSON: {exc}") from None
+        return Observation(observation_id, dict(status), observed_at, recorded_at, source)
+
+    def _record(self, cursor: Any, resource_id: int, status: dict[str, Any],
+                observed_at: dt.datetime, recorded_at: dt.datetime, source: str) -> int:
+        store = self.store
+        when = store.time_param(observed_at)
+        cursor.execute(store.sql.insert_observation, {
+            "resource_id": resource_id, "status": store.json_param(status),
+            "observed_at": when, "recorded_at": store.time_param(recorded_at),
+            "source": source,
+        })
+        observation_id = int(cursor.fetchone()[0])
+        cursor.execute(store.sql.newest_observation, {
+            "id_": resource_id, "observation_id": observation_id, "observed_at_": when})
+        return observation_id
+
+    # -- firing ------------------------------------------------------------------------
 
     def fire(
         self,
@@ -356,77 +265,211 @@ class Engine:
         payload: Mapping[str, Any] | None = None,
         *,
         actor: str | None = None,
+        on_stale: OnStale = "raise",
     ) -> FireResult:
         """Fire ``trigger`` on the resource ``key`` (``MACHINE:KEY`` or a plain key).
 
         Returns whether it fired, from and to which state, and the new version; when it did
         not fire, why (and nothing was written). A trigger the machine does not have at all
-        raises :class:`UnknownTrigger`."""
-        return self._decide_and_commit(key, trigger, dict(payload or {}), actor)
+        raises :class:`UnknownTrigger`. A risky edge refused for want of a fresh observation
+        is journaled, then raises :class:`StaleObservation` (or, with ``on_stale="return"``,
+        comes back as a result whose ``error`` is ``"StaleObservation"``)."""
+        return self._decide_and_commit(key, trigger, dict(payload or {}), actor, on_stale)
 
-    def step(self, key: str, *, actor: str | None = None) -> FireResult:
+    def step(self, key: str, *, actor: str | None = None,
+             on_stale: OnStale = "raise") -> FireResult:
         """Take the first eventless transition from the resource's state whose guards hold."""
-        return self._decide_and_commit(key, EVENTLESS, {}, actor)
+        return self._decide_and_commit(key, EVENTLESS, {}, actor, on_stale)
 
-    def _decide_and_commit(
-        self, key: str, trigger: str, payload: dict[str, Any], actor: str | None
-    ) -> FireResult:
-        store = self.store
-        sql = store.sql
+    def _decide_and_commit(self, key: str, trigger: str, payload: dict[str, Any],
+                           actor: str | None, on_stale: OnStale) -> FireResult:
+        probed_version: int | None = None
+        probes = 0
+        probe_error: str | None = None
         for _attempt in range(self.max_attempts):
             try:
-                with store.write() as cursor:
-                    rid, machine, rkey, state, version, seq, raw_data, _ = (
-                        self._locate(cursor, key))
-                    runner = self._runners.get(machine)
-                    if runner is None:
-                        raise _NeedMachine(machine)
-                    if trigger != EVENTLESS and trigger not in runner.triggers:
-                        raise UnknownTrigger(machine, trigger, sorted(runner.triggers))
-                    data = store.json_value(raw_data)
-                    now = self.clock.now()
-                    context = GuardContext(machine, rkey, state, version, data, payload, now)
-                    decision = runner.decide(state, trigger, context)
-                    if not decision.fired:
-                        return _refused(machine, rkey, trigger, state, version, decision)
-                    params = {
-                        "id_": rid, "version_": version, "seq_": seq,
-                        "new_state": decision.dest, "new_version": version + 1,
-                        "new_seq": seq + 1, "new_spec_version": runner.spec.version,
-                        "now": store.time_param(now),
-                    }
-                    statement = sql.move
-                    if payload and decision.edge is not None and decision.edge.merge_payload:
-                        merged = self._validated(runner.spec, rkey, {**data, **payload})
-                        params["new_data"] = store.json_param(merged)
-                        statement = sql.move_with_data
-                    cursor.execute(statement, params)
-                    if cursor.rowcount != 1:
-                        raise _Conflict
-                    cursor.execute(sql.insert_journal, {
-                        "resource_id": rid, "seq": seq + 1, "kind": "transition",
-                        "trigger": None if trigger == EVENTLESS else trigger,
-                        "source": state, "dest": decision.dest, "version": version + 1,
-                        "spec_version": runner.spec.version, "actor": actor,
-                        "at": params["now"],
-                        "payload": store.json_param(payload) if payload else None,
-                        "guards": store.json_param(decision.guards) if decision.guards else None,
-                    })
+                outcome = self._attempt(key, trigger, payload, actor,
+                                        may_probe=probe_error is None and probes < _MAX_PROBES,
+                                        probe_error=probe_error, probed=probes > 0)
             except _NeedMachine as need:
                 self._runner(str(need))
                 continue
             except _Conflict:
-                log.debug("%s: version %s moved while firing %s; deciding again", key,
-                          version, trigger)
+                log.debug("%s: the resource moved while firing %s; deciding again", key,
+                          trigger)
                 continue
-            except (TypeError, ValueError) as exc:  # a payload that JSON cannot hold
-                raise InvalidData(machine, rkey, f"payload is not JSON: {exc}") from None
-            return FireResult(True, machine, rkey, _shown(trigger), state, decision.dest,
-                              version + 1, None, decision.guards)
+            except _NeedProbe as need:
+                if need.request.version == probed_version:
+                    # the probe's answer did not make it fresh, and nothing moved: refuse
+                    probe_error = "the probe's answer was not fresh either"
+                    continue
+                probes += 1
+                probed_version = need.request.version
+                probe_error = self._probe(need)
+                continue
+            if isinstance(outcome, StaleObservation):
+                if on_stale == "raise":
+                    raise outcome
+                return outcome.result  # type: ignore[attr-defined, no-any-return]
+            return outcome
         raise ConcurrencyError(
-            f"{key}: {trigger} lost the race {self.max_attempts} times in a row; nothing "
-            "was written. Try again, or look for a process that moves it in a loop"
+            f"{key}: {_shown(trigger)} lost the race {self.max_attempts} times in a row; "
+            "nothing was written. Try again, or look for a process that moves it in a loop")
+
+    def _probe(self, need: _NeedProbe) -> str | None:
+        """Ask the probe and record its answer; the failure, if it failed."""
+        request = need.request
+        probe = self.probes[need.name]
+        asked_at = self.clock.now()
+        try:
+            status, observed_at = call_probe(need.name, probe, request, self.probe_timeout)
+        except ProbeFailed as failure:
+            log.warning("%s:%s: %s", request.machine, request.key, failure)
+            return str(failure)
+        try:
+            self.observe(f"{request.machine}:{request.key}", status,
+                         observed_at or asked_at, source=need.name)
+        except InvalidData as exc:
+            return f"probe {need.name} answered a status that cannot be stored: {exc}"
+        return None
+
+    def _attempt(self, key: str, trigger: str, payload: dict[str, Any], actor: str | None,
+                 *, may_probe: bool, probe_error: str | None,
+                 probed: bool) -> FireResult | StaleObservation:
+        store = self.store
+        sql = store.sql
+        with store.write() as cursor:
+            row = self._locate(cursor, key)
+            runner = self._runners.get(row.machine)
+            if runner is None:
+                raise _NeedMachine(row.machine)
+            if trigger != EVENTLESS and trigger not in runner.triggers:
+                raise UnknownTrigger(row.machine, trigger, sorted(runner.triggers))
+            now = self.clock.now()
+            context = GuardContext(row.machine, row.key, row.state, row.version, row.data,
+                                   payload, now, row.observation, row.last_transition_at)
+            if runner.risky and may_probe:
+                self._probe_if_stale(runner, row, trigger, context)
+            decision = runner.decide(row.state, trigger, context)
+            observation_id = row.observation.id if row.observation else None
+            if not decision.fired:
+                if not context.stale:
+                    return _refused(row, trigger, decision)
+                return self._refuse_stale(cursor, runner, row, trigger, payload, actor,
+                                          context, decision, probe_error, probed)
+            edge = decision.edge
+            assert edge is not None and decision.dest is not None
+            risky = edge.fresh is not None
+            params: dict[str, Any] = {
+                "id_": row.id, "version_": row.version, "seq_": row.seq,
+                "observation_id_": observation_id,
+                "new_state": decision.dest, "new_version": row.version + 1,
+                "new_seq": row.seq + 1, "new_spec_version": runner.spec.version,
+                "now": store.time_param(now),
+            }
+            with_data = bool(payload) and edge.merge_payload
+            try:
+                if with_data:
+                    merged = self._validated(runner.spec, row.key, {**row.data, **payload})
+                    params["new_data"] = store.json_param(merged)
+                cursor.execute(sql.move[with_data, risky], params)
+                if cursor.rowcount != 1:
+                    raise _Conflict
+                fence = _fence(edge, row.observation) if risky else None
+                cursor.execute(sql.insert_journal, {
+                    "resource_id": row.id, "seq": row.seq + 1, "kind": "transition",
+                    "trigger": None if trigger == EVENTLESS else trigger,
+                    "source": row.state, "dest": decision.dest, "version": row.version + 1,
+                    "spec_version": runner.spec.version, "actor": actor, "at": params["now"],
+                    "payload": store.json_param(payload) if payload else None,
+                    "guards": store.json_param(decision.guards) if decision.guards else None,
+                    "observation_id": observation_id if risky else None,
+                    "fence": store.json_param(fence) if fence else None,
+                })
+            except (TypeError, ValueError) as exc:  # a payload that JSON cannot hold
+                raise InvalidData(row.machine, row.key, f"payload is not JSON: {exc}") from None
+        return FireResult(True, row.machine, row.key, _shown(trigger), row.state,
+                          decision.dest, row.version + 1, None, decision.guards,
+                          fence=fence, probed=probed)
+
+    def _probe_if_stale(self, runner: Runner, row: _Row, trigger: str,
+                        context: GuardContext) -> None:
+        """Leave the transaction to probe when a risky candidate's rule is not met."""
+        from .fresh import staleness
+
+        for edge in runner.candidates(row.state, trigger):
+            rule = edge.fresh
+            if rule is None or rule.probe is None:
+                continue
+            if staleness(rule, row.observation, row.last_transition_at, context.now):
+                raise _NeedProbe(rule.probe, ProbeRequest(
+                    row.machine, row.key, row.state, row.version, row.data, row.observation))
+
+    def _refuse_stale(self, cursor: Any, runner: Runner, row: _Row, trigger: str,
+                      payload: dict[str, Any], actor: str | None, context: GuardContext,
+                      decision: Decision, probe_error: str | None,
+                      probed: bool) -> StaleObservation:
+        """Journal the refusal of a risky edge (state and version unchanged)."""
+        store = self.store
+        edge, problem = context.stale[0]
+        dest = runner.spec.graph.enter(edge.dest)
+        observation_id = row.observation.id if row.observation else None
+        cursor.execute(store.sql.refuse, {
+            "id_": row.id, "version_": row.version, "seq_": row.seq,
+            "observation_id_": observation_id, "new_seq": row.seq + 1})
+        if cursor.rowcount != 1:
+            raise _Conflict
+        cursor.execute(store.sql.insert_journal, {
+            "resource_id": row.id, "seq": row.seq + 1, "kind": "refusal",
+            "trigger": None if trigger == EVENTLESS else trigger, "source": row.state,
+            "dest": dest, "version": row.version, "spec_version": runner.spec.version,
+            "actor": actor, "at": store.time_param(context.now),
+            "payload": store.json_param(payload) if payload else None,
+            "guards": store.json_param(decision.guards) if decision.guards else None,
+            "observation_id": observation_id, "fence": None,
+        })
+        assert edge.fresh is not None
+        message = (
+            f"StaleObservation: {row.machine} {row.key!r} edge {row.state}->{dest} "
+            f"({_shown(trigger)}, {rule_text(edge.fresh)}) needs an observation newer than its "
+            f"last transition at {clock_time(row.last_transition_at)} and at most "
+            f"{edge.fresh.max_age:g} s old; {problem}"
         )
+        if probe_error:
+            message += f" ({probe_error})"
+        elif edge.fresh.probe is None:
+            message += " (no probe is named to ask for a fresh one)"
+        stale = StaleObservation(message, machine=row.machine, key=row.key,
+                                 trigger=_shown(trigger), source=row.state, dest=dest,
+                                 probe_error=probe_error)
+        stale.result = FireResult(  # type: ignore[attr-defined]
+            False, row.machine, row.key, _shown(trigger), row.state, None, row.version,
+            message, decision.guards, error="StaleObservation", probed=probed)
+        return stale
+
+    def _locate(self, cursor: Any, key: str) -> _Row:
+        machine, plain = queries.split_key(key)
+        store = self.store
+        if machine is not None:
+            cursor.execute(store.sql.resource_by_machine_key, {"machine": machine, "key": plain})
+        else:
+            cursor.execute(store.sql.resource_by_key, {"key": plain})
+        rows = cursor.fetchall()
+        if len(rows) != 1:
+            from .errors import AmbiguousKey, UnknownResource
+
+            if not rows:
+                raise UnknownResource(plain, machine)
+            raise AmbiguousKey(plain, [row[1] for row in rows])
+        (rid, rmachine, rkey, state, version, seq, data, _spec_version, last_transition_at,
+         oid, status, observed_at, recorded_at, source) = rows[0]
+        observation = None
+        if oid is not None:
+            observation = Observation(oid, store.json_value(status),
+                                      store.time_value(observed_at),
+                                      store.time_value(recorded_at), source)
+        return _Row(rid, rmachine, rkey, state, version, seq, store.json_value(data),
+                    store.time_value(last_transition_at), observation)
 
     def _validated(self, spec: MachineSpec, key: str, data: dict[str, Any]) -> dict[str, Any]:
         if spec.data_model is None:
@@ -443,22 +486,9 @@ class Engine:
     # -- reading -----------------------------------------------------------------------
 
     def get(self, key: str) -> Resource:
+        """The resource as it is now, with its newest observation."""
         with self.store.read() as db:
-            return self._get(db, key)
-
-    def _get(self, db: Any, key: str) -> Resource:
-        machine, plain = self._split(key)
-        query = select(resources).where(resources.c.key == plain)
-        if machine is not None:
-            query = query.where(resources.c.machine == machine)
-        rows = db.execute(query).all()
-        if not rows:
-            raise UnknownResource(plain, machine)
-        if len(rows) > 1:
-            raise AmbiguousKey(plain, [r.machine for r in rows])
-        r = rows[0]
-        return Resource(r.machine, r.key, r.state, r.version, r.seq, r.data, r.spec_version,
-                        r.created_at, r.updated_at)
+            return queries.get(db, key)
 
     def available_triggers(self, key: str) -> list[str]:
         """The triggers that have a transition from the resource's current state (guards,
@@ -467,43 +497,54 @@ class Engine:
         return sorted(self._runner(resource.machine).triggers_from(resource.state))
 
     def history(self, key: str) -> list[JournalEntry]:
-        with self.store.read() as db:
-            resource = self._get(db, key)
-            rows = db.execute(
-                select(journal).join(resources, resources.c.id == journal.c.resource_id)
-                .where(resources.c.machine == resource.machine, resources.c.key == resource.key)
-                .order_by(journal.c.seq)
-            ).all()
-        return [_entry(r) for r in rows]
+        """The resource's journal, oldest first, each row with the observation it rested on."""
+        return queries.history(self.store, key)
+
+    def observations(self, key: str) -> list[Observation]:
+        """Every observation of the resource, in the order they were recorded."""
+        return queries.observations_of(self.store, key)
 
     def resources(self, machine: str | None = None, state: str | None = None) -> list[Resource]:
-        query = select(resources).order_by(resources.c.machine, resources.c.key)
-        if machine is not None:
-            query = query.where(resources.c.machine == machine)
-        if state is not None:
-            query = query.where(resources.c.state == state)
-        with self.store.read() as db:
-            return [Resource(r.machine, r.key, r.state, r.version, r.seq, r.data,
-                             r.spec_version, r.created_at, r.updated_at)
-                    for r in db.execute(query)]
+        return queries.listing(self.store, machine, state)
 
     def counts(self, machine: str | None = None) -> dict[str, dict[str, int]]:
         """How many resources each machine has in each state."""
-        query = select(resources.c.machine, resources.c.state, func.count()).group_by(
-            resources.c.machine, resources.c.state)
-        if machine is not None:
-            query = query.where(resources.c.machine == machine)
-        out: dict[str, dict[str, int]] = {}
-        with self.store.read() as db:
-            for name, state, count in db.execute(query):
-                out.setdefault(name, {})[state] = count
-        return out
+        return queries.counts(self.store, machine)
 
     def verify(self) -> list[Mismatch]:
         """Replay every resource's journal and compare it with the resource's row."""
         from .verify import verify
 
         return verify(self.store)
+
+
+def _fence(edge: _Edge, observation: Observation | None) -> dict[str, Any]:
+    assert observation is not None
+    return {
+        "observation_id": observation.id,
+        "observed_at": observation.observed_at.isoformat(),
+        "source": observation.source,
+        "status": observation.status,
+        "expect": dict(edge.fence) if edge.fence is not None else dict(observation.status),
+    }
+
+
+def _names(spec: MachineSpec, kind: str) -> set[str]:
+    return {"guard": spec.guard_names, "effect": spec.effect_names,
+            "probe": spec.probe_names}[kind]()
+
+
+def _edge_names(edge: _Edge, kind: str) -> tuple[str, ...]:
+    if kind == "guard":
+        return (*edge.guards, *edge.unless)
+    if kind == "effect":
+        return edge.effects
+    return (edge.fresh.probe,) if edge.fresh and edge.fresh.probe else ()
+
+
+def _located_edges(spec: MachineSpec) -> list[tuple[str, _Edge]]:
+    return [*((f"transitions[{i}]", t) for i, t in enumerate(spec.transitions)),
+            *((f"eventless[{i}]", e) for i, e in enumerate(spec.eventless))]
 
 
 def _check_key(key: str) -> None:
@@ -521,12 +562,6 @@ def _shown(trigger: str) -> str:
     return "(step)" if trigger == EVENTLESS else trigger
 
 
-def _refused(machine: str, key: str, trigger: str, state: str, version: int,
-             decision: Decision) -> FireResult:
-    return FireResult(False, machine, key, _shown(trigger), state, None, version,
-                      decision.reason, decision.guards)
-
-
-def _entry(r: Any) -> JournalEntry:
-    return JournalEntry(r.seq, r.kind, r.trigger, r.source, r.dest, r.version, r.spec_version,
-                        r.actor, r.at, r.payload, r.guards)
+def _refused(row: _Row, trigger: str, decision: Decision) -> FireResult:
+    return FireResult(False, row.machine, row.key, _shown(trigger), row.state, None,
+                      row.version, decision.reason, decision.guards)

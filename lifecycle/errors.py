@@ -131,3 +131,18 @@ class ConcurrencyError(LifecycleError):
 
 class DatabaseError(LifecycleError):
     """The database could not be reached or refused the operation."""
+
+
+class StaleObservation(LifecycleError):
+    """A risky edge was refused: the resource's newest observation was not fresh enough, and
+    no probe (or a failed one) could give a fresher one. The refusal is journaled."""
+
+    def __init__(self, message: str, *, machine: str, key: str, trigger: str, source: str,
+                 dest: str, probe_error: str | None = None) -> None:
+        self.machine = machine
+        self.key = key
+        self.trigger = trigger
+        self.source = source
+        self.dest = dest
+        self.probe_error = probe_error
+        super().__init__(message)

@@ -16,13 +16,15 @@ from transitions import Machine
 from transitions.extensions.nesting import HierarchicalMachine, NestedState
 
 from .errors import LifecycleError
+from .fresh import staleness
+from .records import Observation
 from .spec import ANY, EVENTLESS, SEPARATOR, MachineSpec, StateSpec, _Edge
 
 
 @dataclass(slots=True)
 class GuardContext:
-    """What a guard sees: the resource as read in this transaction, the event's payload and
-    the time of the decision. Guards read it; they never do I/O."""
+    """What a guard sees: the resource as read in this transaction, its newest observation,
+    the event's payload and the time of the decision. Guards read it; they never do I/O."""
 
     machine: str
     key: str
@@ -31,9 +33,16 @@ class GuardContext:
     data: Mapping[str, Any]
     payload: Mapping[str, Any]
     now: dt.datetime
-    observation: Mapping[str, Any] | None = None
+    observation: Observation | None = None
+    last_transition_at: dt.datetime | None = None
     guards: dict[str, bool] = field(default_factory=dict)
     edge: _Edge | None = None
+    stale: list[tuple[_Edge, str]] = field(default_factory=list)
+
+    @property
+    def status(self) -> Mapping[str, Any]:
+        """The newest observation's status, or an empty mapping when there is none."""
+        return self.observation.status if self.observation is not None else {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,18 +83,24 @@ class Runner:
         nested = any(state.states for state in spec.states)
         edges: list[tuple[str, _Edge]] = [(t.trigger, t) for t in spec.transitions]
         edges += [(EVENTLESS, e) for e in spec.eventless]
+        self._candidates: dict[tuple[str, str], tuple[_Edge, ...]] = {}
+        for trigger, edge in edges:
+            for leaf in graph.covered_leaves(edge.sources):
+                self._candidates[leaf, trigger] = (
+                    *self._candidates.get((leaf, trigger), ()), edge)
         self._from: dict[str, frozenset[str]] = {
-            leaf: frozenset(trigger for trigger, edge in edges
-                            if leaf in graph.covered_leaves(edge.sources))
+            leaf: frozenset(t for (state, t) in self._candidates if state == leaf)
             for leaf in graph.leaves
         }
+        self.risky = any(edge.fresh for _, edge in edges)
         definitions = []
         for trigger, edge in edges:
+            fresh = [_fresh(edge)] if edge.fresh else []
             definitions.append({
                 "trigger": trigger,
                 "source": ANY if ANY in edge.sources else list(edge.sources),
                 "dest": edge.dest,
-                "conditions": [_check(name, guards.get(name), True) for name in edge.guards],
+                "conditions": [*fresh, *(_check(n, guards.get(n), True) for n in edge.guards)],
                 "unless": [_check(name, guards.get(name), False) for name in edge.unless],
                 "after": [_chosen(edge)],
             })
@@ -99,6 +114,10 @@ class Runner:
             self._machine = Machine(states=list(graph.names), **options)
         self._initial = graph.enter(spec.initial)
         self._pool: list[_Model] = []
+
+    def candidates(self, state: str, trigger: str) -> tuple[_Edge, ...]:
+        """The edges ``trigger`` may take from leaf ``state``, in declaration order."""
+        return self._candidates.get((state, trigger), ())
 
     def triggers_from(self, state: str) -> frozenset[str]:
         return self._from.get(state, frozenset()) - {EVENTLESS}
@@ -159,6 +178,23 @@ def _check(name: str, guard: Callable[[GuardContext], bool] | None,
     return condition
 
 
+def _fresh(edge: _Edge) -> Callable[[Any], bool]:
+    """The implicit first condition of a risky edge: its freshness rule."""
+    rule = edge.fresh
+    assert rule is not None
+
+    def condition(event: Any) -> bool:
+        context: GuardContext = event.kwargs["ctx"]
+        assert context.last_transition_at is not None
+        problem = staleness(rule, context.observation, context.last_transition_at, context.now)
+        context.guards["fresh"] = problem is None
+        if problem is not None:
+            context.stale.append((edge, problem))
+        return problem is None
+
+    return condition
+
+
 def _chosen(edge: _Edge) -> Callable[[Any], None]:
     def after(event: Any) -> None:
         event.kwargs["ctx"].edge = edge
@@ -172,6 +208,9 @@ def _why(verdicts: dict[str, bool], spec: MachineSpec, state: str, trigger: str)
         t for t in spec.transitions if t.trigger == trigger]
     for edge in edges:
         if state not in spec.graph.covered_leaves(edge.sources):
+            continue
+        if edge.fresh and verdicts.get("fresh") is False:
+            reasons.append("the observation is not fresh")
             continue
         for name in edge.guards:
             if verdicts.get(name) is False:

@@ -70,6 +70,9 @@ class _Edge(_Strict):
     unless: tuple[str, ...] = ()
     effects: tuple[str, ...] = ()
     fresh: Freshness | None = None
+    fence: dict[str, Any] | None = None
+    """What the effects of a risky edge may still assume of the world (for example
+    ``{"expect_job_status": 1}``); by default, the observed status itself."""
     description: str | None = None
     ref: str | None = None
     merge_payload: bool = True
@@ -316,6 +319,10 @@ def _check(spec: MachineSpec) -> list[Problem]:
             state_ref(where, source, allow_any=True)
         state_ref(f"{loc}.dest", edge.dest)
         covered.append(graph.covered_leaves(sources))
+        if edge.fence is not None and edge.fresh is None:
+            problems.append(Problem(f"{loc}.fence", "a fence needs a freshness rule: it is "
+                                    "what the effects may assume of the observation",
+                                    "add `fresh: {max_age: SECONDS}`"))
         for kind in ("guards", "unless"):
             names = getattr(edge, kind)
             for name in sorted({n for n in names if names.count(n) > 1}):

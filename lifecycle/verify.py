@@ -78,9 +78,15 @@ def _check(resource: Any, entries: list[Any], spec_of: Any) -> Iterator[str]:
         yield f"journal starts with a {first.kind!r} row, not a creation"
     state, version = first.dest, first.j_version
     for entry in entries[1:]:
-        if entry.kind != "transition":
-            continue
         where = f"seq {entry.j_seq}"
+        if entry.kind == "refusal":
+            if entry.source != state or entry.j_version != version:
+                yield (f"{where}: a refusal in {entry.source!r} at version {entry.j_version}, "
+                       f"but the journal had reached {state!r} at version {version}")
+            continue
+        if entry.kind != "transition":
+            yield f"{where}: unknown kind {entry.kind!r}"
+            continue
         if entry.source != state:
             yield f"{where}: starts from {entry.source!r} but the journal had reached {state!r}"
         if entry.j_version != version + 1:

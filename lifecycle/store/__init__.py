@@ -17,9 +17,19 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from ..errors import DatabaseError, SchemaOutOfDate
 from . import migrate
 from .database import create_sa_engine, display_url, raw_transaction, resolve_url
-from .schema import UTC, journal, machines, metadata, resources, specs, sqlite_time
+from .schema import (
+    UTC,
+    journal,
+    machines,
+    metadata,
+    observations,
+    resources,
+    specs,
+    sqlite_time,
+)
 
-__all__ = ["Store", "journal", "machines", "metadata", "resolve_url", "resources", "specs"]
+__all__ = ["Store", "journal", "machines", "metadata", "observations", "resolve_url", "resources",
+           "specs"]
 
 
 class Store:
@@ -133,34 +143,46 @@ class Statements:
     then run on a raw DBAPI cursor: SQLAlchemy's per-statement overhead would otherwise cost
     several times the database's own work (see benchmarks/)."""
 
-    RESOURCE_COLUMNS = ("id", "machine", "key", "state", "version", "seq", "data", "spec_version")
+    RESOURCE_COLUMNS = ("id", "machine", "key", "state", "version", "seq", "data",
+                        "spec_version", "last_transition_at")
+    OBSERVATION_COLUMNS = ("id", "status", "observed_at", "recorded_at", "source")
 
     def __init__(self, dialect: Dialect) -> None:
         if dialect.name == "sqlite":
             dialect = sqlite_dialect.dialect(paramstyle="named")
         r = resources.c
-        cols = [r[name] for name in self.RESOURCE_COLUMNS]
+        o = observations.c
 
         def sql(statement: Any) -> str:
             return str(statement.compile(dialect=dialect))
 
-        self.resource_by_key = sql(select(*cols).where(r.key == bindparam("key")))
-        self.resource_by_machine_key = sql(
-            select(*cols).where(r.machine == bindparam("machine"), r.key == bindparam("key"))
+        located = (
+            select(*(r[n] for n in self.RESOURCE_COLUMNS),
+                   *(o[n] for n in self.OBSERVATION_COLUMNS))
+            .select_from(resources.outerjoin(observations, o.id == r.observation_id))
         )
+        self.resource_by_key = sql(located.where(r.key == bindparam("key")))
+        self.resource_by_machine_key = sql(
+            located.where(r.machine == bindparam("machine"), r.key == bindparam("key")))
+
+        # compare-and-swap: the row is still the one the decision was taken on
         cas = (r.id == bindparam("id_"), r.version == bindparam("version_"),
                r.seq == bindparam("seq_"))
+        rested = r.observation_id.is_not_distinct_from(bindparam("observation_id_"))
         moved: dict[str, Any] = {
-            "state": bindparam("new_state"),
-            "version": bindparam("new_version"),
-            "seq": bindparam("new_seq"),
-            "spec_version": bindparam("new_spec_version"),
-            "updated_at": bindparam("now"),
+            "state": bindparam("new_state"), "version": bindparam("new_version"),
+            "seq": bindparam("new_seq"), "spec_version": bindparam("new_spec_version"),
+            "updated_at": bindparam("now"), "last_transition_at": bindparam("now"),
         }
-        self.move = sql(update(resources).where(*cas).values(**moved))
-        self.move_with_data = sql(
-            update(resources).where(*cas).values(**moved, data=bindparam("new_data"))
-        )
+        self.move: dict[tuple[bool, bool], str] = {}
+        for with_data in (False, True):
+            for on_observation in (False, True):
+                values = {**moved, "data": bindparam("new_data")} if with_data else moved
+                where = (*cas, rested) if on_observation else cas
+                self.move[with_data, on_observation] = sql(
+                    update(resources).where(*where).values(**values))
+        # a refusal takes a journal sequence number, and changes nothing else
+        self.refuse = sql(update(resources).where(*cas, rested).values(seq=bindparam("new_seq")))
         self.insert_resource = sql(
             insert(resources)
             .values(
@@ -168,6 +190,7 @@ class Statements:
                 spec_version=bindparam("spec_version"), state=bindparam("state"),
                 version=bindparam("version"), seq=bindparam("seq"), data=bindparam("data"),
                 created_at=bindparam("now"), updated_at=bindparam("now"),
+                last_transition_at=bindparam("now"),
             )
             .returning(r.id)
         )
@@ -179,5 +202,21 @@ class Statements:
                 version=bindparam("version"), spec_version=bindparam("spec_version"),
                 actor=bindparam("actor"), at=bindparam("at"),
                 payload=bindparam("payload"), guards=bindparam("guards"),
+                observation_id=bindparam("observation_id"), fence=bindparam("fence"),
             )
+        )
+        self.insert_observation = sql(
+            insert(observations).values(
+                resource_id=bindparam("resource_id"), status=bindparam("status"),
+                observed_at=bindparam("observed_at"), recorded_at=bindparam("recorded_at"),
+                source=bindparam("source"),
+            ).returning(o.id)
+        )
+        # the newest observation by observed_at; an older one arriving late does not replace it
+        self.newest_observation = sql(
+            update(resources)
+            .where(r.id == bindparam("id_"),
+                   (r.observed_at.is_(None)) | (r.observed_at <= bindparam("observed_at_")))
+            .values(observation_id=bindparam("observation_id"),
+                    observed_at=bindparam("observed_at_"))
         )

@@ -1,0 +1,107 @@
+"""Reading resources, their journals and observations (SQLAlchemy Core; not the hot path)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import func, select
+
+from .errors import AmbiguousKey, UnknownResource
+from .records import JournalEntry, Observation, Resource
+from .store import Store, journal, observations, resources
+
+
+def split_key(key: str) -> tuple[str | None, str]:
+    """``MACHINE:KEY`` or a plain key."""
+    machine, sep, rest = key.partition(":")
+    if sep and machine and rest:
+        return machine, rest
+    return None, key
+
+
+def _observation(row: Any, prefix: str = "o_") -> Observation | None:
+    if getattr(row, f"{prefix}id") is None:
+        return None
+    return Observation(getattr(row, f"{prefix}id"), getattr(row, f"{prefix}status"),
+                       getattr(row, f"{prefix}observed_at"),
+                       getattr(row, f"{prefix}recorded_at"), getattr(row, f"{prefix}source"))
+
+
+_OBSERVATION = [observations.c[n].label(f"o_{n}")
+                for n in ("id", "status", "observed_at", "recorded_at", "source")]
+
+
+def _resource_query() -> Any:
+    return select(resources, *_OBSERVATION).select_from(
+        resources.outerjoin(observations, observations.c.id == resources.c.observation_id))
+
+
+def _resource(r: Any) -> Resource:
+    return Resource(r.machine, r.key, r.state, r.version, r.seq, r.data, r.spec_version,
+                    r.created_at, r.updated_at, _observation(r))
+
+
+def get(db: Any, key: str) -> Resource:
+    machine, plain = split_key(key)
+    query = _resource_query().where(resources.c.key == plain)
+    if machine is not None:
+        query = query.where(resources.c.machine == machine)
+    rows = db.execute(query).all()
+    if not rows:
+        raise UnknownResource(plain, machine)
+    if len(rows) > 1:
+        raise AmbiguousKey(plain, [r.machine for r in rows])
+    return _resource(rows[0])
+
+
+def resource_id(db: Any, key: str) -> tuple[int, Resource]:
+    resource = get(db, key)
+    rid = db.execute(select(resources.c.id).where(
+        resources.c.machine == resource.machine, resources.c.key == resource.key)).scalar_one()
+    return int(rid), resource
+
+
+def history(store: Store, key: str) -> list[JournalEntry]:
+    with store.read() as db:
+        rid, _ = resource_id(db, key)
+        rows = db.execute(
+            select(journal, *_OBSERVATION)
+            .select_from(journal.outerjoin(observations,
+                                           observations.c.id == journal.c.observation_id))
+            .where(journal.c.resource_id == rid)
+            .order_by(journal.c.seq)
+        ).all()
+    return [JournalEntry(r.seq, r.kind, r.trigger, r.source, r.dest, r.version, r.spec_version,
+                         r.actor, r.at, r.payload, r.guards, _observation(r), r.fence)
+            for r in rows]
+
+
+def observations_of(store: Store, key: str) -> list[Observation]:
+    """Every observation of the resource, in the order they were recorded."""
+    with store.read() as db:
+        rid, _ = resource_id(db, key)
+        rows = db.execute(select(observations).where(observations.c.resource_id == rid)
+                          .order_by(observations.c.id)).all()
+    return [Observation(r.id, r.status, r.observed_at, r.recorded_at, r.source) for r in rows]
+
+
+def listing(store: Store, machine: str | None, state: str | None) -> list[Resource]:
+    query = _resource_query().order_by(resources.c.machine, resources.c.key)
+    if machine is not None:
+        query = query.where(resources.c.machine == machine)
+    if state is not None:
+        query = query.where(resources.c.state == state)
+    with store.read() as db:
+        return [_resource(r) for r in db.execute(query)]
+
+
+def counts(store: Store, machine: str | None) -> dict[str, dict[str, int]]:
+    query = select(resources.c.machine, resources.c.state, func.count()).group_by(
+        resources.c.machine, resources.c.state)
+    if machine is not None:
+        query = query.where(resources.c.machine == machine)
+    out: dict[str, dict[str, int]] = {}
+    with store.read() as db:
+        for name, state, count in db.execute(query):
+            out.setdefault(name, {})[state] = count
+    return out

@@ -1,0 +1,320 @@
+"""Risky edges: observations, freshness rules, probes, refusals, redirection and fences."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from lifecycle import (
+    Engine,
+    GuardContext,
+    ProbeRequest,
+    SimulatedClock,
+    SpecError,
+    StaleObservation,
+    Store,
+    load_spec,
+)
+
+START = "2026-03-01T12:00:00Z"
+
+# booting --release--> cleanup when the site does not run the drone, --> integrate when it
+# does: the fresh answer redirects the same trigger.
+DRONE: dict[str, Any] = {
+    "name": "drone_lite",
+    "initial": "booting",
+    "final": ["down"],
+    "states": ["booting", "integrate", "cleanup", "down"],
+    "transitions": [
+        {"trigger": "release", "source": "booting", "dest": "cleanup", "guards": ["not_running"],
+         "fresh": {"max_age": 30, "probe": "site"}, "fence": {"expect_job_status": 1}},
+        {"trigger": "release", "source": "booting", "dest": "integrate", "guards": ["running"],
+         "fresh": {"max_age": 30, "probe": "site"}},
+        {"trigger": "refresh", "source": "booting", "dest": "booting"},
+        {"trigger": "booted", "source": "booting", "dest": "integrate"},
+        {"trigger": "finish", "source": ["integrate", "cleanup"], "dest": "down"},
+    ],
+}
+
+
+def running(c: GuardContext) -> bool:
+    return c.status.get("resource_status") == "Running"
+
+
+def not_running(c: GuardContext) -> bool:
+    return not running(c)
+
+
+GUARDS = {"running": running, "not_running": not_running}
+
+
+def no_probe(spec: dict[str, Any]) -> dict[str, Any]:
+    out = {**spec, "name": spec["name"] + "_np", "transitions": []}
+    for t in spec["transitions"]:
+        t = dict(t)
+        if "fresh" in t:
+            t["fresh"] = {"max_age": t["fresh"]["max_age"]}
+        out["transitions"].append(t)
+    return out
+
+
+class Site:
+    """A probe that answers what the test says, and counts its calls."""
+
+    def __init__(self, status: str = "Booting") -> None:
+        self.status = status
+        self.calls: list[ProbeRequest] = []
+        self.before_answer: Any = None
+
+    def __call__(self, request: ProbeRequest) -> dict[str, Any]:
+        self.calls.append(request)
+        if self.before_answer is not None:
+            hook, self.before_answer = self.before_answer, None
+            hook()
+        return {"resource_status": self.status}
+
+
+@pytest.fixture
+def clock() -> SimulatedClock:
+    return SimulatedClock(START)
+
+
+@pytest.fixture
+def site() -> Site:
+    return Site()
+
+
+@pytest.fixture
+def engine(store: Store, clock: SimulatedClock, site: Site) -> Engine:
+    return Engine(store, [DRONE, no_probe(DRONE)], guards=GUARDS, probes={"site": site},
+                  clock=clock)
+
+
+def at(clock: SimulatedClock, seconds: float) -> dt.datetime:
+    return dt.datetime.fromisoformat(START) + dt.timedelta(seconds=seconds)
+
+
+def test_observation_too_old_is_refused_and_journaled(engine: Engine,
+                                                       clock: SimulatedClock) -> None:
+    engine.create("drone_lite_np", "d1")
+    clock.advance(5)
+    engine.observe("d1", {"resource_status": "Booting"}, source="pool")
+    clock.advance(60)
+    with pytest.raises(StaleObservation) as caught:
+        engine.fire("d1", "release", actor="cobald")
+    message = str(caught.value)
+    assert message == (
+        "StaleObservation: drone_lite_np 'd1' edge booting->cleanup (release, fresh 30 s) "
+        "needs an observation newer than its last transition at 12:00:00 and at most 30 s "
+        "old; the newest observation is from 12:00:05, 60 s old (no probe is named to ask "
+        "for a fresh one)")
+    resource = engine.get("d1")
+    assert (resource.state, resource.version, resource.seq) == ("booting", 1, 2)
+    refusal = engine.history("d1")[-1]
+    assert (refusal.kind, refusal.trigger, refusal.source, refusal.dest, refusal.version,
+            refusal.actor) == ("refusal", "release", "booting", "cleanup", 1, "cobald")
+    assert refusal.observation is not None
+    assert refusal.observation.status == {"resource_status": "Booting"}
+    assert refusal.guards == {"fresh": False}
+    assert engine.verify() == []
+
+
+def test_observation_older_than_the_last_transition_is_refused(engine: Engine,
+                                                               clock: SimulatedClock) -> None:
+    engine.create("drone_lite_np", "d1")
+    clock.advance(10)
+    engine.fire("d1", "refresh")  # the last transition is now at 12:00:10
+    clock.advance(1)
+    # the pool's cached status, true at 12:00:08: before the last transition
+    engine.observe("d1", {"resource_status": "Booting"}, at(clock, 8))
+    result = engine.fire("d1", "release", on_stale="return")
+    assert not result.fired and result.error == "StaleObservation"
+    assert ("the newest observation is from 12:00:08, before the last transition at "
+            "12:00:10") in (result.reason or "")
+
+
+def test_fresh_observation_fires_with_a_fence(engine: Engine, clock: SimulatedClock,
+                                              site: Site) -> None:
+    engine.create("drone_lite", "d1")
+    clock.advance(5)
+    seen = engine.observe("d1", {"resource_status": "Booting"}, source="squeue")
+    clock.advance(20)
+    result = engine.fire("d1", "release")
+    assert (result.fired, result.dest, result.probed) == (True, "cleanup", False)
+    assert site.calls == []  # fresh enough: no probe
+    assert result.fence == {
+        "observation_id": seen.id, "observed_at": at(clock, 5).isoformat(),
+        "source": "squeue", "status": {"resource_status": "Booting"},
+        "expect": {"expect_job_status": 1}}
+    entry = engine.history("d1")[-1]
+    assert entry.observation == seen and entry.fence == result.fence
+    assert entry.guards == {"fresh": True, "not_running": True}
+
+
+def test_fresh_running_redirects_to_integrate(engine: Engine, clock: SimulatedClock) -> None:
+    engine.create("drone_lite", "d1")
+    clock.advance(5)
+    seen = engine.observe("d1", {"resource_status": "Running"})
+    result = engine.fire("d1", "release")
+    assert (result.dest, result.fence["expect"]) == (  # type: ignore[index]
+        "integrate", {"resource_status": "Running"})
+    assert result.fence["observation_id"] == seen.id  # type: ignore[index]
+
+
+def test_probe_is_called_once_when_needed(engine: Engine, clock: SimulatedClock,
+                                          site: Site) -> None:
+    engine.create("drone_lite", "d1")
+    clock.advance(5)
+    engine.observe("d1", {"resource_status": "Booting"})
+    clock.advance(100)  # the held Booting is too old
+    site.status = "Running"  # ... and the payload has started meanwhile
+    result = engine.fire("d1", "release")
+    assert (result.fired, result.dest, result.probed) == (True, "integrate", True)
+    assert len(site.calls) == 1
+    assert (site.calls[0].key, site.calls[0].state, site.calls[0].version) == ("d1", "booting", 1)
+    newest = engine.get("d1").observation
+    assert newest is not None and (newest.source, newest.status) == (
+        "site", {"resource_status": "Running"})
+    assert newest.observed_at == clock.now()
+    assert engine.history("d1")[-1].observation == newest
+
+
+def test_probe_answer_with_its_own_time(store: Store, clock: SimulatedClock) -> None:
+    stale_answer = {"resource_status": "Booting"}
+
+    def cached_site(request: ProbeRequest) -> tuple[dict[str, Any], dt.datetime]:
+        return stale_answer, at(clock, -5)  # the site's own cache predates the drone
+
+    engine = Engine(store, [DRONE], guards=GUARDS, probes={"site": cached_site}, clock=clock)
+    engine.create("drone_lite", "d1")
+    clock.advance(1)
+    with pytest.raises(StaleObservation, match="the probe's answer was not fresh either"):
+        engine.fire("d1", "release")
+
+
+def test_probe_timeout_refuses(store: Store, clock: SimulatedClock) -> None:
+    release = threading.Event()
+
+    def hanging(request: ProbeRequest) -> dict[str, Any]:
+        release.wait(5)
+        return {"resource_status": "Running"}
+
+    engine = Engine(store, [DRONE], guards=GUARDS, probes={"site": hanging}, clock=clock,
+                    probe_timeout=0.2)
+    engine.create("drone_lite", "d1")
+    started = time.monotonic()
+    try:
+        with pytest.raises(StaleObservation, match=r"there is no observation \(probe site "
+                                                   r"timed out after 0.2 s\)"):
+            engine.fire("d1", "release")
+    finally:
+        release.set()
+    assert time.monotonic() - started < 4
+    assert [e.kind for e in engine.history("d1")] == ["create", "refusal"]
+    assert engine.get("d1").state == "booting"
+
+
+def test_probe_exception_refuses(store: Store, clock: SimulatedClock) -> None:
+    def broken(request: ProbeRequest) -> dict[str, Any]:
+        raise ConnectionError("squeue: Unable to contact slurm controller")
+
+    engine = Engine(store, [DRONE], guards=GUARDS, probes={"site": broken}, clock=clock)
+    engine.create("drone_lite", "d1")
+    with pytest.raises(StaleObservation) as caught:
+        engine.fire("d1", "release")
+    assert caught.value.probe_error == (
+        "probe site failed: ConnectionError: squeue: Unable to contact slurm controller")
+    assert (caught.value.source, caught.value.dest) == ("booting", "cleanup")
+
+
+def test_out_of_order_observations(engine: Engine, clock: SimulatedClock) -> None:
+    engine.create("drone_lite", "d1")
+    clock.advance(10)
+    running_now = engine.observe("d1", {"resource_status": "Running"}, at(clock, 10))
+    late = engine.observe("d1", {"resource_status": "Booting"}, at(clock, 8))
+    assert engine.get("d1").observation == running_now
+    assert engine.observations("d1") == [running_now, late]
+    # a future time is taken as now, never as a promise of freshness
+    clock.advance(1)
+    ahead = engine.observe("d1", {"resource_status": "Running"}, at(clock, 3600))
+    assert ahead.observed_at == clock.now()
+
+
+def test_a_transition_during_the_probe_makes_it_decide_again(
+        engine: Engine, store: Store, clock: SimulatedClock, site: Site) -> None:
+    engine.create("drone_lite", "d1")
+    other = Engine(Store(store.url), [DRONE], guards=GUARDS, probes={"site": Site()},
+                   clock=clock)
+
+    def meanwhile() -> None:  # another process acts on the drone while the probe runs
+        clock.advance(1)
+        other.fire("d1", "refresh")
+
+    site.before_answer = meanwhile
+    clock.advance(100)
+    result = engine.fire("d1", "release")
+    # the first answer predates the refresh: the engine probed again, on the new version
+    assert len(site.calls) == 2
+    assert [c.version for c in site.calls] == [1, 2]
+    assert (result.fired, result.source, result.dest, result.version) == (
+        True, "booting", "cleanup", 3)
+    entries = engine.history("d1")
+    assert [(e.kind, e.trigger) for e in entries] == [
+        ("create", None), ("transition", "refresh"), ("transition", "release")]
+    assert entries[-1].observation is not None
+    assert entries[-1].observation.observed_at >= entries[1].at
+    assert entries[-1].observation.id == engine.observations("d1")[-1].id == 2
+
+
+def test_a_transition_during_the_probe_can_remove_the_edge(
+        engine: Engine, store: Store, clock: SimulatedClock, site: Site) -> None:
+    engine.create("drone_lite", "d1")
+    other = Engine(Store(store.url), [DRONE], guards=GUARDS, probes={"site": Site()},
+                   clock=clock)
+    site.before_answer = lambda: other.fire("d1", "booted")
+    result = engine.fire("d1", "release")
+    assert not result.fired
+    assert result.reason == ("no transition for 'release' from 'integrate' (triggers here: "
+                             "finish)")
+    assert [e.trigger for e in engine.history("d1")] == [None, "booted"]
+
+
+def test_an_observation_arriving_between_decision_and_commit(postgres_url: str) -> None:
+    """On PostgreSQL a risky decision commits only if it rested on the newest observation."""
+    clock = SimulatedClock(START)
+    store = Store(postgres_url, upgrade=True)
+    other = Engine(Store(postgres_url), [DRONE], guards=GUARDS, probes={"site": Site()},
+                   clock=clock)
+    arrived: list[int] = []
+
+    def not_running_but_racy(c: GuardContext) -> bool:
+        if not arrived:  # a status report commits while this decision is being taken
+            arrived.append(other.observe("d1", {"resource_status": "Running"}).id)
+        return not running(c)
+
+    engine = Engine(store, [DRONE], guards={**GUARDS, "not_running": not_running_but_racy},
+                    probes={"site": Site()}, clock=clock)
+    engine.create("drone_lite", "d1")
+    clock.advance(1)
+    engine.observe("d1", {"resource_status": "Booting"})
+    clock.advance(1)
+    result = engine.fire("d1", "release")
+    assert result.dest == "integrate"
+    assert result.fence is not None and result.fence["observation_id"] == arrived[0]
+
+
+def test_fence_needs_a_freshness_rule() -> None:
+    spec = {**DRONE, "transitions": [*DRONE["transitions"],
+                                     {"trigger": "kill", "source": "integrate", "dest": "down",
+                                      "fence": {"expect_job_status": 2}}]}
+    with pytest.raises(SpecError, match=r"transitions\[5\]\.fence: a fence needs a freshness"):
+        load_spec(spec)
+
+
+def test_unregistered_probe_is_named(store: Store) -> None:
+    with pytest.raises(SpecError, match="probe 'site' is not registered with this engine"):
+        Engine(store, [DRONE], guards=GUARDS)
