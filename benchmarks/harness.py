@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import postgres
+
 
 class BenchError(AssertionError):
     """An operation under test did not do what it should: the numbers would be meaningless."""
@@ -58,12 +60,22 @@ class Measurement:
     case: Case
     ops_per_round: int
     samples_us: list[float] = field(default_factory=list)
-    """Microseconds per operation, one sample per round."""
+    """Wall-clock microseconds per operation, one sample per round."""
+    cpu_samples_us: list[float] = field(default_factory=list)
+    """This process's CPU microseconds per operation (without the database server's)."""
     warmup_ops: int = 0
 
     @property
     def median(self) -> float:
         return statistics.median(self.samples_us)
+
+    def ratio_to(self, reference: Measurement) -> float:
+        """The median of the per-round ratios when both ran in the same interleaved rounds
+        (slow phases of the machine then cancel out), else the ratio of the medians."""
+        if len(self.samples_us) == len(reference.samples_us) and self.samples_us:
+            return statistics.median(
+                s / r for s, r in zip(self.samples_us, reference.samples_us, strict=True))
+        return self.median / reference.median
 
     @property
     def spread(self) -> float:
@@ -75,6 +87,7 @@ class Measurement:
             "label": self.case.label, "us_per_op": round(self.median, 3),
             "min_us": round(min(self.samples_us), 3), "max_us": round(max(self.samples_us), 3),
             "samples_us": [round(s, 3) for s in self.samples_us],
+            "cpu_us_per_op": round(statistics.median(self.cpu_samples_us), 3),
             "ops_per_round": self.ops_per_round, "rounds": len(self.samples_us),
             "warmup_ops": self.warmup_ops,
         }
@@ -96,8 +109,6 @@ class Workspace:
     def postgres_schema(self, name: str) -> str:
         """A fresh schema, dropped when the workspace closes; returns a SQLAlchemy URL whose
         search_path is that schema."""
-        from . import postgres
-
         assert self.postgres_url is not None, "case needs PostgreSQL but it is unreachable"
         schema = postgres.create_schema(self.postgres_url, name)
         self.stack.callback(postgres.drop_schema, self.postgres_url, schema)
@@ -112,20 +123,32 @@ def _timed(op: Callable[[], Any], n: int) -> float:
     return time.perf_counter() - start
 
 
+def _timed_with_cpu(op: Callable[[], Any], n: int) -> tuple[float, float]:
+    """Wall-clock and CPU seconds for ``n`` operations."""
+    cpu = time.process_time()
+    start = time.perf_counter()
+    for _ in range(n):
+        op()
+    return time.perf_counter() - start, time.process_time() - cpu
+
+
 def warm_up(bench: Bench, settings: Settings) -> tuple[int, float]:
     """Run operations until ``warmup_seconds`` passed and at least ``min_warmup_ops`` ran, in
-    growing batches; returns how many ran and the cost of one (in seconds) in the last,
-    warmest batch."""
+    growing batches; returns how many ran and the cost of one (in seconds): the fastest
+    batch of the warm second half, so that a moment of other load on the machine does not
+    shrink the rounds."""
     op = bench.op
-    n, elapsed, batch, per_op = 0, 0.0, 1, float("inf")
+    n, elapsed, batch = 0, 0.0, 1
+    batches: list[float] = []
     while n < settings.min_warmup_ops or elapsed < settings.warmup_seconds:
         spent = _timed(op, batch)
         n += batch
         elapsed += spent
-        per_op = spent / batch
+        per_op = max(spent / batch, 1e-9)
+        batches.append(per_op)
         # a batch takes at most a quarter of the warm-up, so the estimate is recent
         batch = max(1, min(batch * 2, int(settings.warmup_seconds / 4 / per_op)))
-    return n, per_op
+    return n, min(batches[len(batches) // 2:])
 
 
 def run_group(
@@ -162,8 +185,9 @@ def run_group(
                 progress(f"round {r + 1}/{settings.rounds}: {case.label}")
                 m = results[case.id]
                 gc.collect()
-                seconds = _timed(benches[case.id].op, m.ops_per_round)
+                seconds, cpu = _timed_with_cpu(benches[case.id].op, m.ops_per_round)
                 m.samples_us.append(seconds / m.ops_per_round * 1e6)
+                m.cpu_samples_us.append(cpu / m.ops_per_round * 1e6)
         for case in cases:
             verify = benches[case.id].verify
             if verify is not None:

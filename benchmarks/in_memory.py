@@ -29,16 +29,16 @@ def lifecycle_decide() -> Iterator[Bench]:
     data: dict[str, Any] = {}
     payload: dict[str, Any] = {}
     now = dt.datetime.now(UTC)
-    current = {"state": "a", "version": 1}
+    state, version = "a", 1
 
     def op() -> None:
-        state, version = current["state"], current["version"]
+        nonlocal state, version
         decision = decide(state, trigger, GuardContext(machine, key, state, version, data,
                                                        payload, now))
-        if not decision.fired or decision.dest == state:
+        if not decision.fired or decision.dest is None or decision.dest == state:
             raise BenchError(f"lifecycle: {trigger} from {state} was refused: "
                              f"{decision.reason}")
-        current["state"], current["version"] = decision.dest, version + 1
+        state, version = decision.dest, version + 1
 
     yield Bench(op)
 
@@ -78,7 +78,7 @@ def transitions_trigger() -> Iterator[Bench]:
 def statemachine_send() -> Iterator[Bench]:
     from statemachine import State, StateMachine
 
-    class Toggle(StateMachine):  # type: ignore[misc]
+    class Toggle(StateMachine):
         a = State(initial=True)
         b = State()
         flip = a.to(b, cond="enabled") | b.to(a, cond="enabled")

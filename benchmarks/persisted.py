@@ -20,7 +20,7 @@ from typing import Any
 from sqlalchemy import create_engine, func, select
 
 from lifecycle import Engine, Store
-from lifecycle.store import journal
+from lifecycle.store import Statements, journal
 from lifecycle.store import metadata as lifecycle_metadata
 
 from . import postgres, toggle
@@ -67,7 +67,12 @@ def _expect(who: str, version: int, journal_rows: int, n: int) -> None:
 
 # -- the floor ------------------------------------------------------------------------------
 
-_COLUMNS = "id, machine, key, state, version, seq, data, spec_version"
+# The columns lifecycle's hot path reads, so the floor reads as much as lifecycle does.
+_READ = tuple(getattr(Statements, "RESOURCE_COLUMNS", (
+    "id", "machine", "key", "state", "version", "seq", "data", "spec_version")))
+_COLUMNS = ", ".join(_READ)
+_ID, _STATE, _VERSION, _SEQ, _SPEC_VERSION = (
+    _READ.index(name) for name in ("id", "state", "version", "seq", "spec_version"))
 _JOURNAL_COLUMNS = ("resource_id, seq, kind, trigger, source, dest, version, spec_version, "
                     "actor, at, payload, guards")
 
@@ -109,7 +114,7 @@ def _journal_count(cursor: Any) -> int:
 
 def _state_version(cursor: Any, read: str) -> int:
     cursor.execute(read, (toggle.KEY,))
-    return int(cursor.fetchone()[4])
+    return int(cursor.fetchone()[_VERSION])
 
 
 @contextmanager
@@ -135,7 +140,9 @@ def sqlite_floor(path: Path) -> Iterator[Bench]:
         cursor.execute("BEGIN IMMEDIATE")
         try:
             cursor.execute(read, (key,))
-            rid, _machine, _key, state, version, seq, _data, spec_version = cursor.fetchall()[0]
+            row = cursor.fetchall()[0]
+            rid, state, version, seq, spec_version = (
+                row[_ID], row[_STATE], row[_VERSION], row[_SEQ], row[_SPEC_VERSION])
             dest = "b" if state == "a" else "a"
             at = _sqlite_time(dt.datetime.now(UTC))
             cursor.execute(move, (dest, version + 1, seq + 1, spec_version, at, rid, version,
@@ -180,7 +187,9 @@ def psycopg_floor(url: str) -> Iterator[Bench]:
     def op() -> None:
         try:
             cursor.execute(read, (key,))
-            rid, _machine, _key, state, version, seq, _data, spec_version = cursor.fetchall()[0]
+            row = cursor.fetchall()[0]
+            rid, state, version, seq, spec_version = (
+                row[_ID], row[_STATE], row[_VERSION], row[_SEQ], row[_SPEC_VERSION])
             dest = "b" if state == "a" else "a"
             at = dt.datetime.now(UTC)
             cursor.execute(move, (dest, version + 1, seq + 1, spec_version, at, rid, version,

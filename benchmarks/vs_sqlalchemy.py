@@ -24,8 +24,8 @@ UTC = dt.UTC
 
 
 def _models() -> tuple[Any, Any, Any]:
-    from sqlalchemy import JSON, DateTime, ForeignKey, Integer, String
-    from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+    from sqlalchemy import JSON, Column, DateTime, ForeignKey, Integer, String
+    from sqlalchemy.orm import DeclarativeBase
     from sqlalchemy_fsm import FSMField, transition
 
     class Base(DeclarativeBase):
@@ -33,16 +33,16 @@ def _models() -> tuple[Any, Any, Any]:
 
     class Toggle(Base):
         __tablename__ = "toggle"
-        id: Mapped[int] = mapped_column(Integer, primary_key=True)
-        key: Mapped[str] = mapped_column(String(255), unique=True)
-        state: Mapped[str] = mapped_column(FSMField(200), nullable=False, default="a")
-        version: Mapped[int] = mapped_column(Integer, nullable=False)
-        data: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False, default=dict)
-        updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+        id = Column(Integer, primary_key=True)
+        key = Column(String(255), nullable=False, unique=True)
+        state = Column(FSMField(200), nullable=False, default="a")
+        version = Column(Integer, nullable=False)
+        data = Column(JSON, nullable=False, default=dict)
+        updated_at = Column(DateTime(timezone=True), nullable=False)
         __mapper_args__ = {"version_id_col": version}  # noqa: RUF012
 
         @transition(source=["a", "b"])
-        class flip:  # noqa: N801 - a transition is named like a method
+        class flip:  # a transition is named like the method it replaces
             @transition(source="a", target="b")
             def from_a(self, instance: Any) -> None:
                 pass
@@ -53,12 +53,12 @@ def _models() -> tuple[Any, Any, Any]:
 
     class ToggleLog(Base):
         __tablename__ = "toggle_log"
-        id: Mapped[int] = mapped_column(Integer, primary_key=True)
-        toggle_id: Mapped[int] = mapped_column(ForeignKey("toggle.id"), nullable=False)
-        trigger: Mapped[str] = mapped_column(String(200))
-        source: Mapped[str] = mapped_column(String(200))
-        dest: Mapped[str] = mapped_column(String(200))
-        at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+        id = Column(Integer, primary_key=True)
+        toggle_id = Column(ForeignKey("toggle.id"), nullable=False)
+        trigger = Column(String(200), nullable=False)
+        source = Column(String(200), nullable=False)
+        dest = Column(String(200), nullable=False)
+        at = Column(DateTime(timezone=True), nullable=False)
 
     return Base, Toggle, ToggleLog
 

@@ -2,12 +2,13 @@
 
 A risky edge carries ``fresh: {max_age, probe}``. It fires only when the resource's newest
 observation was observed (a) no earlier than the resource's last transition committed and (b)
-at most ``max_age`` seconds before now. (An observation at the very instant of the transition
-counts: with the wall clock a tie is a microsecond coincidence; with a simulated clock, events
-at one instant are ordered by cause, and a status made at that instant describes it.) Condition (a) is what makes a status cached from before the
-last action useless, as Kubernetes' observed generation does. When the held observation is not
-fresh and the rule names a probe, the engine asks the probe, outside any transaction and with
-a timeout, records the answer as an observation, and decides again on it.
+at most ``max_age`` seconds before now. Condition (a) is what makes a status cached from
+before the last action useless, as Kubernetes' observed generation does. (An observation at
+the very instant of the transition counts: with the wall clock a tie is a microsecond
+coincidence; with a simulated clock, events at one instant are ordered by cause, and a status
+made at that instant describes it.) When the held observation is not fresh and the rule names
+a probe, the engine asks the probe, outside any transaction and with a timeout, records the
+answer as an observation, and decides again on it.
 """
 
 from __future__ import annotations
