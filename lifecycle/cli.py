@@ -364,18 +364,23 @@ def history(key: str, db_url: str | None, as_json: bool) -> None:
         print(json.dumps([e.to_json() for e in entries], indent=2))
         return
     resource = engine.get(key)
-    table = Table("seq", "at", "what", "from", "to", "version", "actor", "guards", "payload",
-                  "observation", title=f"{resource.machine}:{resource.key}",
-                  title_justify="left")
+    table = Table("seq", "at", "event", "from -> to", "version", "details",
+                  title=f"{resource.machine}:{resource.key}", title_justify="left")
     for e in entries:
-        seen = ""
+        details = []
+        if e.actor:
+            details.append(f"by {e.actor}")
+        if e.guards:
+            details.append(f"guards {_verdicts(e.guards)}")
+        if e.payload:
+            label = "data" if e.kind in ("create", "adopt") else "payload"
+            details.append(f"{label} {json.dumps(e.payload, sort_keys=True)}")
         if e.observation is not None:
-            seen = (f"#{e.observation.id} {json.dumps(e.observation.status, sort_keys=True)} "
-                    f"at {_time(e.observation.observed_at)}")
-        table.add_row(str(e.seq), _time(e.at), _what(e), e.source or "", e.dest,
-                      str(e.version), e.actor or "", _verdicts(e.guards),
-                      _escape(json.dumps(e.payload, sort_keys=True)) if e.payload else "",
-                      _escape(seen))
+            details.append(f"observed {json.dumps(e.observation.status, sort_keys=True)} at "
+                           f"{_time(e.observation.observed_at)} by {e.observation.source}")
+        moved = f"{e.source} -> {e.dest}" if e.source else e.dest
+        table.add_row(str(e.seq), _time(e.at), _what(e), moved, str(e.version),
+                      _escape("\n".join(details)))
     out.print(table)
 
 

@@ -154,3 +154,30 @@ def test_console_script_and_module_entry_point(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert done.stderr.strip() == (
         "error: no resource with key 'nope'; `lifecycle create` makes one")
+
+
+def test_observe_and_a_refused_risky_edge(run, upgraded, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    spec = {"name": "lease", "initial": "held", "final": ["gone"], "states": ["held", "gone"],
+            "transitions": [{"trigger": "reclaim", "source": "held", "dest": "gone",
+                             "fresh": {"max_age": 60}}]}
+    path = tmp_path / "lease.json"
+    path.write_text(json.dumps(spec))
+    run("create", str(path), "l1")
+    out = run("fire", "l1", "reclaim", code=3)
+    assert "StaleObservation: lease 'l1' edge held->gone" in out
+    assert "there is no observation (no probe is named" in out
+    assert "observed {\"holder\": \"none\"}" in run("observe", "l1", '{"holder": "none"}',
+                                                     "--source", "lease-db")
+    out = run("observe", "l1", '{"holder": "x"}', "--at", "2001-01-01T00:00:00Z")
+    assert "at 2001-01-01T00:00:00.000Z" in out
+    assert "held -> gone" in run("fire", "l1", "reclaim")
+    history = json.loads(run("history", "l1", "--json"))
+    assert [h["kind"] for h in history] == ["create", "refusal", "transition"]
+    assert history[1]["observation"] is None
+    assert history[2]["observation"]["status"] == {"holder": "none"}
+    assert history[2]["observation"]["source"] == "lease-db"
+    assert history[2]["fence"]["expect"] == {"holder": "none"}
+    assert "refused" in run("history", "l1")
+    assert "Invalid value for --at" in run("observe", "l1", "{}", "--at", "yesterday", code=2)
+    fresh = json.loads(run("describe", str(path), "--json"))["transitions"][0]["fresh"]
+    assert fresh == {"max_age": 60.0, "probe": None}

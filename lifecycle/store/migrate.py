@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from alembic import command
@@ -50,10 +51,31 @@ def revisions() -> list[tuple[str, str | None, str]]:
 
 
 def upgrade(engine: SAEngine, revision: str = "head") -> None:
-    with engine.begin() as connection:
-        command.upgrade(_config(connection), revision)
+    _run(engine, lambda config: command.upgrade(config, revision))
 
 
 def downgrade(engine: SAEngine, revision: str) -> None:
-    with engine.begin() as connection:
-        command.downgrade(_config(connection), revision)
+    _run(engine, lambda config: command.downgrade(config, revision))
+
+
+def _run(engine: SAEngine, step: Callable[[Config], None]) -> None:
+    """Run migrations in one transaction. On SQLite, a batch migration rebuilds a table by
+    copying it and dropping the original, and dropping a table with foreign keys enforced
+    would cascade into the rows that point at it: enforcement is off while migrating (it can
+    only be switched outside a transaction), and the keys are checked before the commit."""
+    sqlite = engine.dialect.name == "sqlite"
+    with engine.connect() as connection:
+        raw = connection.connection.dbapi_connection
+        assert raw is not None
+        if sqlite:
+            raw.execute("PRAGMA foreign_keys=OFF")
+        try:
+            with connection.begin():
+                step(_config(connection))
+                if sqlite:
+                    broken = connection.exec_driver_sql("PRAGMA foreign_key_check").all()
+                    if broken:
+                        raise RuntimeError(f"migration broke foreign keys: {broken[:5]}")
+        finally:
+            if sqlite:
+                raw.execute("PRAGMA foreign_keys=ON")
