@@ -206,7 +206,8 @@ def describe_json(spec: MachineSpec) -> dict[str, Any]:
         ],
         "transitions": [
             {"trigger": trigger, "source": list(e.sources), "dest": e.dest,
-             "guards": list(e.guards), "unless": list(e.unless), "effects": list(e.effects),
+             "guards": list(e.guards), "unless": list(e.unless),
+             "effects": [f.name for f in e.effects],
              "fresh": e.fresh.model_dump() if e.fresh else None, "ref": e.ref,
              "description": e.description}
             for trigger, e in edges

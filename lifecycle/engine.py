@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from . import queries, registry
 from .clock import Clock, SystemClock
+from .effects import Effect, Handler, as_effect
 from .errors import (
     ConcurrencyError,
     InvalidData,
@@ -42,6 +43,7 @@ Guard = Callable[[GuardContext], bool]
 OnStale = Literal["raise", "return"]
 
 _KEY_MAX = 255
+_STALE_TIMER = "the timer is no longer pending"
 _MAX_PROBES = 3
 
 __all__ = ["Engine", "FireResult", "Guard", "JournalEntry", "Mismatch", "Observation",
@@ -65,6 +67,17 @@ class _NeedProbe(Exception):
     request: ProbeRequest
 
 
+class Within:
+    """Writes a caller adds to a fire's transaction: ``before`` may withhold the fire (its
+    reason, or None to go on); ``after`` sees the outcome, fired or refused."""
+
+    def before(self, cursor: Any, resource_id: int) -> str | None:
+        return None
+
+    def after(self, cursor: Any, result: FireResult) -> None:
+        return None
+
+
 @dataclass(slots=True)
 class _Row:
     """The resource as the hot path read it."""
@@ -86,7 +99,9 @@ class Engine:
     ``guards`` maps guard names to predicates over a :class:`GuardContext`; guards never do
     I/O. ``probes`` maps probe names to functions that ask the outside world for a resource's
     status (called outside any transaction, given up after ``probe_timeout`` seconds).
-    ``effects`` names the effect handlers this process provides. Time comes from ``clock``.
+    ``effects`` maps effect names to handlers (or :class:`Effect` with a retry policy), which
+    a :class:`Worker` runs after the transitions that asked for them committed. Time comes
+    from ``clock``.
     """
 
     def __init__(
@@ -95,7 +110,7 @@ class Engine:
         machines: Iterable[SpecSource] = (),
         *,
         guards: Mapping[str, Guard] | None = None,
-        effects: Mapping[str, Any] | None = None,
+        effects: Mapping[str, Handler | Effect] | None = None,
         probes: Mapping[str, Probe] | None = None,
         clock: Clock | None = None,
         probe_timeout: float = 10.0,
@@ -104,7 +119,8 @@ class Engine:
         self.store = store
         self.clock: Clock = clock or SystemClock()
         self.guards: dict[str, Guard] = dict(guards or {})
-        self.effects: dict[str, Any] = dict(effects or {})
+        self.effects: dict[str, Effect] = {name: as_effect(handler)
+                                           for name, handler in (effects or {}).items()}
         self.probes: dict[str, Probe] = dict(probes or {})
         self.probe_timeout = probe_timeout
         self.max_attempts = max_attempts
@@ -201,6 +217,10 @@ class Engine:
                     "payload": store.json_param(document) if document else None,
                     "guards": None, "observation_id": None, "fence": None,
                 })
+                if runner.timeouts:
+                    row = _Row(resource_id, machine, key, dest, 1, 1, document, now, None)
+                    entered = list(reversed(spec.graph.ancestors(dest)))
+                    self._set_timers(cursor, runner, row, 1, [], entered, document, now)
         except store.integrity_error:
             raise ResourceExists(machine, key) from None
         except (TypeError, ValueError) as exc:
@@ -282,15 +302,21 @@ class Engine:
         return self._decide_and_commit(key, EVENTLESS, {}, actor, on_stale)
 
     def _decide_and_commit(self, key: str, trigger: str, payload: dict[str, Any],
-                           actor: str | None, on_stale: OnStale) -> FireResult:
+                           actor: str | None, on_stale: OnStale,
+                           within: Within | None = None) -> FireResult:
+        """Decide and commit, trying again when the resource moved underneath. ``within``
+        adds writes of the caller (a timer's or an effect's bookkeeping) to the same
+        transaction."""
         probed_version: int | None = None
         probes = 0
         probe_error: str | None = None
         for _attempt in range(self.max_attempts):
             try:
-                outcome = self._attempt(key, trigger, payload, actor,
-                                        may_probe=probe_error is None and probes < _MAX_PROBES,
-                                        probe_error=probe_error, probed=probes > 0)
+                with self.store.write() as cursor:
+                    outcome = self._attempt(
+                        cursor, key, trigger, payload, actor, within=within,
+                        may_probe=probe_error is None and probes < _MAX_PROBES,
+                        probe_error=probe_error, probed=probes > 0)
             except _NeedMachine as need:
                 self._runner(str(need))
                 continue
@@ -316,6 +342,27 @@ class Engine:
             f"{key}: {_shown(trigger)} lost the race {self.max_attempts} times in a row; "
             "nothing was written. Try again, or look for a process that moves it in a loop")
 
+    def fire_timer(self, timer_id: int, key: str, trigger: str) -> FireResult | None:
+        """Fire a due timer's trigger, in one transaction with marking the timer fired; None
+        when the timer is no longer pending (its state was left, or another worker fired
+        it)."""
+        store = self.store
+
+        class Timer(Within):
+            def before(self, cursor: Any, resource_id: int) -> str | None:
+                cursor.execute(store.sql.fire_timer, {
+                    "id_": timer_id, "now": store.time_param(engine.clock.now())})
+                return None if cursor.rowcount == 1 else _STALE_TIMER
+
+            def after(self, cursor: Any, result: FireResult) -> None:
+                if not result.fired:
+                    cursor.execute(store.sql.refuse_timer, {
+                        "id_": timer_id, "outcome": result.reason})
+
+        engine = self
+        result = self._decide_and_commit(key, trigger, {}, "timer", "return", within=Timer())
+        return None if result.reason == _STALE_TIMER else result
+
     def _probe(self, need: _NeedProbe) -> str | None:
         """Ask the probe and record its answer; the failure, if it failed."""
         request = need.request
@@ -333,64 +380,127 @@ class Engine:
             return f"probe {need.name} answered a status that cannot be stored: {exc}"
         return None
 
-    def _attempt(self, key: str, trigger: str, payload: dict[str, Any], actor: str | None,
-                 *, may_probe: bool, probe_error: str | None,
-                 probed: bool) -> FireResult | StaleObservation:
+    def _attempt(self, cursor: Any, key: str, trigger: str, payload: dict[str, Any],
+                 actor: str | None, *, within: Within | None, may_probe: bool,
+                 probe_error: str | None, probed: bool) -> FireResult | StaleObservation:
         store = self.store
         sql = store.sql
-        with store.write() as cursor:
-            row = self._locate(cursor, key)
-            runner = self._runners.get(row.machine)
-            if runner is None:
-                raise _NeedMachine(row.machine)
-            if trigger != EVENTLESS and trigger not in runner.triggers:
-                raise UnknownTrigger(row.machine, trigger, sorted(runner.triggers))
-            now = self.clock.now()
-            context = GuardContext(row.machine, row.key, row.state, row.version, row.data,
-                                   payload, now, row.observation, row.last_transition_at)
-            if runner.risky and may_probe:
-                self._probe_if_stale(runner, row, trigger, context)
-            decision = runner.decide(row.state, trigger, context)
-            observation_id = row.observation.id if row.observation else None
-            if not decision.fired:
-                if not context.stale:
-                    return _refused(row, trigger, decision)
-                return self._refuse_stale(cursor, runner, row, trigger, payload, actor,
-                                          context, decision, probe_error, probed)
-            edge = decision.edge
-            assert edge is not None and decision.dest is not None
-            risky = edge.fresh is not None
-            params: dict[str, Any] = {
-                "id_": row.id, "version_": row.version, "seq_": row.seq,
-                "observation_id_": observation_id,
-                "new_state": decision.dest, "new_version": row.version + 1,
-                "new_seq": row.seq + 1, "new_spec_version": runner.spec.version,
-                "now": store.time_param(now),
-            }
-            with_data = bool(payload) and edge.merge_payload
-            try:
-                if with_data:
-                    merged = self._validated(runner.spec, row.key, {**row.data, **payload})
-                    params["new_data"] = store.json_param(merged)
-                cursor.execute(sql.move[with_data, risky], params)
-                if cursor.rowcount != 1:
-                    raise _Conflict
-                fence = _fence(edge, row.observation) if risky else None
-                cursor.execute(sql.insert_journal, {
-                    "resource_id": row.id, "seq": row.seq + 1, "kind": "transition",
-                    "trigger": None if trigger == EVENTLESS else trigger,
-                    "source": row.state, "dest": decision.dest, "version": row.version + 1,
-                    "spec_version": runner.spec.version, "actor": actor, "at": params["now"],
-                    "payload": store.json_param(payload) if payload else None,
-                    "guards": store.json_param(decision.guards) if decision.guards else None,
-                    "observation_id": observation_id if risky else None,
-                    "fence": store.json_param(fence) if fence else None,
-                })
-            except (TypeError, ValueError) as exc:  # a payload that JSON cannot hold
-                raise InvalidData(row.machine, row.key, f"payload is not JSON: {exc}") from None
-        return FireResult(True, row.machine, row.key, _shown(trigger), row.state,
-                          decision.dest, row.version + 1, None, decision.guards,
-                          fence=fence, probed=probed)
+        row = self._locate(cursor, key)
+        runner = self._runners.get(row.machine)
+        if runner is None:
+            raise _NeedMachine(row.machine)
+        if trigger != EVENTLESS and trigger not in runner.triggers:
+            raise UnknownTrigger(row.machine, trigger, sorted(runner.triggers))
+        if within is not None:
+            withheld = within.before(cursor, row.id)
+            if withheld is not None:
+                return FireResult(False, row.machine, row.key, _shown(trigger), row.state, None,
+                                  row.version, withheld)
+        now = self.clock.now()
+        context = GuardContext(row.machine, row.key, row.state, row.version, row.data,
+                               payload, now, row.observation, row.last_transition_at)
+        if runner.risky and may_probe:
+            self._probe_if_stale(runner, row, trigger, context)
+        decision = runner.decide(row.state, trigger, context)
+        observation_id = row.observation.id if row.observation else None
+        if not decision.fired:
+            if not context.stale:
+                result = _refused(row, trigger, decision)
+                if within is not None:
+                    within.after(cursor, result)
+                return result
+            stale = self._refuse_stale(cursor, runner, row, trigger, payload, actor,
+                                       context, decision, probe_error, probed)
+            if within is not None:
+                within.after(cursor, stale.result)  # type: ignore[attr-defined]
+            return stale
+        edge = decision.edge
+        assert edge is not None and decision.dest is not None
+        risky = edge.fresh is not None
+        seq = row.seq + 1
+        params: dict[str, Any] = {
+            "id_": row.id, "version_": row.version, "seq_": row.seq,
+            "observation_id_": observation_id,
+            "new_state": decision.dest, "new_version": row.version + 1,
+            "new_seq": seq, "new_spec_version": runner.spec.version,
+            "now": store.time_param(now),
+        }
+        with_data = bool(payload) and edge.merge_payload
+        data = row.data
+        try:
+            if with_data:
+                data = self._validated(runner.spec, row.key, {**row.data, **payload})
+                params["new_data"] = store.json_param(data)
+            cursor.execute(sql.move[with_data, risky], params)
+            if cursor.rowcount != 1:
+                raise _Conflict
+            fence = _fence(edge, row.observation) if risky else None
+            cursor.execute(sql.insert_journal, {
+                "resource_id": row.id, "seq": seq, "kind": "transition",
+                "trigger": None if trigger == EVENTLESS else trigger,
+                "source": row.state, "dest": decision.dest, "version": row.version + 1,
+                "spec_version": runner.spec.version, "actor": actor, "at": params["now"],
+                "payload": store.json_param(payload) if payload else None,
+                "guards": store.json_param(decision.guards) if decision.guards else None,
+                "observation_id": observation_id if risky else None,
+                "fence": store.json_param(fence) if fence else None,
+            })
+        except (TypeError, ValueError) as exc:  # a payload that JSON cannot hold
+            raise InvalidData(row.machine, row.key, f"payload is not JSON: {exc}") from None
+        if edge.effects:
+            self._ask_effects(cursor, row, seq, edge, fence, now)
+        if runner.timeouts:
+            exited, entered = runner.crossed(row.state, decision.dest, edge.dest)
+            self._set_timers(cursor, runner, row, seq, exited, entered, data, now)
+        result = FireResult(True, row.machine, row.key, _shown(trigger), row.state,
+                            decision.dest, row.version + 1, None, decision.guards,
+                            fence=fence, probed=probed, seq=seq)
+        if within is not None:
+            within.after(cursor, result)
+        return result
+
+    def _ask_effects(self, cursor: Any, row: _Row, seq: int, edge: _Edge,
+                     fence: dict[str, Any] | None, now: dt.datetime) -> None:
+        """The outbox: one row per effect, in the transition's own transaction."""
+        store = self.store
+        when = store.time_param(now)
+        for position, effect in enumerate(edge.effects):
+            cursor.execute(store.sql.insert_effect, {
+                "resource_id": row.id, "seq": seq, "position": position, "name": effect.name,
+                "args": store.json_param(effect.args), "status": "pending", "attempts": 0,
+                "next_attempt_at": when,
+                "idempotency_key": f"{row.machine}:{row.key}:{seq}:{position}:{effect.name}",
+                "fence": store.json_param(fence) if fence else None,
+                "on_failure": effect.on_failure, "created_at": when,
+            })
+
+    def _set_timers(self, cursor: Any, runner: Runner, row: _Row, seq: int,
+                    exited: Iterable[str], entered: Iterable[str], data: Mapping[str, Any],
+                    now: dt.datetime) -> None:
+        """Cancel the timers of the states left; schedule those of the states entered."""
+        store = self.store
+        when = store.time_param(now)
+        for state in exited:
+            if state in runner.timeouts:
+                cursor.execute(store.sql.cancel_timers, {
+                    "resource_id": row.id, "state_": state, "now": when})
+        for state in entered:
+            timeout = runner.timeouts.get(state)
+            if timeout is None:
+                continue
+            after = timeout.after
+            if isinstance(after, str):
+                value = data.get(after)
+                if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                    raise InvalidData(row.machine, row.key, f"the timeout of {state!r} reads "
+                                      f"data field {after!r}, which is {value!r}, not a "
+                                      "number of seconds")
+                after = float(value)
+            cursor.execute(store.sql.insert_timer, {
+                "resource_id": row.id, "seq": seq, "state": state, "trigger": timeout.trigger,
+                "due_at": store.time_param(now + dt.timedelta(seconds=after)),
+                "status": "pending", "created_at": when,
+            })
 
     def _probe_if_stale(self, runner: Runner, row: _Row, trigger: str,
                         context: GuardContext) -> None:
@@ -538,7 +648,7 @@ def _edge_names(edge: _Edge, kind: str) -> tuple[str, ...]:
     if kind == "guard":
         return (*edge.guards, *edge.unless)
     if kind == "effect":
-        return edge.effects
+        return tuple(effect.name for effect in edge.effects)
     return (edge.fresh.probe,) if edge.fresh and edge.fresh.probe else ()
 
 

@@ -102,6 +102,8 @@ class FireResult:
     error: str | None = None
     fence: dict[str, Any] | None = None
     probed: bool = False
+    seq: int | None = None
+    """The journal sequence number of the transition (or refusal) written."""
 
     def __bool__(self) -> bool:
         return self.fired
@@ -111,7 +113,7 @@ class FireResult:
             "fired": self.fired, "machine": self.machine, "key": self.key,
             "trigger": self.trigger, "source": self.source, "dest": self.dest,
             "version": self.version, "reason": self.reason, "guards": self.guards,
-            "error": self.error, "fence": self.fence, "probed": self.probed,
+            "error": self.error, "fence": self.fence, "probed": self.probed, "seq": self.seq,
         }
 
 

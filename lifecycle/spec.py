@@ -39,12 +39,21 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class Timeout(_Strict):
+    """Entering the state schedules ``trigger`` ``after`` seconds later (a number, or the name
+    of a data field holding one); leaving the state first cancels it."""
+
+    after: PositiveFloat | str
+    trigger: str
+
+
 class StateSpec(_Strict):
     """A state; with ``states`` it is a composite state entered through its ``initial`` child."""
 
     name: str
     states: tuple[StateSpec, ...] = ()
     initial: str | None = None
+    timeout: Timeout | None = None
     description: str | None = None
 
     @model_validator(mode="before")
@@ -63,12 +72,26 @@ class Freshness(_Strict):
     probe: str | None = None
 
 
+class EffectSpec(_Strict):
+    """A side effect a transition asks for, run after the transition committed by a worker:
+    handler ``name`` with ``args``. When it fails for good, ``on_failure`` (a trigger) is
+    fired on the resource; without one the resource is marked stuck."""
+
+    name: str
+    args: dict[str, Any] = Field(default_factory=dict)
+    on_failure: str | None = None
+
+
+def _as_effect(value: Any) -> Any:
+    return {"name": value} if isinstance(value, str) else value
+
+
 class _Edge(_Strict):
     source: str | tuple[str, ...]
     dest: str
     guards: tuple[str, ...] = ()
     unless: tuple[str, ...] = ()
-    effects: tuple[str, ...] = ()
+    effects: tuple[EffectSpec, ...] = ()
     fresh: Freshness | None = None
     fence: dict[str, Any] | None = None
     """What the effects of a risky edge may still assume of the world (for example
@@ -76,6 +99,13 @@ class _Edge(_Strict):
     description: str | None = None
     ref: str | None = None
     merge_payload: bool = True
+
+    @model_validator(mode="before")
+    @classmethod
+    def _effects_as_dicts(cls, value: Any) -> Any:
+        if isinstance(value, Mapping) and isinstance(value.get("effects"), list | tuple):
+            value = {**value, "effects": [_as_effect(e) for e in value["effects"]]}
+        return value
 
     @property
     def sources(self) -> tuple[str, ...]:
@@ -147,7 +177,7 @@ class MachineSpec(_Strict):
         return {g for e in self.edges() for g in (*e.guards, *e.unless)}
 
     def effect_names(self) -> set[str]:
-        return {name for e in self.edges() for name in e.effects}
+        return {effect.name for e in self.edges() for effect in e.effects}
 
     def probe_names(self) -> set[str]:
         return {e.fresh.probe for e in self.edges() if e.fresh and e.fresh.probe}
@@ -181,6 +211,7 @@ class StateGraph:
     duplicates: list[tuple[str, str]] = field(default_factory=list)
     bad_names: list[tuple[str, str]] = field(default_factory=list)
     bad_initials: list[tuple[str, str, str | None]] = field(default_factory=list)
+    timeouts: dict[str, tuple[str, Timeout]] = field(default_factory=dict)
 
     @classmethod
     def build(cls, spec: MachineSpec) -> StateGraph:
@@ -197,6 +228,8 @@ class StateGraph:
                     continue
                 graph.names.append(full)
                 graph.parent[full] = parent
+                if state.timeout is not None:
+                    graph.timeouts[full] = (f"{loc}.timeout", state.timeout)
                 graph.children[full] = []
                 if parent is not None:
                     graph.children[parent].append(full)
@@ -327,6 +360,24 @@ def _check(spec: MachineSpec) -> list[Problem]:
             names = getattr(edge, kind)
             for name in sorted({n for n in names if names.count(n) > 1}):
                 problems.append(Problem(f"{loc}.{kind}", f"guard {name!r} is named twice"))
+
+    triggers = spec.triggers
+    for loc, _, edge in edges:
+        for i, effect in enumerate(edge.effects):
+            if effect.on_failure is not None and effect.on_failure not in triggers:
+                problems.append(Problem(f"{loc}.effects[{i}].on_failure",
+                                        f"{effect.on_failure!r} is not a trigger",
+                                        _suggest(effect.on_failure, triggers)))
+    for state, (loc, timeout) in graph.timeouts.items():
+        inside = set(graph.descendants(state))
+        if not any(trigger == timeout.trigger and inside & leaves
+                   for (_, trigger, _), leaves in zip(edges, covered, strict=True)):
+            problems.append(Problem(
+                f"{loc}.trigger", f"no transition for {timeout.trigger!r} leaves {state!r}, so "
+                "its timeout could never fire", _suggest(timeout.trigger, triggers)))
+        if isinstance(timeout.after, str) and not _NAME.match(timeout.after):
+            problems.append(Problem(f"{loc}.after", f"{timeout.after!r} is neither a number of "
+                                    "seconds nor a data field name"))
 
     # two edges with the same trigger and an overlapping source that no guard tells apart
     for b, (loc_b, trig_b, edge_b) in enumerate(edges):

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, insert, select, update
+from sqlalchemy import Connection, bindparam, insert, literal_column, null, select, update
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import Dialect, make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
@@ -19,6 +19,7 @@ from . import migrate
 from .database import create_sa_engine, display_url, raw_transaction, resolve_url
 from .schema import (
     UTC,
+    effects,
     journal,
     machines,
     metadata,
@@ -26,10 +27,11 @@ from .schema import (
     resources,
     specs,
     sqlite_time,
+    timers,
 )
 
-__all__ = ["Store", "journal", "machines", "metadata", "observations", "resolve_url", "resources",
-           "specs"]
+__all__ = ["Store", "effects", "journal", "machines", "metadata", "observations", "resolve_url",
+           "resources", "specs", "timers"]
 
 
 class Store:
@@ -150,6 +152,7 @@ class Statements:
     def __init__(self, dialect: Dialect) -> None:
         if dialect.name == "sqlite":
             dialect = sqlite_dialect.dialect(paramstyle="named")
+        self.dialect = dialect
         r = resources.c
         o = observations.c
 
@@ -205,6 +208,31 @@ class Statements:
                 observation_id=bindparam("observation_id"), fence=bindparam("fence"),
             )
         )
+        self.insert_effect = sql(insert(effects).values(**{
+            name: bindparam(name) for name in (
+                "resource_id", "seq", "position", "name", "args", "status", "attempts",
+                "next_attempt_at", "idempotency_key", "fence", "on_failure", "created_at")}))
+        t = timers.c
+        self.insert_timer = sql(insert(timers).values(**{
+            name: bindparam(name) for name in (
+                "resource_id", "seq", "state", "trigger", "due_at", "status", "created_at")}))
+        self.cancel_timers = sql(
+            update(timers)
+            .where(t.resource_id == bindparam("resource_id"), t.state == bindparam("state_"),
+                   t.status == literal_column("'pending'"))
+            .values(status=literal_column("'cancelled'"), finished_at=bindparam("now")))
+        f = effects.c
+        claimed = (f.id == bindparam("id_"), f.claimed_by == bindparam("claimed_by_"),
+                   f.attempts == bindparam("attempts_"), f.status == literal_column("'running'"))
+        # an effect's outcome, recorded only by the worker that still holds its claim
+        self.finish_effect = sql(update(effects).where(*claimed).values(
+            status=bindparam("new_status"), finished_at=bindparam("now"),
+            last_error=bindparam("error"), lease_until=null()))
+        self.fire_timer = sql(
+            update(timers).where(t.id == bindparam("id_"), t.status == literal_column("'pending'"))
+            .values(status=literal_column("'fired'"), finished_at=bindparam("now")))
+        self.refuse_timer = sql(update(timers).where(t.id == bindparam("id_")).values(
+            status=literal_column("'refused'"), outcome=bindparam("outcome")))
         self.insert_observation = sql(
             insert(observations).values(
                 resource_id=bindparam("resource_id"), status=bindparam("status"),

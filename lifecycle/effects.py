@@ -1,0 +1,591 @@
+"""Effects and timers: the transactional outbox, and the worker that empties it.
+
+A transition's effects are written in the transition's own transaction (one row each); a
+worker claims them after the commit, runs their handlers outside any transaction, and records
+the outcome. Effects of one resource run strictly in order; effects of different resources
+run concurrently. A claim has a lease: an effect whose worker died is claimed again when the
+lease expires. A failing effect is rescheduled with exponential backoff and jitter, never
+waited for with a sleep; after its last attempt it fires the ``on_failure`` trigger its
+transition declared, or marks its resource stuck until ``retry``.
+
+Timers are the timeouts of states: the worker fires a timer's trigger when it is due, in one
+transaction with marking it fired, and only while the resource is still in the visit of the
+state that set it (leaving the state cancelled it).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import random
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import and_, exists, func, or_, select, update
+
+from .errors import LifecycleError, UnknownResource
+from .records import FireResult
+from .store import effects as effects_table
+from .store import journal, resources, timers
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+log = logging.getLogger(__name__)
+
+PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
+
+
+class EffectError(Exception):
+    """Raised by a handler: the effect did not happen this time."""
+
+
+class RetryableError(EffectError):
+    """Try again later, with backoff. Any exception a handler raises that is not a
+    :class:`PermanentError` counts as retryable."""
+
+
+class PermanentError(EffectError):
+    """Trying again cannot help: the effect fails for good now."""
+
+
+class LostClaim(LifecycleError):
+    """The worker's claim on an effect expired and another worker took it over."""
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """How often and how patiently an effect is retried: exponential backoff from ``base``
+    seconds, capped at ``cap``, with up to ``jitter`` of each delay taken off at random;
+    at most ``max_attempts`` attempts (None: forever)."""
+
+    max_attempts: int | None = 5
+    base: float = 1.0
+    cap: float = 300.0
+    jitter: float = 0.5
+
+    def delay(self, attempt: int, rng: random.Random) -> float:
+        raw = min(self.cap, self.base * 2.0 ** max(0, attempt - 1))
+        return float(raw * (1 - self.jitter * rng.random()))
+
+
+@dataclass(frozen=True, slots=True)
+class FollowUp:
+    """Returned by a handler: fire ``trigger`` on the effect's resource in the transaction
+    that marks the effect done."""
+
+    trigger: str
+    payload: Mapping[str, Any] = field(default_factory=dict)
+
+
+Handler = Callable[["EffectCall"], FollowUp | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Effect:
+    """A handler with its retry policy and its timeout (seconds of real time; a handler
+    that takes longer is abandoned and the attempt counts as failed)."""
+
+    handler: Handler
+    retry: Retry = Retry()
+    timeout: float | None = 300.0
+
+
+def as_effect(value: Handler | Effect) -> Effect:
+    return value if isinstance(value, Effect) else Effect(value)
+
+
+@dataclass(slots=True)
+class EffectCall:
+    """What a handler receives: the effect, the transition that asked for it, the resource's
+    data as the effect was claimed, and the fence when the transition rested on an
+    observation. ``idempotency_key`` is the same on every attempt."""
+
+    id: int
+    name: str
+    machine: str
+    key: str
+    args: dict[str, Any]
+    idempotency_key: str
+    fence: dict[str, Any] | None
+    attempt: int
+    seq: int
+    trigger: str | None
+    payload: dict[str, Any]
+    data: dict[str, Any]
+    progress: dict[str, Any]
+    _worker: Worker | None = None
+
+    def save_progress(self, values: Mapping[str, Any]) -> None:
+        """Keep ``values`` for later attempts of this effect (committed at once)."""
+        self.progress.update(values)
+        if self._worker is not None:
+            self._worker._save_progress(self)
+
+
+# -- the worker ----------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class WorkerStats:
+    done: int = 0
+    retried: int = 0
+    failed: int = 0
+    timers_fired: int = 0
+    timers_refused: int = 0
+    timers_stale: int = 0
+
+    def to_json(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+class Worker:
+    """Claims due effects and timers and carries them out.
+
+    ``concurrency`` handlers run at once (threads). A claim holds for ``lease`` seconds of
+    the engine's clock. ``seed`` makes the backoff jitter reproducible."""
+
+    def __init__(self, engine: Engine, *, concurrency: int = 1, lease: float = 300.0,
+                 poll: float = 0.5, name: str | None = None, seed: int | None = None,
+                 batch: int | None = None) -> None:
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, not {concurrency}")
+        self.engine = engine
+        self.store = engine.store
+        self.concurrency = concurrency
+        self.lease = lease
+        self.poll = poll
+        self.batch = batch or max(16, 2 * concurrency)
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}:{id(self) & 0xFFFF:04x}"
+        self.rng = random.Random(seed)
+        self.stats = WorkerStats()
+        self._stop = threading.Event()
+        self._fast = threading.Event()
+        self._running: dict[int, tuple[EffectCall, threading.Thread, float]] = {}
+        self._results: dict[int, tuple[str, Any]] = {}
+        self._lock = threading.Condition()
+        self._sigterms = 0
+
+    # -- public ----------------------------------------------------------------------
+
+    def run_until_idle(self, *, max_rounds: int | None = None) -> WorkerStats:
+        """Carry out every effect and timer due now (by the engine's clock), including those
+        their completion makes due, then return."""
+        rounds = 0
+        while not self._stop.is_set():
+            rounds += 1
+            progressed = self._fire_due_timers() > 0
+            claimed = self._claim(self.concurrency)
+            for call in claimed:
+                self._start(call)
+            progressed = self._drain() > 0 or progressed
+            if not progressed and not claimed:
+                break
+            if max_rounds is not None and rounds >= max_rounds:
+                break
+        return self.stats
+
+    def run(self, *, handle_signals: bool = False) -> WorkerStats:
+        """Work until :meth:`stop` (or, with ``handle_signals``, SIGTERM: graceful, finishing
+        the running handlers; a second SIGTERM or SIGQUIT: fast, abandoning them within a
+        second, for another worker to claim)."""
+        if handle_signals:
+            signal.signal(signal.SIGTERM, self._on_signal)
+            signal.signal(signal.SIGQUIT, self._on_signal)
+            signal.signal(signal.SIGINT, self._on_signal)
+        log.info("worker %s: started (concurrency %d)", self.name, self.concurrency)
+        while not self._stop.is_set():
+            busy = self._fire_due_timers() > 0
+            free = self.concurrency - len(self._running)
+            claimed = self._claim(free) if free > 0 else []
+            for call in claimed:
+                self._start(call)
+            busy = self._reap() > 0 or busy or bool(claimed)
+            if not busy:
+                self._wait(self.poll)
+        if not self._fast.is_set() and self._running:
+            log.info("worker %s: finishing %d running handlers", self.name, len(self._running))
+            self._drain()
+        if self._fast.is_set():
+            self._abandon()
+        log.info("worker %s: stopped (%s)", self.name, self.stats.to_json())
+        return self.stats
+
+    def stop(self, *, fast: bool = False) -> None:
+        if fast:
+            self._fast.set()
+        self._stop.set()
+        with self._lock:
+            self._lock.notify_all()
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        if signum == signal.SIGTERM:
+            self._sigterms += 1
+        fast = signum == signal.SIGQUIT or self._sigterms > 1
+        log.warning("worker %s: %s, %s shutdown", self.name, signal.Signals(signum).name,
+                    "fast" if fast else "graceful")
+        self.stop(fast=fast)
+
+    # -- claiming --------------------------------------------------------------------
+
+    def _claim(self, limit: int) -> list[EffectCall]:
+        if limit <= 0:
+            return []
+        now = self.engine.clock.now()
+        e = effects_table.alias("e")
+        p = effects_table.alias("p")
+        blocked = exists().where(p.c.resource_id == e.c.resource_id, p.c.id < e.c.id,
+                                 p.c.status.in_([PENDING, RUNNING, FAILED]))
+        due = or_(and_(e.c.status == PENDING, e.c.next_attempt_at <= now),
+                  and_(e.c.status == RUNNING, e.c.lease_until < now))
+        query = (select(e.c.id).where(due, ~blocked)
+                 .order_by(e.c.next_attempt_at, e.c.id).limit(min(limit, self.batch)))
+        if self.store.dialect == "postgresql":
+            query = query.with_for_update(skip_locked=True, of=e)
+        lease_until = now + dt.timedelta(seconds=self.lease)
+        with self.store.begin() as db:
+            ids = list(db.execute(query).scalars())
+            if not ids:
+                return []
+            db.execute(update(effects_table).where(effects_table.c.id.in_(ids)).values(
+                status=RUNNING, claimed_by=self.name, lease_until=lease_until,
+                attempts=effects_table.c.attempts + 1))
+            rows = db.execute(
+                select(effects_table, resources.c.machine, resources.c.key, resources.c.data,
+                       journal.c.trigger.label("j_trigger"), journal.c.payload.label("j_payload"))
+                .join(resources, resources.c.id == effects_table.c.resource_id)
+                .join(journal, and_(journal.c.resource_id == effects_table.c.resource_id,
+                                    journal.c.seq == effects_table.c.seq))
+                .where(effects_table.c.id.in_(ids))
+                .order_by(effects_table.c.id)
+            ).all()
+        return [EffectCall(r.id, r.name, r.machine, r.key, dict(r.args), r.idempotency_key,
+                           r.fence, r.attempts, r.seq, r.j_trigger, dict(r.j_payload or {}),
+                           dict(r.data), dict(r.progress or {}), self) for r in rows]
+
+    # -- running ---------------------------------------------------------------------
+
+    def _start(self, call: EffectCall) -> None:
+        effect = self.engine.effects.get(call.name)
+        if effect is None:
+            self._finish(call, "failed", PermanentError(
+                f"no handler for effect {call.name!r} is registered in this worker"))
+            return
+
+        def work() -> None:
+            try:
+                outcome: tuple[str, Any] = ("ok", effect.handler(call))
+            except BaseException as exc:  # the handler's failure is recorded, not raised
+                outcome = ("error", exc)
+            with self._lock:
+                self._results[call.id] = outcome
+                self._lock.notify_all()
+
+        thread = threading.Thread(target=work, name=f"effect-{call.name}-{call.id}",
+                                  daemon=True)
+        deadline = time.monotonic() + effect.timeout if effect.timeout else float("inf")
+        self._running[call.id] = (call, thread, deadline)
+        thread.start()
+
+    def _reap(self) -> int:
+        """Record the outcome of every handler that finished or ran out of time; how many."""
+        now = time.monotonic()
+        with self._lock:
+            ready = [(effect_id, self._results.pop(effect_id, None))
+                     for effect_id, (_, _, deadline) in list(self._running.items())
+                     if effect_id in self._results or deadline <= now]
+        for effect_id, outcome in ready:
+            call, _thread, _deadline = self._running.pop(effect_id)
+            if outcome is None:
+                timeout = self.engine.effects[call.name].timeout or 0.0
+                outcome = ("error", RetryableError(f"handler timed out after {timeout:g} s"))
+            self._finish(call, *outcome)
+        return len(ready)
+
+    def _wait(self, limit: float) -> None:
+        """Sleep until a handler finishes, the nearest handler deadline, a stop, or
+        ``limit`` seconds."""
+        with self._lock:
+            if self._results or (self._stop.is_set() and not self._running):
+                return
+            deadlines = [d for _, _, d in self._running.values()]
+            if deadlines:
+                limit = min(limit, max(min(deadlines) - time.monotonic(), 0.0) + 0.001)
+            self._lock.wait(limit)
+
+    def _drain(self) -> int:
+        """Wait for every running handler (finished or timed out); how many were recorded."""
+        finished = 0
+        while self._running and not self._fast.is_set():
+            finished += self._reap()
+            if self._running:
+                self._wait(self.poll)
+        return finished
+
+    def _finish(self, call: EffectCall, kind: str, value: Any) -> None:
+        try:
+            if kind == "ok":
+                self._done(call, value)
+                return
+            effect = self.engine.effects.get(call.name) or Effect(lambda c: None)
+            exc: BaseException = value
+            message = f"{type(exc).__name__}: {exc}"
+            permanent = isinstance(exc, PermanentError) or kind == "failed"
+            limit = effect.retry.max_attempts
+            if permanent or (limit is not None and call.attempt >= limit):
+                self._fail(call, message)
+            else:
+                self._reschedule(call, message, effect.retry)
+        except LostClaim:
+            log.warning("effect %s of %s:%s: the claim was lost; its new owner records it",
+                        call.name, call.machine, call.key)
+
+    def _claimed(self, call: EffectCall) -> Any:
+        t = effects_table.c
+        return and_(t.id == call.id, t.claimed_by == self.name, t.attempts == call.attempt,
+                    t.status == RUNNING)
+
+    def _mark(self, cursor: Any, call: EffectCall, status: str, error: str | None) -> None:
+        """Record the effect's outcome, if this worker still holds its claim."""
+        store = self.store
+        cursor.execute(store.sql.finish_effect, {
+            "id_": call.id, "claimed_by_": self.name, "attempts_": call.attempt,
+            "new_status": status, "now": store.time_param(self.engine.clock.now()),
+            "error": error})
+        if cursor.rowcount != 1:
+            raise LostClaim(call.idempotency_key)
+
+    def _done(self, call: EffectCall, follow_up: FollowUp | None) -> None:
+        if follow_up is None:
+            with self.store.write() as cursor:
+                self._mark(cursor, call, DONE, None)
+        else:
+            result = self._fire_with(call, follow_up.trigger, dict(follow_up.payload), DONE,
+                                     None)
+            if not result.fired:
+                log.warning("effect %s of %s:%s done; its follow-up %s was refused: %s",
+                            call.name, call.machine, call.key, follow_up.trigger, result.reason)
+        self.stats.done += 1
+        log.debug("effect %s of %s:%s done (attempt %d)", call.name, call.machine, call.key,
+                  call.attempt)
+
+    def _reschedule(self, call: EffectCall, message: str, retry: Retry) -> None:
+        delay = retry.delay(call.attempt, self.rng)
+        now = self.engine.clock.now()
+        with self.store.begin() as db:
+            moved = db.execute(update(effects_table).where(self._claimed(call)).values(
+                status=PENDING, next_attempt_at=now + dt.timedelta(seconds=delay),
+                last_error=message[:2000], lease_until=None, claimed_by=None))
+            if moved.rowcount != 1:
+                raise LostClaim(call.idempotency_key)
+        self.stats.retried += 1
+        log.info("effect %s of %s:%s failed (attempt %d: %s); next attempt in %.1f s",
+                 call.name, call.machine, call.key, call.attempt, message, delay)
+
+    def _fail(self, call: EffectCall, message: str) -> None:
+        on_failure = self._on_failure(call)
+        if on_failure is None:
+            with self.store.write() as cursor:
+                self._mark(cursor, call, FAILED, message[:2000])
+            log.error("effect %s of %s:%s failed for good after %d attempts: %s; the resource "
+                      "is stuck until `lifecycle retry %s:%s`", call.name, call.machine,
+                      call.key, call.attempt, message, call.machine, call.key)
+        else:
+            payload = {"effect": call.name, "error": message}
+            self._fire_with(call, on_failure, payload, FAILED, message[:2000])
+            log.error("effect %s of %s:%s failed for good: %s; fired %s", call.name,
+                      call.machine, call.key, message, on_failure)
+        self.stats.failed += 1
+
+    def _on_failure(self, call: EffectCall) -> str | None:
+        with self.store.read() as db:
+            value = db.execute(select(effects_table.c.on_failure).where(
+                effects_table.c.id == call.id)).scalar()
+        return str(value) if value else None
+
+    def _fire_with(self, call: EffectCall, trigger: str, payload: dict[str, Any],
+                   status: str, error: str | None) -> FireResult:
+        """Fire ``trigger`` on the effect's resource in the transaction that records the
+        effect's outcome."""
+        from .engine import Within
+
+        worker = self
+
+        class Mark(Within):
+            def before(self, cursor: Any, resource_id: int) -> str | None:
+                worker._mark(cursor, call, status, error)
+                return None
+
+        return self.engine._decide_and_commit(
+            f"{call.machine}:{call.key}", trigger, payload, f"effect:{call.name}", "return",
+            within=Mark())
+
+    def _save_progress(self, call: EffectCall) -> None:
+        with self.store.begin() as db:
+            saved = db.execute(update(effects_table).where(self._claimed(call)).values(
+                progress=dict(call.progress)))
+            if saved.rowcount != 1:
+                raise LostClaim(call.idempotency_key)
+
+    def _abandon(self) -> None:
+        """Fast shutdown: give the running effects back at once instead of waiting for their
+        leases to expire; their handlers are left to die with the process."""
+        if not self._running:
+            return
+        ids = list(self._running)
+        try:
+            with self.store.begin() as db:
+                db.execute(update(effects_table).where(
+                    effects_table.c.id.in_(ids), effects_table.c.claimed_by == self.name,
+                    effects_table.c.status == RUNNING).values(
+                    status=PENDING, claimed_by=None, lease_until=None,
+                    attempts=effects_table.c.attempts - 1))
+        except Exception as exc:  # the leases will expire instead
+            log.warning("worker %s: could not give back %d effects (%s); they are claimed "
+                        "again when their leases expire", self.name, len(ids), exc)
+        self._running.clear()
+
+    # -- timers ----------------------------------------------------------------------
+
+    def _fire_due_timers(self) -> int:
+        now = self.engine.clock.now()
+        with self.store.read() as db:
+            due = db.execute(
+                select(timers.c.id, timers.c.trigger, resources.c.machine, resources.c.key)
+                .join(resources, resources.c.id == timers.c.resource_id)
+                .where(timers.c.status == "pending", timers.c.due_at <= now)
+                .order_by(timers.c.due_at, timers.c.id).limit(self.batch)
+            ).all()
+        fired = 0
+        for timer_id, trigger, machine, key in due:
+            if self._stop.is_set():
+                break
+            try:
+                result = self.engine.fire_timer(timer_id, f"{machine}:{key}", trigger)
+            except UnknownResource:
+                continue
+            if result is None:
+                self.stats.timers_stale += 1
+                continue
+            fired += 1
+            if result.fired:
+                self.stats.timers_fired += 1
+            else:
+                self.stats.timers_refused += 1
+        return fired
+
+
+# -- reading and repairing the outbox --------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class EffectRecord:
+    id: int
+    machine: str
+    key: str
+    seq: int
+    position: int
+    name: str
+    status: str
+    attempts: int
+    next_attempt_at: dt.datetime
+    last_error: str | None
+    idempotency_key: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "machine": self.machine, "key": self.key, "seq": self.seq,
+                "position": self.position, "name": self.name, "status": self.status,
+                "attempts": self.attempts, "next_attempt_at": self.next_attempt_at.isoformat(),
+                "last_error": self.last_error, "idempotency_key": self.idempotency_key}
+
+
+@dataclass(frozen=True, slots=True)
+class TimerRecord:
+    id: int
+    machine: str
+    key: str
+    seq: int
+    state: str
+    trigger: str
+    due_at: dt.datetime
+    status: str
+    outcome: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "machine": self.machine, "key": self.key, "seq": self.seq,
+                "state": self.state, "trigger": self.trigger, "due_at": self.due_at.isoformat(),
+                "status": self.status, "outcome": self.outcome}
+
+
+def effect_records(engine: Engine, key: str | None = None,
+                   statuses: tuple[str, ...] | None = None) -> list[EffectRecord]:
+    t = effects_table.c
+    query = (select(effects_table, resources.c.machine, resources.c.key)
+             .join(resources, resources.c.id == t.resource_id).order_by(t.id))
+    if statuses is not None:
+        query = query.where(t.status.in_(statuses))
+    with engine.store.read() as db:
+        if key is not None:
+            from .queries import resource_id
+
+            rid, _ = resource_id(db, key)
+            query = query.where(t.resource_id == rid)
+        rows = db.execute(query).all()
+    return [EffectRecord(r.id, r.machine, r.key, r.seq, r.position, r.name, r.status,
+                         r.attempts, r.next_attempt_at, r.last_error, r.idempotency_key)
+            for r in rows]
+
+
+def timer_records(engine: Engine, key: str | None = None,
+                  statuses: tuple[str, ...] | None = None) -> list[TimerRecord]:
+    t = timers.c
+    query = (select(timers, resources.c.machine, resources.c.key)
+             .join(resources, resources.c.id == t.resource_id).order_by(t.due_at, t.id))
+    if statuses is not None:
+        query = query.where(t.status.in_(statuses))
+    with engine.store.read() as db:
+        if key is not None:
+            from .queries import resource_id
+
+            rid, _ = resource_id(db, key)
+            query = query.where(t.resource_id == rid)
+        rows = db.execute(query).all()
+    return [TimerRecord(r.id, r.machine, r.key, r.seq, r.state, r.trigger, r.due_at, r.status,
+                        r.outcome) for r in rows]
+
+
+def retry_failed(engine: Engine, key: str) -> int:
+    """Put a stuck resource's failed effects back in the queue, due now; how many."""
+    from .queries import resource_id
+
+    now = engine.clock.now()
+    with engine.store.begin() as db:
+        rid, _ = resource_id(db, key)
+        moved = db.execute(update(effects_table).where(
+            effects_table.c.resource_id == rid, effects_table.c.status == FAILED).values(
+            status=PENDING, attempts=0, next_attempt_at=now, finished_at=None,
+            claimed_by=None, lease_until=None))
+    return int(moved.rowcount)
+
+
+def outbox_counts(engine: Engine) -> dict[str, int]:
+    """Effects by status."""
+    with engine.store.read() as db:
+        rows = db.execute(select(effects_table.c.status, func.count())
+                          .group_by(effects_table.c.status)).all()
+    return {status: count for status, count in rows}
+
+
+__all__ = [
+    "DONE", "FAILED", "PENDING", "RUNNING", "Effect", "EffectCall", "EffectError",
+    "EffectRecord", "FollowUp", "Handler", "LostClaim", "PermanentError", "Retry",
+    "RetryableError", "TimerRecord", "Worker", "WorkerStats", "effect_records",
+    "outbox_counts", "retry_failed", "timer_records",
+]

@@ -1,0 +1,81 @@
+"""Building blocks for idempotent effect handlers that write files.
+
+- :func:`atomic_write`: a file is replaced whole or not at all (temporary file in the same
+  directory, fsync, rename, fsync of the directory).
+- :func:`verified_append`: before appending a record, the file's size is saved in the
+  effect's progress; on a retry, if the bytes at that offset are already the record, nothing
+  is appended again. This is what makes a log event exactly-once across crashes.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .effects import EffectCall
+
+
+def atomic_write(path: str | os.PathLike[str], data: bytes, mode: int = 0o644) -> None:
+    """Replace ``path`` with ``data`` so that a reader sees the old file or the new one,
+    never a part, even across a crash or a power loss."""
+    target = Path(path)
+    directory = target.parent
+    fd, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temporary, mode)
+        os.replace(temporary, target)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    _fsync_directory(directory)
+
+
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def verified_append(call: EffectCall, path: str | os.PathLike[str], record: bytes,
+                    *, name: str | None = None) -> bool:
+    """Append ``record`` to ``path`` exactly once across retries of the effect ``call``.
+
+    Returns True when it appended, False when an earlier attempt already had. The file is
+    locked (``flock``) while appending, so cooperating writers of a shared log interleave
+    whole records. The offset is saved in the effect's progress under ``name`` (default: the
+    path) before the bytes are written."""
+    target = Path(path)
+    slot = name or f"append:{target}"
+    with open(target, "ab+") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            size = handle.seek(0, os.SEEK_END)
+            offset = call.progress.get(slot)
+            if isinstance(offset, int) and offset <= size:
+                handle.seek(offset)
+                tail = handle.read()
+                if tail.startswith(record) or record in tail:
+                    return False  # an earlier attempt wrote it (others may have written after)
+                if record.startswith(tail) and tail:
+                    # an earlier attempt died in the middle of the record: nobody wrote after
+                    # it, so the torn bytes are ours to replace
+                    handle.truncate(offset)
+                    size = offset
+            call.save_progress({slot: size})
+            handle.seek(0, os.SEEK_END)
+            handle.write(record)
+            handle.flush()
+            os.fsync(handle.fileno())
+            return True
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
