@@ -13,6 +13,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from .effects import Worker, effect_records, outbox_counts, retry_failed, timer_records
 from .engine import Engine, FireResult, JournalEntry
 from .errors import LifecycleError, UnknownMachine
 from .machines import builtins
@@ -79,12 +80,31 @@ def _engine(db_url: str | None, *, upgrade: bool = False) -> Engine:
     guards: dict[str, Any] = {}
     effects: dict[str, Any] = {}
     probes: dict[str, Any] = {}
-    for builtin in builtins().values():
-        guards.update(builtin.guards)
-        effects.update(builtin.effects)
-        probes.update(builtin.probes)
+    for provider in [*builtins().values(), *_plugins()]:
+        guards.update(getattr(provider, "guards", None) or {})
+        effects.update(getattr(provider, "effects", None) or {})
+        probes.update(getattr(provider, "probes", None) or {})
     return _BuiltinAwareEngine(_store(db_url, upgrade=upgrade), guards=guards, effects=effects,
                                probes=probes)
+
+
+PLUGINS_VARIABLE = "LIFECYCLE_PLUGINS"
+
+
+def _plugins() -> list[Any]:
+    """Modules named in $LIFECYCLE_PLUGINS (comma-separated): each may define ``guards``,
+    ``effects`` and ``probes`` dicts, for machines declared in spec files."""
+    import importlib
+    import os
+
+    names = [n.strip() for n in os.environ.get(PLUGINS_VARIABLE, "").split(",") if n.strip()]
+    modules = []
+    for name in names:
+        try:
+            modules.append(importlib.import_module(name))
+        except ImportError as exc:
+            raise LifecycleError(f"{PLUGINS_VARIABLE}: cannot import {name!r}: {exc}") from None
+    return modules
 
 
 class _BuiltinAwareEngine(Engine):
@@ -314,9 +334,14 @@ def show(key: str, db_url: str | None, as_json: bool) -> None:
     """Show resource KEY: its state, version, data and the triggers it can take."""
     engine = _engine(db_url)
     resource = engine.get(key)
-    triggers = engine.available_triggers(f"{resource.machine}:{resource.key}")
+    full_key = f"{resource.machine}:{resource.key}"
+    triggers = engine.available_triggers(full_key)
+    pending_timers = timer_records(engine, full_key, statuses=("pending",))
+    open_effects = effect_records(engine, full_key, statuses=("pending", "running", "failed"))
     if as_json:
-        print(json.dumps({**resource.to_json(), "triggers": triggers}, indent=2))
+        print(json.dumps({**resource.to_json(), "triggers": triggers,
+                          "timers": [t.to_json() for t in pending_timers],
+                          "effects": [e.to_json() for e in open_effects]}, indent=2))
         return
     table = Table(show_header=False, box=None)
     table.add_row("resource", f"{resource.machine}:{resource.key}")
@@ -332,6 +357,16 @@ def show(key: str, db_url: str | None, as_json: bool) -> None:
         table.add_row("observed", _escape(
             f"{json.dumps(seen.status, sort_keys=True)} at {_time(seen.observed_at)} by "
             f"{seen.source} (#{seen.id})"))
+    for timer in pending_timers:
+        table.add_row("timer", f"{timer.trigger} at {_time(timer.due_at)} (set on entering "
+                               f"{timer.state})")
+    for effect in open_effects:
+        line = f"{effect.name} {effect.status}, attempt {effect.attempts}"
+        if effect.status == "pending":
+            line += f", due {_time(effect.next_attempt_at)}"
+        if effect.last_error:
+            line += f": {effect.last_error}"
+        table.add_row("[red]stuck[/]" if effect.status == "failed" else "effect", _escape(line))
     out.print(table)
 
 
@@ -422,6 +457,71 @@ def verify(db_url: str | None, as_json: bool) -> None:
             out.print(f"{total} resources verified: every journal replays to its resource")
     if mismatches:
         sys.exit(1)
+
+
+# -- effects -------------------------------------------------------------------------------
+
+
+@main.command()
+@click.option("--until-idle", is_flag=True,
+              help="Stop when nothing is due, instead of waiting for more work.")
+@click.option("--concurrency", default=4, show_default=True, type=click.IntRange(1, 256),
+              help="Handlers running at once.")
+@click.option("--lease", default=300.0, show_default=True, type=click.FloatRange(1),
+              help="Seconds a claim holds before another worker may take the effect over.")
+@click.option("--poll", default=0.5, show_default=True, type=click.FloatRange(0.01),
+              help="Seconds between looks for new work when idle.")
+@db_option
+@json_option
+def worker(until_idle: bool, concurrency: int, lease: float, poll: float, db_url: str | None,
+           as_json: bool) -> None:
+    """Carry out the effects of committed transitions, and fire due timers. SIGTERM stops
+    it gracefully (running handlers finish); a second SIGTERM or SIGQUIT stops it at once,
+    giving the running effects back."""
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    engine = _engine(db_url)
+    for name in builtins():
+        engine.register(builtins()[name].spec)
+    runner = Worker(engine, concurrency=concurrency, lease=lease, poll=poll)
+    stats = runner.run_until_idle() if until_idle else runner.run(handle_signals=True)
+    left = outbox_counts(engine)
+    if as_json:
+        print(json.dumps({**stats.to_json(), "outbox": left}, indent=2))
+    else:
+        out.print(f"effects: {stats.done} done, {stats.retried} to retry, {stats.failed} "
+                  f"failed for good; timers: {stats.timers_fired} fired, "
+                  f"{stats.timers_refused} refused")
+        waiting = {k: v for k, v in left.items() if k in ("pending", "running", "failed")}
+        if waiting:
+            out.print("outbox: " + ", ".join(f"{v} {k}" for k, v in sorted(waiting.items())))
+
+
+@main.command()
+@db_option
+@json_option
+def stuck(db_url: str | None, as_json: bool) -> None:
+    """List the resources whose effects failed for good; `lifecycle retry KEY` resumes one."""
+    failed = effect_records(_engine(db_url), statuses=("failed",))
+    if as_json:
+        print(json.dumps([e.to_json() for e in failed], indent=2))
+        return
+    table = Table("resource", "effect", "attempts", "last error")
+    for e in failed:
+        table.add_row(f"{e.machine}:{e.key}", e.name, str(e.attempts), _escape(e.last_error or ""))
+    out.print(table)
+    out.print(f"{len(failed)} failed effects")
+
+
+@main.command()
+@click.argument("key")
+@db_option
+def retry(key: str, db_url: str | None) -> None:
+    """Put KEY's failed effects back in the queue, due now, with fresh attempts."""
+    count = retry_failed(_engine(db_url), key)
+    out.print(f"{key}: {count} failed effects queued again" if count else
+              f"{key}: no failed effects")
 
 
 # -- database ------------------------------------------------------------------------------

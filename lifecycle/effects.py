@@ -23,6 +23,7 @@ import signal
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import FrameType
@@ -149,8 +150,10 @@ class WorkerStats:
 class Worker:
     """Claims due effects and timers and carries them out.
 
-    ``concurrency`` handlers run at once (threads). A claim holds for ``lease`` seconds of
-    the engine's clock. ``seed`` makes the backoff jitter reproducible."""
+    ``concurrency`` handlers run at once (threads); ``batch`` effects (default four per
+    thread) are claimed in one transaction. A claim holds for ``lease`` seconds of the
+    engine's clock, which must outlast a batch's wait for a free thread. ``seed`` makes the
+    backoff jitter reproducible."""
 
     def __init__(self, engine: Engine, *, concurrency: int = 1, lease: float = 300.0,
                  poll: float = 0.5, name: str | None = None, seed: int | None = None,
@@ -162,34 +165,30 @@ class Worker:
         self.concurrency = concurrency
         self.lease = lease
         self.poll = poll
-        self.batch = batch or max(16, 2 * concurrency)
+        self.batch = batch or 4 * concurrency
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{id(self) & 0xFFFF:04x}"
         self.rng = random.Random(seed)
         self.stats = WorkerStats()
         self._stop = threading.Event()
         self._fast = threading.Event()
         self._running: dict[int, tuple[EffectCall, threading.Thread, float]] = {}
+        self._queue: deque[EffectCall] = deque()
         self._results: dict[int, tuple[str, Any]] = {}
         self._lock = threading.Condition()
         self._sigterms = 0
 
     # -- public ----------------------------------------------------------------------
 
-    def run_until_idle(self, *, max_rounds: int | None = None) -> WorkerStats:
+    def run_until_idle(self) -> WorkerStats:
         """Carry out every effect and timer due now (by the engine's clock), including those
-        their completion makes due, then return."""
-        rounds = 0
+        their completion makes due, then return. The stats are the worker's, cumulative."""
         while not self._stop.is_set():
-            rounds += 1
-            progressed = self._fire_due_timers() > 0
-            claimed = self._claim(self.concurrency)
-            for call in claimed:
-                self._start(call)
-            progressed = self._drain() > 0 or progressed
-            if not progressed and not claimed:
-                break
-            if max_rounds is not None and rounds >= max_rounds:
-                break
+            busy = self._cycle()
+            if not (self._running or self._queue):
+                if not busy:
+                    break
+            elif not busy:
+                self._wait(self.poll)
         return self.stats
 
     def run(self, *, handle_signals: bool = False) -> WorkerStats:
@@ -202,21 +201,31 @@ class Worker:
             signal.signal(signal.SIGINT, self._on_signal)
         log.info("worker %s: started (concurrency %d)", self.name, self.concurrency)
         while not self._stop.is_set():
-            busy = self._fire_due_timers() > 0
-            free = self.concurrency - len(self._running)
-            claimed = self._claim(free) if free > 0 else []
-            for call in claimed:
-                self._start(call)
-            busy = self._reap() > 0 or busy or bool(claimed)
-            if not busy:
+            if not self._cycle():
                 self._wait(self.poll)
+        self._give_back(list(self._queue))  # claimed, never started: another worker's now
+        self._queue.clear()
         if not self._fast.is_set() and self._running:
             log.info("worker %s: finishing %d running handlers", self.name, len(self._running))
             self._drain()
         if self._fast.is_set():
-            self._abandon()
+            self._give_back([call for call, _, _ in self._running.values()])
+            self._running.clear()
         log.info("worker %s: stopped (%s)", self.name, self.stats.to_json())
         return self.stats
+
+    def _cycle(self) -> bool:
+        """One round: fire the due timers, claim a batch when the queue ran dry, start what
+        the concurrency allows, record what finished. Whether anything happened."""
+        busy = self._fire_due_timers() > 0
+        if not self._queue and not self._stop.is_set():
+            claimed = self._claim(self.batch)
+            self._queue.extend(claimed)
+            busy = busy or bool(claimed)
+        while self._queue and len(self._running) < self.concurrency and not self._stop.is_set():
+            self._start(self._queue.popleft())
+            busy = True
+        return self._reap() > 0 or busy
 
     def stop(self, *, fast: bool = False) -> None:
         if fast:
@@ -245,7 +254,8 @@ class Worker:
                                  p.c.status.in_([PENDING, RUNNING, FAILED]))
         due = or_(and_(e.c.status == PENDING, e.c.next_attempt_at <= now),
                   and_(e.c.status == RUNNING, e.c.lease_until < now))
-        query = (select(e.c.id).where(due, ~blocked)
+        # a worker claims only what it has handlers for: others may serve the rest
+        query = (select(e.c.id).where(due, ~blocked, e.c.name.in_(sorted(self.engine.effects)))
                  .order_by(e.c.next_attempt_at, e.c.id).limit(min(limit, self.batch)))
         if self.store.dialect == "postgresql":
             query = query.with_for_update(skip_locked=True, of=e)
@@ -434,12 +444,12 @@ class Worker:
             if saved.rowcount != 1:
                 raise LostClaim(call.idempotency_key)
 
-    def _abandon(self) -> None:
-        """Fast shutdown: give the running effects back at once instead of waiting for their
-        leases to expire; their handlers are left to die with the process."""
-        if not self._running:
+    def _give_back(self, calls: list[EffectCall]) -> None:
+        """Return claimed effects to the queue at once, instead of waiting for their leases
+        to expire (a handler abandoned on a fast shutdown dies with the process)."""
+        if not calls:
             return
-        ids = list(self._running)
+        ids = [call.id for call in calls]
         try:
             with self.store.begin() as db:
                 db.execute(update(effects_table).where(
@@ -450,7 +460,6 @@ class Worker:
         except Exception as exc:  # the leases will expire instead
             log.warning("worker %s: could not give back %d effects (%s); they are claimed "
                         "again when their leases expire", self.name, len(ids), exc)
-        self._running.clear()
 
     # -- timers ----------------------------------------------------------------------
 

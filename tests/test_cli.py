@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 import sys
 from pathlib import Path
 
@@ -181,3 +182,44 @@ def test_observe_and_a_refused_risky_edge(run, upgraded, tmp_path: Path) -> None
     assert "Invalid value for --at" in run("observe", "l1", "{}", "--at", "yesterday", code=2)
     fresh = json.loads(run("describe", str(path), "--json"))["transitions"][0]["fresh"]
     assert fresh == {"max_age": 60.0, "probe": None}
+
+
+def test_worker_timers_stuck_and_retry(run, upgraded, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "procs"))
+    monkeypatch.setenv("LIFECYCLE_PLUGINS", "plugin")
+    notes = tmp_path / "notes.txt"
+    monkeypatch.setenv("PLUGIN_NOTES", str(notes))
+    spec = {"name": "memo", "initial": "draft", "final": ["filed"],
+            "states": ["draft", "noting", {"name": "waiting",
+                                            "timeout": {"after": 0.05, "trigger": "expire"}},
+                       "printing", "filed"],
+            "transitions": [
+                {"trigger": "send", "source": "draft", "dest": "noting", "guards": ["urgent"],
+                 "effects": [{"name": "note", "args": {"copies": 2}}]},
+                {"trigger": "noted", "source": "noting", "dest": "waiting"},
+                {"trigger": "expire", "source": "waiting", "dest": "printing",
+                 "effects": ["print"]},
+                {"trigger": "file", "source": "printing", "dest": "filed"}]}
+    path = tmp_path / "memo.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    run("create", str(path), "m1")
+    assert "guard 'urgent' is false" in run("fire", "m1", "send", code=3)
+    run("fire", "m1", "send", "--payload", '{"urgent": true}')
+    shown = json.loads(run("show", "m1", "--json"))
+    assert [e["name"] for e in shown["effects"]] == ["note"]
+    assert "effect" in run("show", "m1") and "note pending" in run("show", "m1")
+    report = json.loads(run("worker", "--until-idle", "--json"))
+    assert report["done"] == 1
+    assert notes.read_text() == "m1 {'copies': 2}\n"
+    shown = json.loads(run("show", "m1", "--json"))
+    assert shown["state"] == "waiting" and shown["timers"][0]["trigger"] == "expire"
+    time.sleep(0.1)
+    report = json.loads(run("worker", "--until-idle", "--json"))
+    assert (report["timers_fired"], report["failed"]) == (1, 1)
+    assert "m1" in run("stuck") and "the printer is on fire" in run("stuck")
+    assert "stuck" in run("show", "m1")
+    notes.with_suffix(".allow").touch()
+    assert "1 failed effects queued again" in run("retry", "m1")
+    assert json.loads(run("worker", "--until-idle", "--json"))["done"] == 1
+    assert "0 failed effects" in run("stuck")

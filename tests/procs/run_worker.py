@@ -1,0 +1,46 @@
+"""A worker process for the effect tests: python run_worker.py KIND URL [ARGS...]."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from pathlib import Path
+
+from lifecycle.effects import Worker, outbox_counts
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tests.procs import machines  # noqa: E402
+
+
+def main() -> None:
+    kind, url = sys.argv[1], sys.argv[2]
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    if kind == "exit":
+        logs, seed, probability = Path(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+        engine = machines.exit_engine(url, logs, machines.Crasher(seed, probability))
+        Worker(engine, lease=0.5, concurrency=2, seed=seed).run_until_idle()
+    elif kind == "ticker":
+        table, name = sys.argv[3], sys.argv[4]
+        engine = machines.ticker_engine(url, table, name)
+        worker = Worker(engine, concurrency=1, name=name)
+        while True:  # until the outbox is empty: effects behind another worker's come due
+            before = worker.stats.done
+            worker.run_until_idle()
+            left = outbox_counts(engine)
+            if not left.get("pending") and not left.get("running"):
+                break
+            if worker.stats.done == before:
+                time.sleep(0.005)
+    elif kind == "slow":
+        marker, seconds = Path(sys.argv[3]), float(sys.argv[4])
+        engine = machines.slow_engine(url, marker, seconds)
+        print("ready", flush=True)
+        Worker(engine, poll=0.05, name="slow-worker").run(handle_signals=True)
+    else:
+        raise SystemExit(f"unknown worker kind {kind!r}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""The outbox across processes: workers killed with SIGKILL at every point of a chain,
+several workers sharing PostgreSQL, and shutdown on real signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from lifecycle import Engine, Store
+from lifecycle.effects import effect_records, outbox_counts
+
+from procs import machines
+
+RUN = [sys.executable, str(Path(__file__).parent / "procs" / "run_worker.py")]
+
+
+def test_crashes_at_every_point_lose_and_repeat_nothing(db_url: str, tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    store = Store(db_url, upgrade=True)
+    engine = machines.exit_engine(db_url, logs, crasher=None)
+    jobs = [f"{cluster}.0" for cluster in range(100, 130)]
+    for key in jobs:
+        engine.create("exit3", key)
+        engine.fire(key, "exited")
+    crashes = runs = 0
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        left = outbox_counts(engine)
+        if not left.get("pending") and not left.get("running"):
+            break
+        runs += 1
+        done = subprocess.run([*RUN, "exit", db_url, str(logs), str(runs), "0.04"],
+                              capture_output=True, text=True, timeout=120)
+        if done.returncode == -signal.SIGKILL:
+            crashes += 1
+            time.sleep(0.6)  # the dead worker's lease expires
+        else:
+            assert done.returncode == 0, done.stderr
+    print(f"{runs} worker runs, {crashes} killed with SIGKILL")
+    assert crashes >= 3, "the test did not crash often enough to show anything"
+    assert {e.status for e in effect_records(engine)} == {"done"}
+    for key in jobs:
+        lines = (logs / f"{key}.log").read_text().splitlines()
+        assert [line.split()[0] for line in lines] == ["userlog", "ad", "mail"], (key, lines)
+        assert (logs / f"{key}.ad").read_text() == f"ClusterId = {key}\n"
+        assert engine.get(key).state == "done"
+    assert engine.verify() == []
+    store.dispose()
+
+
+def test_four_workers_share_postgres_without_running_anything_twice(postgres_url: str) -> None:
+    store = Store(postgres_url, upgrade=True)
+    with store.begin() as db:
+        db.execute(text("CREATE TABLE effect_calls (n BIGSERIAL PRIMARY KEY, "
+                        "idempotency_key TEXT NOT NULL, effect_id BIGINT NOT NULL, "
+                        "resource TEXT NOT NULL, worker TEXT NOT NULL)"))
+    engine = Engine(store, [machines.TICKER], effects={"e0": lambda c: None,
+                                                       "e1": lambda c: None})
+    keys = [f"r{i:03d}" for i in range(500)]
+    for key in keys:
+        engine.create("ticker", key)
+    for _ in range(5):
+        for key in keys:
+            engine.fire(key, "tick")
+    assert outbox_counts(engine) == {"pending": 5000}
+    started = time.monotonic()
+    workers = [subprocess.Popen([*RUN, "ticker", postgres_url, "effect_calls", f"w{i}"],
+                                stderr=subprocess.PIPE, text=True) for i in range(4)]
+    for worker in workers:
+        _, stderr = worker.communicate(timeout=300)
+        assert worker.returncode == 0, stderr
+    elapsed = time.monotonic() - started
+    with store.read() as db:
+        calls = db.execute(text(
+            "SELECT idempotency_key, effect_id, resource, worker FROM effect_calls "
+            "ORDER BY n")).all()
+    print(f"5000 effects by 4 workers in {elapsed:.1f} s")
+    assert outbox_counts(engine) == {"done": 5000}
+    assert len(calls) == 5000
+    assert len({c.idempotency_key for c in calls}) == 5000, "an effect ran twice"
+    per_resource: dict[str, list[int]] = {}
+    for call in calls:
+        per_resource.setdefault(call.resource, []).append(call.effect_id)
+    for resource, order in per_resource.items():
+        assert order == sorted(order), f"{resource} ran out of order: {order}"
+    assert len({c.worker for c in calls}) == 4, "the work was not shared"
+
+
+def _start_slow_worker(db_url: str, tmp_path: Path) -> tuple[subprocess.Popen[str], Engine,
+                                                              Path]:
+    marker = tmp_path / "done"
+    engine = machines.slow_engine(db_url, marker, 2.0)
+    engine.store.upgrade()
+    engine.create("slow", "s1")
+    engine.fire("s1", "go")
+    process = subprocess.Popen([*RUN, "slow", db_url, str(marker), "2.0"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert process.stdout is not None and process.stdout.readline().strip() == "ready"
+    deadline = time.monotonic() + 30
+    while effect_records(engine)[0].status != "running":
+        assert time.monotonic() < deadline, "the worker never claimed the effect"
+        time.sleep(0.02)
+    return process, engine, marker
+
+
+def test_sigterm_finishes_the_running_handler(sqlite_url: str, tmp_path: Path) -> None:
+    Store(sqlite_url, upgrade=True)
+    process, engine, marker = _start_slow_worker(sqlite_url, tmp_path)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=30) == 0
+    assert marker.exists()
+    assert effect_records(engine)[0].status == "done"
+
+
+@pytest.mark.parametrize("signals", [[signal.SIGTERM, signal.SIGTERM], [signal.SIGQUIT]])
+def test_fast_shutdown_abandons_within_a_second(sqlite_url: str, tmp_path: Path,
+                                               signals: list[int]) -> None:
+    Store(sqlite_url, upgrade=True)
+    process, engine, marker = _start_slow_worker(sqlite_url, tmp_path)
+    sent = time.monotonic()
+    for number in signals:
+        process.send_signal(number)
+        time.sleep(0.05)
+    assert process.wait(timeout=10) == 0
+    assert time.monotonic() - sent < 1.0
+    assert not marker.exists()
+    [effect] = effect_records(engine)
+    assert (effect.status, effect.attempts) == ("pending", 0)  # given back, not lost
+
+
