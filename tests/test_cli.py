@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 import sys
+import time
 from pathlib import Path
 
 import pytest

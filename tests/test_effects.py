@@ -246,7 +246,7 @@ def test_an_expired_lease_is_claimed_again(engine: Engine, clock: SimulatedClock
     engine.create("chain", "r1")
     engine.fire("r1", "go")
     dead = Worker(engine, lease=60, name="dead-worker")
-    [claimed] = dead._claim(1)  # noqa: SLF001 - a worker that dies right after claiming
+    [claimed] = dead._claim(1)
     assert effect_records(engine)[0].status == "running"
     alive = Worker(engine, name="alive-worker")
     alive.run_until_idle()
@@ -256,7 +256,7 @@ def test_an_expired_lease_is_claimed_again(engine: Engine, clock: SimulatedClock
     assert [c[0] for c in recorder.calls] == ["a", "b", "c"]
     assert recorder.calls[0][2] == 2  # the second attempt
     # the dead worker's late answer is refused: it no longer holds the claim
-    dead._finish(claimed, "ok", FollowUp("a_done"))  # noqa: SLF001
+    dead._finish(claimed, "ok", FollowUp("a_done"))
     assert engine.get("r1").state == "third"
     assert [e.trigger for e in engine.history("r1")].count("a_done") == 1
 
@@ -345,7 +345,7 @@ def test_timer_from_a_data_field_and_refused_by_a_guard(slots: Engine,
     clock.advance(30)
     Worker(slots).run_until_idle()
     assert slots.get("s1").state == "claimed.idle"
-    timer = [t for t in timer_records(slots, "s1") if t.state == "claimed"][0]
+    timer = next(t for t in timer_records(slots, "s1") if t.state == "claimed")
     assert (timer.status, timer.outcome) == ("refused", "guard 'lease_not_renewed' is false")
     with pytest.raises(Exception, match="reads data field 'lease'"):
         slots.create("slot", "s2", {"lease": "soon"}, state="claimed")

@@ -3,7 +3,6 @@ several workers sharing PostgreSQL, and shutdown on real signals."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -11,12 +10,11 @@ import time
 from pathlib import Path
 
 import pytest
+from procs import machines
 from sqlalchemy import text
 
 from lifecycle import Engine, Store
 from lifecycle.effects import effect_records, outbox_counts
-
-from procs import machines
 
 RUN = [sys.executable, str(Path(__file__).parent / "procs" / "run_worker.py")]
 

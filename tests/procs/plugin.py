@@ -9,7 +9,8 @@ from lifecycle.effects import Effect, EffectCall, FollowUp, PermanentError, Retr
 
 
 def _note(call: EffectCall) -> FollowUp:
-    Path(os.environ["PLUGIN_NOTES"]).open("a").write(f"{call.key} {call.args}\n")
+    with Path(os.environ["PLUGIN_NOTES"]).open("a") as notes:
+        notes.write(f"{call.key} {call.args}\n")
     return FollowUp("noted")
 
 

@@ -11,7 +11,7 @@ from lifecycle.effects import Worker, outbox_counts
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.procs import machines  # noqa: E402
+from tests.procs import machines
 
 
 def main() -> None:
