@@ -6,6 +6,9 @@ version, journal INSERT, COMMIT. Its tables are lifecycle's own (created from
 ``lifecycle.store.schema``, so the shapes, keys and indexes are the same) in a file or
 PostgreSQL schema of its own. On SQLite it opens the file as lifecycle does: WAL,
 synchronous=NORMAL, foreign keys on, a busy timeout, and ``BEGIN IMMEDIATE``.
+
+The floor reads the resource row alone: whatever else lifecycle's hot path reads or writes
+(the newest observation, effect rows, timers) counts as lifecycle's cost.
 """
 
 from __future__ import annotations
@@ -17,10 +20,21 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine, func, select
+from sqlalchemy import (
+    JSON,
+    DateTime,
+    Integer,
+    String,
+    Table,
+    TypeDecorator,
+    create_engine,
+    func,
+    select,
+)
+from sqlalchemy.types import TypeEngine
 
 from lifecycle import Engine, Store
-from lifecycle.store import Statements, journal
+from lifecycle.store import Statements, journal, resources
 from lifecycle.store import metadata as lifecycle_metadata
 
 from . import postgres, toggle
@@ -67,9 +81,10 @@ def _expect(who: str, version: int, journal_rows: int, n: int) -> None:
 
 # -- the floor ------------------------------------------------------------------------------
 
-# The columns lifecycle's hot path reads, so the floor reads as much as lifecycle does.
-_READ = tuple(getattr(Statements, "RESOURCE_COLUMNS", (
-    "id", "machine", "key", "state", "version", "seq", "data", "spec_version")))
+# The resource columns lifecycle's hot path reads, so the floor reads as much of the row.
+_READ = tuple(name for name in getattr(Statements, "RESOURCE_COLUMNS", (
+    "id", "machine", "key", "state", "version", "seq", "data", "spec_version"))
+    if name in resources.c)
 _COLUMNS = ", ".join(_READ)
 _ID, _STATE, _VERSION, _SEQ, _SPEC_VERSION = (
     _READ.index(name) for name in ("id", "state", "version", "seq", "spec_version"))
@@ -77,29 +92,65 @@ _JOURNAL_COLUMNS = ("resource_id, seq, kind, trigger, source, dest, version, spe
                     "actor, at, payload, guards")
 
 
-def _sql(placeholder: str) -> tuple[str, str, str, str]:
-    """The floor's statements: read, compare-and-swap, journal, and the first resource."""
-    def marks(n: int) -> str:
-        return ", ".join([placeholder] * n)
-
+def _sql(placeholder: str) -> tuple[str, str, str]:
+    """The floor's statements: read, compare-and-swap, journal."""
     p = placeholder
     read = f"SELECT {_COLUMNS} FROM lifecycle_resources WHERE key = {p}"
     move = (f"UPDATE lifecycle_resources SET state = {p}, version = {p}, seq = {p}, "
             f"spec_version = {p}, updated_at = {p} WHERE id = {p} AND version = {p} AND seq = {p}")
-    record = f"INSERT INTO lifecycle_journal ({_JOURNAL_COLUMNS}) VALUES ({marks(12)})"
-    insert = ("INSERT INTO lifecycle_resources (machine, key, spec_version, state, version, "
-              f"seq, data, created_at, updated_at) VALUES ({marks(9)}) RETURNING id")
-    return read, move, record, insert
+    record = (f"INSERT INTO lifecycle_journal ({_JOURNAL_COLUMNS}) "
+              f"VALUES ({', '.join([p] * 12)})")
+    return read, move, record
 
 
-def _create_tables(sqlalchemy_url: str) -> None:
-    """lifecycle's tables, exactly as its schema declares them."""
+def _create_and_seed(sqlalchemy_url: str) -> None:
+    """lifecycle's tables, exactly as its schema declares them, and the resource in state
+    ``a`` with its create row in the journal (setup, not timed)."""
+    now = dt.datetime.now(UTC)
     engine = create_engine(sqlalchemy_url)
     try:
         with engine.begin() as connection:
             lifecycle_metadata.create_all(connection)
+            rid = connection.execute(resources.insert().values(_required(resources, now, {
+                "machine": toggle.MACHINE, "key": toggle.KEY, "spec_version": SPEC_VERSION,
+                "state": "a", "version": 1, "seq": 1, "data": {}, "created_at": now,
+                "updated_at": now,
+            })).returning(resources.c.id)).scalar_one()
+            connection.execute(journal.insert().values(_required(journal, now, {
+                "resource_id": rid, "seq": 1, "kind": "create", "dest": "a", "version": 1,
+                "spec_version": SPEC_VERSION, "at": now,
+            })))
     finally:
         engine.dispose()
+
+
+def _required(table: Table, now: dt.datetime, values: dict[str, Any]) -> dict[str, Any]:
+    """``values``, plus a plain value for every other NOT NULL column without a default, so
+    the seed rows fit lifecycle's schema as it grows."""
+    plain: list[tuple[type[TypeEngine[Any]], Any]] = [
+        (DateTime, now), (Integer, 0), (String, ""), (JSON, {})]
+    out = dict(values)
+    for column in table.columns:
+        if (column.name in out or column.nullable or column.default is not None
+                or column.server_default is not None or column.autoincrement is True):
+            continue
+        kind = column.type
+        if isinstance(kind, TypeDecorator):
+            kind = kind.impl_instance
+        value = next((v for cls, v in plain if isinstance(kind, cls)), _MISSING)
+        if value is _MISSING:
+            raise BenchError(f"the floor cannot fill {table.name}.{column.name} "
+                             f"({column.type}): update benchmarks/persisted.py")
+        out[column.name] = value
+    return out
+
+
+_MISSING = object()
+
+
+def _misfit(exc: Exception) -> BenchError:
+    return BenchError(f"the floor's statements no longer fit lifecycle's schema ({exc}): "
+                      "update benchmarks/persisted.py")
 
 
 def _sqlite_time(value: dt.datetime) -> str:
@@ -119,21 +170,14 @@ def _state_version(cursor: Any, read: str) -> int:
 
 @contextmanager
 def sqlite_floor(path: Path) -> Iterator[Bench]:
-    _create_tables(f"sqlite:///{path}")
+    _create_and_seed(f"sqlite:///{path}")
     connection = sqlite3.connect(path, isolation_level=None)
     cursor = connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.execute("PRAGMA busy_timeout=30000")
-    read, move, record, insert = _sql("?")
-    now = _sqlite_time(dt.datetime.now(UTC))
-    cursor.execute("BEGIN IMMEDIATE")
-    cursor.execute(insert, (toggle.MACHINE, toggle.KEY, SPEC_VERSION, "a", 1, 1, "{}", now, now))
-    rid = cursor.fetchone()[0]
-    cursor.execute(record, (rid, 1, "create", None, None, "a", 1, SPEC_VERSION, None, now, None,
-                            None))
-    cursor.execute("COMMIT")
+    read, move, record = _sql("?")
     key, trigger = toggle.KEY, toggle.TRIGGER
 
     def op() -> None:
@@ -151,6 +195,9 @@ def sqlite_floor(path: Path) -> Iterator[Bench]:
                 raise BenchError("floor: the compare-and-swap lost with no other writer")
             cursor.execute(record, (rid, seq + 1, "transition", trigger, state, dest,
                                     version + 1, spec_version, None, at, None, None))
+        except sqlite3.IntegrityError as exc:
+            cursor.execute("ROLLBACK")
+            raise _misfit(exc) from exc
         except BaseException:
             cursor.execute("ROLLBACK")
             raise
@@ -168,19 +215,11 @@ def sqlite_floor(path: Path) -> Iterator[Bench]:
 @contextmanager
 def psycopg_floor(url: str) -> Iterator[Bench]:
     import psycopg
-    from psycopg.types.json import Jsonb
 
-    _create_tables(url)
+    _create_and_seed(url)
     connection = psycopg.connect(postgres.libpq(url))
     cursor = connection.cursor()
-    read, move, record, insert = _sql("%s")
-    now = dt.datetime.now(UTC)
-    cursor.execute(insert, (toggle.MACHINE, toggle.KEY, SPEC_VERSION, "a", 1, 1, Jsonb({}), now,
-                            now))
-    rid = cursor.fetchone()[0]  # type: ignore[index]
-    cursor.execute(record, (rid, 1, "create", None, None, "a", 1, SPEC_VERSION, None, now, None,
-                            None))
-    connection.commit()
+    read, move, record = _sql("%s")
     key, trigger, commit, rollback = toggle.KEY, toggle.TRIGGER, connection.commit, \
         connection.rollback
 
@@ -198,6 +237,9 @@ def psycopg_floor(url: str) -> Iterator[Bench]:
                 raise BenchError("floor: the compare-and-swap lost with no other writer")
             cursor.execute(record, (rid, seq + 1, "transition", trigger, state, dest,
                                     version + 1, spec_version, None, at, None, None))
+        except psycopg.IntegrityError as exc:
+            rollback()
+            raise _misfit(exc) from exc
         except BaseException:
             rollback()
             raise

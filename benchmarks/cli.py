@@ -1,0 +1,371 @@
+"""``python -m benchmarks``: run the cases, print one table of results side by side."""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import platform
+import pstats
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from . import in_memory, persisted, postgres, vs_django, vs_sqlalchemy
+from .harness import Case, Measurement, Settings, Workspace, run_group, warm_up
+
+GROUPS: dict[str, list[Case]] = {
+    "sqlite": [persisted.SQLITE_FLOOR, persisted.SQLITE_LIFECYCLE,
+               persisted.SQLITE_LIFECYCLE_GUARD, vs_django.DJANGO, vs_sqlalchemy.SQLALCHEMY_FSM],
+    "pg": [persisted.PG_FLOOR, persisted.PG_LIFECYCLE, persisted.PG_LIFECYCLE_GUARD],
+    "memory": [in_memory.DECIDE, in_memory.TRANSITIONS, in_memory.STATEMACHINE],
+}
+CASES: dict[str, Case] = {case.id: case for cases in GROUPS.values() for case in cases}
+
+
+@dataclass(frozen=True, slots=True)
+class Goal:
+    limit: float
+    strict: bool = False  # "<" instead of "<="
+
+    def met(self, ratio: float) -> bool:
+        return ratio < self.limit if self.strict else ratio <= self.limit
+
+    def __str__(self) -> str:
+        return f"{'<' if self.strict else '≤'} {self.limit:g}x"
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    subject: str
+    reference: str
+    goal: Goal
+
+
+SECTIONS: list[tuple[str, list[Comparison]]] = [
+    ("1 · vs the floor: SQLite file", [
+        Comparison("sqlite.lifecycle", "sqlite.floor", Goal(3)),
+        Comparison("sqlite.lifecycle_guard", "sqlite.floor", Goal(3)),
+    ]),
+    ("1 · vs the floor: PostgreSQL", [
+        Comparison("pg.lifecycle", "pg.floor", Goal(1.5)),
+        Comparison("pg.lifecycle_guard", "pg.floor", Goal(1.5)),
+    ]),
+    ("2 · vs alternatives: SQLite file", [
+        Comparison("sqlite.lifecycle", "sqlite.django_fsm", Goal(1, strict=True)),
+        Comparison("sqlite.lifecycle", "sqlite.sqlalchemy_fsm", Goal(1, strict=True)),
+    ]),
+    ("3 · in memory, no database", [
+        Comparison("memory.lifecycle", "memory.transitions", Goal(2)),
+        Comparison("memory.lifecycle", "memory.statemachine", Goal(1, strict=True)),
+    ]),
+]
+
+PACKAGES = ["lifecycle-fsm", "transitions", "SQLAlchemy", "psycopg", "django", "django-fsm-2",
+            "django-fsm-log", "sqlalchemy-fsm", "python-statemachine"]
+
+
+def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description="lifecycle side by side with the raw drivers and the libraries a user "
+        "would pick instead, measured in one run on this machine.",
+    )
+    parser.add_argument("--quick", action="store_true",
+                        help="a smoke run of a few seconds (numbers are rough)")
+    parser.add_argument("--json", action="store_true",
+                        help="print machine-readable results instead of the table")
+    parser.add_argument("--rounds", type=int, help="rounds per case (default 7, quick 2)")
+    parser.add_argument("--seconds", type=float,
+                        help="target seconds per case and round (default 0.6, quick 0.04)")
+    parser.add_argument("--ops", type=int,
+                        help="a fixed number of operations per round instead of calibrating")
+    parser.add_argument("--only", metavar="NAMES",
+                        help="comma-separated groups or case ids: " + ", ".join(
+                            [*GROUPS, *CASES]))
+    parser.add_argument("--postgres-url", default=postgres.DEFAULT_URL,
+                        help="PostgreSQL server (default $LIFECYCLE_TEST_POSTGRES_URL or "
+                        "%(default)s); each case uses a schema of its own, dropped afterwards")
+    parser.add_argument("--no-postgres", action="store_true", help="skip the PostgreSQL rows")
+    parser.add_argument("--profile", nargs="?", const="sqlite.lifecycle", metavar="CASE",
+                        help="instead of the table, a cProfile breakdown of one case "
+                        "(default %(const)s)")
+    parser.add_argument("--top", type=int, default=25,
+                        help="functions listed per ordering with --profile (default 25)")
+    args = parser.parse_args(argv)
+    if args.profile is not None and args.profile not in CASES:
+        parser.error(f"--profile: unknown case {args.profile!r}; cases: {', '.join(CASES)}")
+    if args.only:
+        unknown = [n for n in args.only.split(",") if n and n not in GROUPS and n not in CASES]
+        if unknown:
+            parser.error(f"--only: unknown {', '.join(unknown)}; groups: {', '.join(GROUPS)}; "
+                         f"cases: {', '.join(CASES)}")
+    return args
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    base = Settings.quick() if args.quick else Settings()
+    return Settings(
+        rounds=args.rounds or base.rounds,
+        round_seconds=args.seconds or base.round_seconds,
+        warmup_seconds=base.warmup_seconds,
+        min_warmup_ops=base.min_warmup_ops,
+        ops=args.ops,
+    )
+
+
+def _selected(args: argparse.Namespace) -> dict[str, list[Case]]:
+    if not args.only:
+        return GROUPS
+    names = set(args.only.split(","))
+    out = {}
+    for group, cases in GROUPS.items():
+        chosen = cases if group in names else [c for c in cases if c.id in names]
+        if chosen:
+            out[group] = chosen
+    return out
+
+
+def _versions() -> dict[str, str]:
+    out = {"python": platform.python_version(), "sqlite": sqlite3.sqlite_version}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    source = _lifecycle_source()
+    if source:
+        out["lifecycle source"] = source
+    return out
+
+
+def _lifecycle_source() -> str | None:
+    """The commit of the lifecycle checkout measured, and whether it has local changes: the
+    version number alone does not tell two runs of a development tree apart."""
+    import lifecycle
+
+    root = Path(lifecycle.__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root,
+                                capture_output=True, text=True, timeout=5, check=True)
+        changes = subprocess.run(["git", "status", "--porcelain", "--", "lifecycle"],
+                                 cwd=root, capture_output=True, text=True, timeout=5,
+                                 check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    dirty = " + uncommitted changes" if changes.stdout.strip() else ""
+    return f"{commit.stdout.strip()}{dirty}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _arguments(argv)
+    settings = _settings(args)
+    err = Console(stderr=True)
+    groups = _selected(args)
+    if args.profile is not None:
+        groups = {"profile": [CASES[args.profile]]}
+    needs_postgres = any(c.needs == "postgres" for cases in groups.values() for c in cases)
+    skipped: dict[str, str] = {}
+    postgres_url: str | None = None
+    environment = _versions()
+    environment["machine"] = (f"{platform.machine()}, {os.cpu_count()} CPUs, "
+                              f"{platform.system()} {platform.release()}, load average "
+                              f"{os.getloadavg()[0]:.2f} at start")
+    if needs_postgres:
+        if args.no_postgres:
+            reason = "skipped: --no-postgres"
+        else:
+            problem = postgres.problem(args.postgres_url)
+            reason = f"skipped: PostgreSQL unreachable at {args.postgres_url} ({problem})"
+            if problem is None:
+                postgres_url = args.postgres_url
+                environment["postgresql"] = postgres.server_version(postgres_url)
+        if postgres_url is None:
+            for cases in groups.values():
+                skipped.update({c.id: reason for c in cases if c.needs == "postgres"})
+
+    started = time.perf_counter()
+    results: dict[str, Measurement] = {}
+    with ExitStack() as stack:
+        directory = Path(stack.enter_context(tempfile.TemporaryDirectory(
+            prefix="lifecycle-bench-")))
+        workspace = Workspace(directory, postgres_url, stack.enter_context(ExitStack()))
+        if args.profile is not None:
+            case = CASES[args.profile]
+            if case.id in skipped:
+                err.print(f"{case.id}: {skipped[case.id]}", style="red", markup=False)
+                return 1
+            try:
+                return _profile(case, workspace, settings, args)
+            except ImportError as exc:
+                err.print(f"{case.id}: {exc.name or exc} is not installed: "
+                          "pip install -e '.[bench]'", style="red", markup=False)
+                return 1
+        with err.status("benchmarking") as status:
+            for cases in groups.values():
+                runnable = [c for c in cases if c.id not in skipped]
+                results.update(run_group(runnable, workspace, settings, skipped,
+                                         lambda message: status.update(message)))
+    elapsed = time.perf_counter() - started
+
+    if args.json:
+        print(json.dumps(_to_json(results, skipped, settings, environment, elapsed), indent=2))
+    else:
+        console = Console() if sys.stdout.isatty() else Console(width=130)
+        console.print(_table(results, skipped, settings, environment, elapsed))
+    return 0
+
+
+# -- output ---------------------------------------------------------------------------------
+
+
+def _comparisons(results: dict[str, Measurement], skipped: dict[str, str]
+                 ) -> list[tuple[str, Comparison, float | None]]:
+    out = []
+    for title, comparisons in SECTIONS:
+        for c in comparisons:
+            if not {c.subject, c.reference} & {*results, *skipped}:
+                continue  # not selected with --only
+            ratio = None
+            if c.subject in results and c.reference in results:
+                ratio = results[c.subject].ratio_to(results[c.reference])
+            out.append((title, c, ratio))
+    return out
+
+
+def _cell(results: dict[str, Measurement], skipped: dict[str, str], case_id: str) -> Text:
+    if case_id in results:
+        m = results[case_id]
+        return Text.assemble(f"{m.median:,.1f}", (f" ±{m.spread:.0%}", "dim"))
+    return Text("skipped" if case_id in skipped else "not run", style="yellow")
+
+
+def _table(results: dict[str, Measurement], skipped: dict[str, str], settings: Settings,
+           environment: dict[str, str], elapsed: float) -> Table:
+    table = Table(title="lifecycle benchmarks: µs per operation (median of rounds)",
+                  title_justify="left", caption_justify="left")
+    table.add_column("lifecycle")
+    table.add_column("µs/op", justify="right")
+    table.add_column("reference")
+    table.add_column("µs/op", justify="right")
+    table.add_column("ratio", justify="right")
+    table.add_column("goal", justify="right")
+    table.add_column("met", justify="center")
+    section = None
+    for title, c, ratio in _comparisons(results, skipped):
+        if title != section:
+            if section is not None:
+                table.add_section()
+            table.add_row(Text(title, style="bold"))
+            section = title
+        if ratio is None:
+            ratio_cell, met = Text("—", style="dim"), Text("—", style="dim")
+        else:
+            ok = c.goal.met(ratio)
+            ratio_cell = Text(f"{ratio:.2f}x", style="green" if ok else "red")
+            met = Text("✓", style="green") if ok else Text("✗ missed", style="bold red")
+        table.add_row(
+            "  " + CASES[c.subject].label.removeprefix("lifecycle "),
+            _cell(results, skipped, c.subject),
+            CASES[c.reference].label,
+            _cell(results, skipped, c.reference),
+            ratio_cell, str(c.goal), met,
+        )
+    notes = sorted({reason for reason in skipped.values()})
+    noisy = _noisy(results)
+    if noisy:
+        notes.append(f"Noisy: rounds differed by more than ±{NOISY:.0%} ({', '.join(noisy)}). "
+                     "Was the machine busy? Per-round ratios absorb some of it; rerun on a "
+                     "quiet machine for firm numbers.")
+    counts = sorted({m.ops_per_round for m in results.values()}) or [0]
+    span = f"{counts[0]:,}" if len(counts) == 1 else f"{counts[0]:,} to {counts[-1]:,}"
+    ops = (f"{settings.ops:,} ops per round" if settings.ops else
+           f"~{settings.round_seconds:g} s per case and round ({span} ops, calibrated in "
+           "warm-up)")
+    versions = ", ".join(f"{k} {v}" for k, v in environment.items() if k != "machine")
+    table.caption = Text("\n".join([
+        f"ratio = lifecycle / reference, the median of the per-round ratios; µs/op: median of "
+        f"{settings.rounds} interleaved rounds, "
+        f"{ops}; ± is half the range of the rounds. Whole run {elapsed:.1f} s.",
+        f"{environment['machine']}; {versions}",
+        *notes,
+    ]))
+    return table
+
+
+NOISY = 0.15
+
+
+def _noisy(results: dict[str, Measurement]) -> list[str]:
+    return [case_id for case_id, m in results.items() if m.spread > NOISY]
+
+
+def _to_json(results: dict[str, Measurement], skipped: dict[str, str], settings: Settings,
+             environment: dict[str, str], elapsed: float) -> dict[str, Any]:
+    return {
+        "unit": "microseconds per operation",
+        "settings": {"rounds": settings.rounds, "round_seconds": settings.round_seconds,
+                     "ops_per_round": settings.ops},
+        "environment": environment,
+        "elapsed_seconds": round(elapsed, 2),
+        "cases": {case_id: m.to_json() for case_id, m in results.items()},
+        "skipped": skipped,
+        "noisy": _noisy(results),
+        "comparisons": [
+            {"section": title, "subject": c.subject, "reference": c.reference,
+             "ratio": None if ratio is None else round(ratio, 4),
+             "goal": str(c.goal), "goal_limit": c.goal.limit, "goal_strict": c.goal.strict,
+             "met": None if ratio is None else c.goal.met(ratio)}
+            for title, c, ratio in _comparisons(results, skipped)
+        ],
+    }
+
+
+# -- profiling ------------------------------------------------------------------------------
+
+
+def _profile(case: Case, workspace: Workspace, settings: Settings,
+             args: argparse.Namespace) -> int:
+    """Warm one case up, then run it under cProfile and print where the time goes."""
+    with case.open(workspace) as bench:
+        warm, per_op = warm_up(bench, settings)
+        n = args.ops or max(200, round(settings.round_seconds * settings.rounds / per_op))
+        profiler = cProfile.Profile()
+        op = bench.op
+        start = time.perf_counter()
+        profiler.enable()
+        for _ in range(n):
+            op()
+        profiler.disable()
+        profiled = time.perf_counter() - start
+        if bench.verify is not None:
+            bench.verify(warm + n)
+    out = io.StringIO()
+    stats = pstats.Stats(profiler, stream=out)
+    stats.strip_dirs()
+    print(f"{case.id} ({case.label}): {n:,} operations; {per_op * 1e6:.1f} µs/op in warm-up "
+          f"without the profiler, {profiled / n * 1e6:.1f} µs/op under it.")
+    print("Times in the listing are totals over all operations; divide by "
+          f"{n:,} for one operation.\n")
+    for order in ("tottime", "cumulative"):
+        out.seek(0)
+        out.truncate()
+        stats.sort_stats(order).print_stats(args.top)
+        text = out.getvalue()
+        print(f"== by {order} ==")
+        print(text[text.index("   ncalls"):] if "   ncalls" in text else text)
+    return 0
