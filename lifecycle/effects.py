@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import and_, exists, func, or_, select, update
 
-from .errors import LifecycleError, UnknownResource
+from .errors import DatabaseError, LifecycleError, UnknownResource
 from .records import FireResult
 from .store import effects as effects_table
 from .store import journal, resources, timers
@@ -201,7 +201,14 @@ class Worker:
             signal.signal(signal.SIGINT, self._on_signal)
         log.info("worker %s: started (concurrency %d)", self.name, self.concurrency)
         while not self._stop.is_set():
-            if not self._cycle():
+            try:
+                busy = self._cycle()
+            except DatabaseError as exc:  # a database restart: keep the worker, try later
+                log.warning("worker %s: %s; trying again in %g s", self.name, exc,
+                            max(self.poll, 1.0))
+                self._stop.wait(max(self.poll, 1.0))
+                continue
+            if not busy:
                 self._wait(self.poll)
         self._give_back(list(self._queue))  # claimed, never started: another worker's now
         self._queue.clear()

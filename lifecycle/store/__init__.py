@@ -16,7 +16,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from ..errors import DatabaseError, SchemaOutOfDate
 from . import migrate
-from .database import create_sa_engine, display_url, raw_transaction, resolve_url
+from .database import HeldConnections, create_sa_engine, display_url, resolve_url
 from .schema import (
     UTC,
     effects,
@@ -50,9 +50,13 @@ class Store:
         if check and not upgrade and self._sqlite_file and not Path(self._sqlite_file).exists():
             raise SchemaOutOfDate(self.display_url, None, migrate.head_revision())
         self.engine = create_sa_engine(self.url)
+        self._held = HeldConnections(self.engine)
         self.dialect: str = self.engine.dialect.name
         self.sql = Statements(self.engine.dialect)
-        self.integrity_error: type[Exception] = self.engine.dialect.dbapi.IntegrityError  # type: ignore[union-attr]
+        dbapi: Any = self.engine.dialect.dbapi
+        self.integrity_error: type[Exception] = dbapi.IntegrityError
+        self._connection_errors: tuple[type[Exception], ...] = (
+            dbapi.OperationalError, dbapi.InterfaceError)
         if check:
             self.check_schema(upgrade=upgrade)
 
@@ -107,12 +111,15 @@ class Store:
     def write(self) -> Iterator[Any]:
         """A raw DBAPI cursor inside one write transaction, for ``self.sql`` statements."""
         try:
-            with raw_transaction(self.engine) as cursor:
+            with self._held.transaction() as cursor:
                 yield cursor
         except DBAPIError as exc:  # raised when the pool cannot connect
             raise DatabaseError(f"database {self.display_url}: {exc.orig}") from None
+        except self._connection_errors as exc:
+            raise DatabaseError(f"database {self.display_url}: {exc}") from None
 
     def dispose(self) -> None:
+        self._held.close()
         self.engine.dispose()
 
     # -- values on the raw path --------------------------------------------------------

@@ -3,7 +3,9 @@ helpers the engine uses."""
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -14,6 +16,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from ..errors import DatabaseError
+
+log = logging.getLogger(__name__)
 
 DEFAULT_URL = "sqlite:///lifecycle.db"
 URL_VARIABLE = "LIFECYCLE_DATABASE_URL"
@@ -49,7 +53,9 @@ def create_sa_engine(url: str) -> SAEngine:
     if parsed.get_backend_name() == "sqlite":
         return _sqlite_engine(url)
     if parsed.get_backend_name() == "postgresql":
-        return create_engine(url, pool_pre_ping=True)
+        # No pre-ping: it costs a round trip per transaction; a broken connection is thrown
+        # away when it fails (HeldConnections) and the next transaction opens a new one.
+        return create_engine(url)
     raise DatabaseError(f"unsupported database {parsed.get_backend_name()!r} in {url!r}: "
                         "lifecycle runs on SQLite and PostgreSQL")
 
@@ -84,20 +90,73 @@ def _sqlite_engine(url: str) -> SAEngine:
     return engine
 
 
-@contextmanager
-def raw_transaction(engine: SAEngine) -> Iterator[Any]:
-    """A DBAPI cursor inside one write transaction: committed on success, rolled back on
-    any exception. The engine's hot path runs its pre-compiled statements here."""
-    connection = engine.raw_connection()
-    try:
-        cursor = connection.cursor()
-        if engine.dialect.name == "sqlite":
-            cursor.execute("BEGIN IMMEDIATE")
+class HeldConnections:
+    """One DBAPI connection per thread, taken from the pool once and kept: checking a
+    connection out of the pool and back for every transaction cost more than half of the
+    database's own work on SQLite (see benchmarks/). A connection that broke is thrown away,
+    and the next transaction of that thread opens a new one."""
+
+    def __init__(self, engine: SAEngine) -> None:
+        self.engine = engine
+        self.sqlite = engine.dialect.name == "sqlite"
+        self._local = threading.local()
+        self._held: list[Any] = []
+        self._lock = threading.Lock()
+
+    def _connection(self) -> Any:
+        held = getattr(self._local, "held", None)
+        if held is None:
+            held = self.engine.raw_connection()
+            self._local.held = held
+            with self._lock:
+                self._held.append(held)
+        return held
+
+    def _discard(self) -> None:
+        held = getattr(self._local, "held", None)
+        self._local.held = None
+        if held is not None:
+            with self._lock:
+                if held in self._held:
+                    self._held.remove(held)
+            try:
+                held.invalidate()
+            except Exception as exc:  # it is being thrown away
+                log.debug("discarding a broken connection: %s", exc)
+
+    @contextmanager
+    def transaction(self) -> Iterator[Any]:
+        """A DBAPI cursor inside one write transaction: committed on success, rolled back on
+        any exception. The engine's hot path runs its pre-compiled statements here."""
+        connection = self._connection()
+        dbapi = connection.dbapi_connection
         try:
-            yield cursor
-        except BaseException:
-            connection.rollback()
+            cursor = dbapi.cursor()
+            if self.sqlite:
+                cursor.execute("BEGIN IMMEDIATE")
+            try:
+                yield cursor
+            except BaseException:
+                dbapi.rollback()
+                raise
+            dbapi.commit()
+        except self.engine.dialect.dbapi.Error:  # type: ignore[union-attr]
+            if _broken(dbapi):
+                self._discard()
             raise
-        connection.commit()
-    finally:
-        connection.close()
+
+    def close(self) -> None:
+        with self._lock:
+            held, self._held = self._held, []
+        for connection in held:
+            try:
+                connection.close()
+            except Exception as exc:  # closing is best effort
+                log.debug("closing a held connection: %s", exc)
+        self._local = threading.local()
+
+
+def _broken(dbapi: Any) -> bool:
+    """Whether a DBAPI connection can no longer be used (psycopg says so; sqlite3 cannot
+    break this way)."""
+    return bool(getattr(dbapi, "broken", False) or getattr(dbapi, "closed", False))
