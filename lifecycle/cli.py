@@ -459,6 +459,38 @@ def verify(db_url: str | None, as_json: bool) -> None:
         sys.exit(1)
 
 
+# -- scenarios -----------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=True))
+@json_option
+def replay(files: tuple[str, ...], as_json: bool) -> None:
+    """Replay scenario FILES (or every *.yaml/*.yml/*.json in a directory), each on a fresh
+    database with a simulated clock; exit 1 at the first failing expectation of any."""
+    from .scenario import replay as replay_one
+
+    paths: list[Path] = []
+    for name in files:
+        path = Path(name)
+        if path.is_dir():
+            paths += sorted(p for p in path.rglob("*") if p.suffix in (".yaml", ".yml", ".json"))
+        else:
+            paths.append(path)
+    results = [replay_one(path) for path in paths]
+    failed = [r for r in results if not r.passed]
+    if as_json:
+        print(json.dumps([r.to_json() for r in results], indent=2))
+    else:
+        for result in failed:
+            out.print(f"[red]FAILED[/] {_escape(result.file)}: {_escape(str(result.failure))}")
+        steps = sum(r.steps for r in results)
+        verdict = "all passed" if not failed else f"{len(failed)} failed"
+        out.print(f"{len(results)} scenarios, {steps} steps, {verdict}")
+    if failed:
+        sys.exit(1)
+
+
 # -- effects -------------------------------------------------------------------------------
 
 

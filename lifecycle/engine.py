@@ -227,6 +227,46 @@ class Engine:
             raise InvalidData(machine, key, f"data is not JSON: {exc}") from None
         return Resource(machine, key, dest, 1, 1, document, spec.version, now, now)
 
+    def update(self, key: str, data: Mapping[str, Any], *, actor: str | None = None) -> Resource:
+        """Merge ``data`` into the resource's data: a new version and a journal row of kind
+        ``update``, no change of state (so no risky edge's observation goes stale by it)."""
+        store = self.store
+        for _attempt in range(self.max_attempts):
+            try:
+                with store.write() as cursor:
+                    row = self._locate(cursor, key)
+                    runner = self._runners.get(row.machine)
+                    if runner is None:
+                        raise _NeedMachine(row.machine)
+                    merged = self._validated(runner.spec, row.key, {**row.data, **data})
+                    now = self.clock.now()
+                    when = store.time_param(now)
+                    try:
+                        cursor.execute(store.sql.change_data, {
+                            "id_": row.id, "version_": row.version, "seq_": row.seq,
+                            "new_data": store.json_param(merged),
+                            "new_version": row.version + 1, "new_seq": row.seq + 1,
+                            "now": when})
+                        if cursor.rowcount != 1:
+                            raise _Conflict
+                        cursor.execute(store.sql.insert_journal, {
+                            "resource_id": row.id, "seq": row.seq + 1, "kind": "update",
+                            "trigger": None, "source": row.state, "dest": row.state,
+                            "version": row.version + 1, "spec_version": runner.spec.version,
+                            "actor": actor, "at": when, "payload": store.json_param(dict(data)),
+                            "guards": None, "observation_id": None, "fence": None})
+                    except (TypeError, ValueError) as exc:
+                        raise InvalidData(row.machine, row.key,
+                                          f"data is not JSON: {exc}") from None
+            except _NeedMachine as need:
+                self._runner(str(need))
+                continue
+            except _Conflict:
+                continue
+            return Resource(row.machine, row.key, row.state, row.version + 1, row.seq + 1,
+                            merged, runner.spec.version, now, now, row.observation)
+        raise ConcurrencyError(f"{key}: update lost the race {self.max_attempts} times")
+
     # -- observing ---------------------------------------------------------------------
 
     def observe(

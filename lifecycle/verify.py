@@ -84,6 +84,13 @@ def _check(resource: Any, entries: list[Any], spec_of: Any) -> Iterator[str]:
                 yield (f"{where}: a refusal in {entry.source!r} at version {entry.j_version}, "
                        f"but the journal had reached {state!r} at version {version}")
             continue
+        if entry.kind == "update":
+            if entry.source != state or entry.dest != state:
+                yield f"{where}: a data update moved {entry.source!r} -> {entry.dest!r}"
+            if entry.j_version != version + 1:
+                yield f"{where}: version {entry.j_version} does not follow {version}"
+            version = entry.j_version
+            continue
         if entry.kind != "transition":
             yield f"{where}: unknown kind {entry.kind!r}"
             continue

@@ -273,3 +273,16 @@ def test_payload_json_cannot_hold_is_refused(engine: Engine) -> None:
         engine.create("slot", "t", {"x": float("inf")})
     assert engine.get("s").version == 1
     assert [r.key for r in engine.resources("slot")] == ["s"]
+
+
+def test_update_changes_data_not_state(engine: Engine, clock: SimulatedClock) -> None:
+    engine.create("slot", "s", {"memory": 1})
+    clock.advance(5)
+    updated = engine.update("s", {"memory": 2, "owner": "alice"}, actor="admin")
+    assert (updated.state, updated.version, updated.data) == (
+        "unclaimed", 2, {"memory": 2, "owner": "alice"})
+    last = engine.history("s")[-1]
+    assert (last.kind, last.source, last.dest, last.version, last.payload, last.actor) == (
+        "update", "unclaimed", "unclaimed", 2, {"memory": 2, "owner": "alice"}, "admin")
+    assert engine.fire("s", "claim", {"claim_id": "c"}).version == 3
+    assert engine.verify() == []

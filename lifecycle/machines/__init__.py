@@ -18,6 +18,9 @@ class Builtin:
     effects: Mapping[str, Any] = field(default_factory=dict)
     probes: Mapping[str, Any] = field(default_factory=dict)
     summary: str = ""
+    simulation: Any = None
+    """``World -> (guards, effects, probes)``: the machine with simulated adapters, for
+    scenario files and simulations (see lifecycle.scenario.World)."""
 
 
 def builtins() -> dict[str, Builtin]:

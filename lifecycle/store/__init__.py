@@ -191,6 +191,10 @@ class Statements:
                 where = (*cas, rested) if on_observation else cas
                 self.move[with_data, on_observation] = sql(
                     update(resources).where(*where).values(**values))
+        # a change of data alone: a new version, not a transition
+        self.change_data = sql(update(resources).where(*cas).values(
+            data=bindparam("new_data"), version=bindparam("new_version"),
+            seq=bindparam("new_seq"), updated_at=bindparam("now")))
         # a refusal takes a journal sequence number, and changes nothing else
         self.refuse = sql(update(resources).where(*cas, rested).values(seq=bindparam("new_seq")))
         self.insert_resource = sql(

@@ -1,0 +1,329 @@
+"""Scenario files: a table of "in this state, when this is observed, it goes there", replayed
+against a machine on a fresh database with a simulated clock.
+
+```yaml
+machine: drone                  # a built-in name, or a spec file (relative to this file)
+start: 2026-01-01T00:00:00Z     # the simulated clock's start (optional)
+steps:
+  - create: {key: d1, state: booting, data: {demand: 1}}
+  - advance: 5
+  - observe: {key: d1, status: {resource_status: Running}, at: 2026-01-01T00:00:03Z}
+  - world: {key: d1, status: {resource_status: Running}}   # what simulated probes answer
+  - update: {key: d1, data: {demand: 0}}
+  - step: d1
+  - fire: {key: d1, trigger: release, payload: {}}
+  - expect: {key: d1, state: integrate, data: {demand: 0}}
+  - expect_last: {fired: false, error: StaleObservation}
+  - run_effects: {}
+```
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .clock import SimulatedClock
+from .effects import Worker
+from .engine import Engine
+from .errors import LifecycleError
+from .spec import MachineSpec, load_spec
+from .store import Store
+
+STEP_KINDS = ("create", "advance", "observe", "world", "update", "step", "fire", "expect",
+              "expect_last", "run_effects")
+
+
+class ScenarioError(LifecycleError):
+    """A scenario file that cannot be read: it names the file and the line."""
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    step: int
+    line: int
+    kind: str
+    expected: Any
+    found: Any
+
+    def __str__(self) -> str:
+        return (f"step {self.step} (line {self.line}, {self.kind}): expected "
+                f"{_show(self.expected)}, found {_show(self.found)}")
+
+
+@dataclass(frozen=True, slots=True)
+class ScenarioResult:
+    file: str
+    passed: bool
+    steps: int
+    failure: Failure | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "passed": self.passed, "steps": self.steps,
+                "failure": None if self.failure is None else {
+                    "step": self.failure.step, "line": self.failure.line,
+                    "kind": self.failure.kind, "expected": self.failure.expected,
+                    "found": self.failure.found, "message": str(self.failure)}}
+
+
+@dataclass
+class World:
+    """The outside world as a scenario or a simulation sets it: what simulated probes answer
+    for each key, and what simulated effects did."""
+
+    status: dict[str, dict[str, Any]] = field(default_factory=dict)
+    actions: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
+
+
+@dataclass
+class Step:
+    number: int
+    line: int
+    kind: str
+    args: Any
+
+
+@dataclass
+class Scenario:
+    file: str
+    machine: str
+    start: dt.datetime
+    steps: list[Step]
+    base: Path
+
+
+Simulated = Callable[[World], tuple[Mapping[str, Any], Mapping[str, Any], Mapping[str, Any]]]
+"""A machine's simulation: given the world, its guards, effect handlers and probes."""
+
+
+def load(path: str | Path) -> Scenario:
+    """Parse a scenario file; a malformed one raises :class:`ScenarioError` naming the line."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ScenarioError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise ScenarioError(f"{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from None
+    if not isinstance(root, yaml.MappingNode):
+        raise ScenarioError(f"{path}:1: a scenario is a mapping with `machine` and `steps`")
+    document = yaml.safe_load(text)
+    for key in document:
+        if key not in ("machine", "start", "steps", "description"):
+            raise ScenarioError(f"{path}:{_line_of_key(root, key)}: unknown field {key!r} "
+                                "(machine, start, steps, description)")
+    machine = document.get("machine")
+    if not isinstance(machine, str) or not machine:
+        raise ScenarioError(f"{path}:{_line_of_key(root, 'machine')}: `machine` must name a "
+                            "built-in machine or a spec file")
+    start = document.get("start", "2026-01-01T00:00:00Z")
+    try:
+        start = _time(start)
+    except ValueError as exc:
+        raise ScenarioError(f"{path}:{_line_of_key(root, 'start')}: {exc}") from None
+    step_nodes = _value_node(root, "steps")
+    if not isinstance(step_nodes, yaml.SequenceNode) or not step_nodes.value:
+        raise ScenarioError(f"{path}:{_line_of_key(root, 'steps')}: `steps` must be a "
+                            "non-empty list")
+    steps = []
+    for number, (node, raw) in enumerate(zip(step_nodes.value, document["steps"], strict=True),
+                                         start=1):
+        line = node.start_mark.line + 1
+        if not isinstance(raw, dict) or len(raw) != 1:
+            raise ScenarioError(f"{path}:{line}: step {number} must be one of "
+                                f"{', '.join(STEP_KINDS)} with its arguments")
+        (kind, args), = raw.items()
+        if kind not in STEP_KINDS:
+            from .spec import _suggest
+
+            hint = _suggest(str(kind), STEP_KINDS)
+            raise ScenarioError(f"{path}:{line}: step {number}: unknown step {kind!r}"
+                                + (f"; {hint}" if hint else ""))
+        steps.append(Step(number, line, kind, args))
+    return Scenario(str(path), machine, start, steps, path.parent)
+
+
+def _value_node(root: yaml.MappingNode, key: str) -> yaml.Node | None:
+    for k, v in root.value:
+        if k.value == key:
+            return v  # type: ignore[no-any-return]
+    return None
+
+
+def _line_of_key(root: yaml.MappingNode, key: str) -> int:
+    for k, _ in root.value:
+        if k.value == key:
+            return int(k.start_mark.line) + 1
+    return 1
+
+
+def _time(value: Any) -> dt.datetime:
+    if isinstance(value, dt.datetime):
+        moment = value
+    else:
+        try:
+            moment = dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+        except ValueError:
+            raise ValueError(f"{value!r} is not an ISO 8601 time") from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
+
+
+def _show(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+class _StepFailed(Exception):
+    def __init__(self, expected: Any, found: Any) -> None:
+        self.expected = expected
+        self.found = found
+
+
+def replay(path: str | Path) -> ScenarioResult:
+    """Replay one scenario file on a fresh temporary database."""
+    scenario = load(path)
+    with tempfile.TemporaryDirectory(prefix="lifecycle-scenario-") as directory:
+        store = Store(f"sqlite:///{Path(directory) / 'scenario.db'}", upgrade=True)
+        try:
+            return _run(scenario, store)
+        finally:
+            store.dispose()
+
+
+def _machine(scenario: Scenario, world: World) -> tuple[MachineSpec, dict[str, Any]]:
+    """The spec and the engine options (guards, simulated effects and probes)."""
+    from .machines import builtins
+
+    builtin = builtins().get(scenario.machine)
+    if builtin is not None:
+        guards, effects, probes = (builtin.simulation(world) if builtin.simulation
+                                   else (builtin.guards, {}, {}))
+        return builtin.spec, {"guards": guards, "effects": effects, "probes": probes}
+    path = scenario.base / scenario.machine
+    if not path.exists():
+        known = ", ".join(sorted(builtins()))
+        raise ScenarioError(f"{scenario.file}: machine {scenario.machine!r} is neither a "
+                            f"built-in machine ({known}) nor a spec file")
+    return load_spec(path), {}
+
+
+def _run(scenario: Scenario, store: Store) -> ScenarioResult:
+    world = World()
+    spec, options = _machine(scenario, world)
+    clock = SimulatedClock(scenario.start)
+    try:
+        engine = Engine(store, [spec], clock=clock, **options)
+    except LifecycleError as exc:
+        raise ScenarioError(f"{scenario.file}: {exc}") from None
+    worker = Worker(engine, seed=0)
+    last: dict[str, Any] | None = None
+    for index, step in enumerate(scenario.steps):
+        try:
+            last = _do(step, engine, clock, world, worker, spec, last)
+            following = scenario.steps[index + 1] if index + 1 < len(scenario.steps) else None
+            if step.kind in ("fire", "step") and last is not None and last["raised"] and (
+                    following is None or following.kind != "expect_last"):
+                raise _StepFailed("no error (or an expect_last step naming it)",
+                                  f"{last['error']}: {last['reason']}")
+        except _StepFailed as failed:
+            return ScenarioResult(scenario.file, False, step.number,
+                                  Failure(step.number, step.line, step.kind, failed.expected,
+                                          failed.found))
+        except (LifecycleError, TypeError, KeyError, ValueError) as exc:
+            return ScenarioResult(scenario.file, False, step.number,
+                                  Failure(step.number, step.line, step.kind, "no error",
+                                          f"{type(exc).__name__}: {exc}"))
+    return ScenarioResult(scenario.file, True, len(scenario.steps))
+
+
+def _args(step: Step, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict[str, Any]:
+    args = step.args
+    if isinstance(args, str) and len(required) == 1 and required[0] == "key":
+        args = {"key": args}
+    if not isinstance(args, dict):
+        raise _StepFailed(f"arguments {', '.join(required + optional)}", args)
+    missing = [name for name in required if name not in args]
+    unknown = [name for name in args if name not in required + optional]
+    if missing or unknown:
+        raise ValueError(f"{step.kind} takes {', '.join(required)}"
+                         + (f" and optionally {', '.join(optional)}" if optional else "")
+                         + (f"; missing {', '.join(missing)}" if missing else "")
+                         + (f"; unknown {', '.join(unknown)}" if unknown else ""))
+    return args
+
+
+def _do(step: Step, engine: Engine, clock: SimulatedClock, world: World, worker: Worker,
+        spec: MachineSpec, last: dict[str, Any] | None) -> dict[str, Any] | None:
+    kind = step.kind
+    if kind == "create":
+        a = _args(step, ("key",), ("state", "data"))
+        engine.create(spec.name, a["key"], a.get("data"), state=a.get("state"),
+                      actor="scenario")
+    elif kind == "advance":
+        seconds = step.args
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
+            raise ValueError(f"advance takes a number of seconds, not {seconds!r}")
+        clock.advance(float(seconds))
+    elif kind == "observe":
+        a = _args(step, ("key", "status"), ("at", "source"))
+        engine.observe(a["key"], a["status"], _time(a["at"]) if "at" in a else None,
+                       source=a.get("source", "scenario"))
+    elif kind == "world":
+        a = _args(step, ("key", "status"))
+        world.status[a["key"]] = dict(a["status"])
+    elif kind == "update":
+        a = _args(step, ("key", "data"))
+        engine.update(a["key"], a["data"], actor="scenario")
+    elif kind in ("fire", "step"):
+        if kind == "fire":
+            a = _args(step, ("key", "trigger"), ("payload",))
+        else:
+            a = _args(step, ("key",))
+        try:
+            if kind == "fire":
+                result = engine.fire(a["key"], a["trigger"], a.get("payload"),
+                                     actor="scenario", on_stale="return")
+            else:
+                result = engine.step(a["key"], actor="scenario", on_stale="return")
+        except LifecycleError as exc:
+            return {"fired": False, "error": type(exc).__name__, "reason": str(exc),
+                    "dest": None, "raised": True}
+        return {"fired": result.fired, "error": result.error, "reason": result.reason,
+                "dest": result.dest, "raised": False}
+    elif kind == "expect":
+        a = _args(step, ("key",), ("state", "data", "version"))
+        resource = engine.get(a["key"])
+        expected = {k: v for k, v in a.items() if k != "key"}
+        found: dict[str, Any] = {}
+        if "state" in a:
+            found["state"] = resource.state
+        if "version" in a:
+            found["version"] = resource.version
+        if "data" in a:
+            found["data"] = {k: resource.data.get(k, "<missing>") for k in a["data"]}
+        if found != expected:
+            raise _StepFailed(expected, {**found, "state": resource.state})
+    elif kind == "expect_last":
+        a = _args(step, (), ("fired", "error", "dest", "reason"))
+        if last is None:
+            raise _StepFailed(a, "no fire or step before it")
+        found = {k: last.get(k) for k in a if k != "reason"}
+        wanted = {k: v for k, v in a.items() if k != "reason"}
+        reason_ok = "reason" not in a or str(a["reason"]) in (last.get("reason") or "")
+        if found != wanted or not reason_ok:
+            raise _StepFailed(a, {k: last.get(k) for k in ("fired", "error", "dest", "reason")})
+    elif kind == "run_effects":
+        if step.args not in (None, {}):
+            raise ValueError("run_effects takes no arguments ({})")
+        worker.run_until_idle()
+    return last
