@@ -34,7 +34,7 @@ from .errors import (
 from .fresh import Probe, ProbeFailed, ProbeRequest, call_probe, clock_time, rule_text
 from .records import FireResult, JournalEntry, Mismatch, Observation, Resource
 from .runner import Decision, GuardContext, Runner
-from .spec import EVENTLESS, MachineSpec, SpecSource, _Edge, load_spec
+from .spec import EVENTLESS, EffectSpec, MachineSpec, SpecSource, _Edge, load_spec
 from .store import Store
 
 log = logging.getLogger(__name__)
@@ -151,6 +151,10 @@ class Engine:
             for name in sorted(_names(spec, kind) - set(registered)):
                 where = [loc for loc, edge in _located_edges(spec) if name in _edge_names(
                     edge, kind)]
+                if kind == "effect":
+                    where += [spec.graph.effect_locations[state]
+                              for state, effects in spec.graph.entry_effects.items()
+                              if name in (e.name for e in effects)]
                 problems.append(Problem(
                     ", ".join(where), f"{kind} {name!r} is not registered with this engine",
                     f"pass it in Engine({kind}s={{{name!r}: ...}})"))
@@ -217,10 +221,10 @@ class Engine:
                     "payload": store.json_param(document) if document else None,
                     "guards": None, "observation_id": None, "fence": None,
                 })
-                if runner.timeouts:
+                if runner.on_entry:
                     row = _Row(resource_id, machine, key, dest, 1, 1, document, now, None)
                     entered = list(reversed(spec.graph.ancestors(dest)))
-                    self._set_timers(cursor, runner, row, 1, [], entered, document, now)
+                    self._enter(cursor, runner, row, 1, (), [], entered, document, None, now)
         except store.integrity_error:
             raise ResourceExists(machine, key) from None
         except (TypeError, ValueError) as exc:
@@ -487,11 +491,12 @@ class Engine:
             })
         except (TypeError, ValueError) as exc:  # a payload that JSON cannot hold
             raise InvalidData(row.machine, row.key, f"payload is not JSON: {exc}") from None
-        if edge.effects:
-            self._ask_effects(cursor, row, seq, edge, fence, now)
-        if runner.timeouts:
+        if runner.on_entry:
             exited, entered = runner.crossed(row.state, decision.dest, edge.dest)
-            self._set_timers(cursor, runner, row, seq, exited, entered, data, now)
+            self._enter(cursor, runner, row, seq, edge.effects, exited, entered, data, fence,
+                        now)
+        elif edge.effects:
+            self._ask_effects(cursor, row, seq, edge.effects, fence, now)
         result = FireResult(True, row.machine, row.key, _shown(trigger), row.state,
                             decision.dest, row.version + 1, None, decision.guards,
                             fence=fence, probed=probed, seq=seq)
@@ -499,12 +504,24 @@ class Engine:
             within.after(cursor, result)
         return result
 
-    def _ask_effects(self, cursor: Any, row: _Row, seq: int, edge: _Edge,
+    def _enter(self, cursor: Any, runner: Runner, row: _Row, seq: int,
+               effects: tuple[EffectSpec, ...], exited: list[str], entered: list[str],
+               data: Mapping[str, Any], fence: dict[str, Any] | None, now: dt.datetime) -> None:
+        """What crossing state boundaries asks for: the transition's effects, then those of
+        the states entered (outermost first); timers cancelled and set."""
+        effects = (*effects, *(e for state in entered for e in runner.entry_effects.get(
+            state, ())))
+        if effects:
+            self._ask_effects(cursor, row, seq, effects, fence, now)
+        if runner.timeouts:
+            self._set_timers(cursor, runner, row, seq, exited, entered, data, now)
+
+    def _ask_effects(self, cursor: Any, row: _Row, seq: int, effects: tuple[EffectSpec, ...],
                      fence: dict[str, Any] | None, now: dt.datetime) -> None:
         """The outbox: one row per effect, in the transition's own transaction."""
         store = self.store
         when = store.time_param(now)
-        for position, effect in enumerate(edge.effects):
+        for position, effect in enumerate(effects):
             cursor.execute(store.sql.insert_effect, {
                 "resource_id": row.id, "seq": seq, "position": position, "name": effect.name,
                 "args": store.json_param(effect.args), "status": "pending", "attempts": 0,

@@ -94,6 +94,9 @@ class Runner:
         }
         self.risky = any(edge.fresh for _, edge in edges)
         self.timeouts = {state: timeout for state, (_, timeout) in graph.timeouts.items()}
+        self.entry_effects = dict(graph.entry_effects)
+        self.on_entry = bool(self.timeouts or self.entry_effects)
+        """Whether crossing into a state can ask for anything (timers, entry effects)."""
         definitions = []
         for trigger, edge in edges:
             fresh = [_fresh(edge)] if edge.fresh else []
@@ -129,15 +132,16 @@ class Runner:
 
     def crossed(self, old: str, new: str, dest: str) -> tuple[list[str], list[str]]:
         """The states a transition from leaf ``old`` to leaf ``new``, declared to ``dest``,
-        leaves and enters (innermost first). A transition to a state the resource is already
-        in (or inside) leaves and re-enters it, as ``transitions`` does."""
+        leaves (innermost first) and enters (outermost first). A transition to a state the
+        resource is already in (or inside) leaves and re-enters it, as ``transitions``
+        does."""
         graph = self.spec.graph
         before, after = graph.ancestors(old), graph.ancestors(new)
         redone = []
         if dest in before:
             redone = after[: after.index(dest) + 1]
         exited = [s for s in before if s not in after or s in redone]
-        entered = [s for s in after if s not in before or s in redone]
+        entered = [s for s in reversed(after) if s not in before or s in redone]
         return exited, entered
 
     def candidates(self, state: str, trigger: str) -> tuple[_Edge, ...]:

@@ -39,6 +39,20 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class EffectSpec(_Strict):
+    """A side effect a transition asks for, run after the transition committed by a worker:
+    handler ``name`` with ``args``. When it fails for good, ``on_failure`` (a trigger) is
+    fired on the resource; without one the resource is marked stuck."""
+
+    name: str
+    args: dict[str, Any] = Field(default_factory=dict)
+    on_failure: str | None = None
+
+
+def _as_effect(value: Any) -> Any:
+    return {"name": value} if isinstance(value, str) else value
+
+
 class Timeout(_Strict):
     """Entering the state schedules ``trigger`` ``after`` seconds later (a number, or the name
     of a data field holding one); leaving the state first cancels it."""
@@ -54,6 +68,8 @@ class StateSpec(_Strict):
     states: tuple[StateSpec, ...] = ()
     initial: str | None = None
     timeout: Timeout | None = None
+    effects: tuple[EffectSpec, ...] = ()
+    """Asked for on every entry into the state (after the entering transition's own)."""
     description: str | None = None
 
     @model_validator(mode="before")
@@ -61,6 +77,8 @@ class StateSpec(_Strict):
     def _children_as_dicts(cls, value: Any) -> Any:
         if isinstance(value, Mapping) and isinstance(value.get("states"), list | tuple):
             value = {**value, "states": [_as_state(s) for s in value["states"]]}
+        if isinstance(value, Mapping) and isinstance(value.get("effects"), list | tuple):
+            value = {**value, "effects": [_as_effect(e) for e in value["effects"]]}
         return value
 
 
@@ -70,20 +88,6 @@ class Freshness(_Strict):
 
     max_age: PositiveFloat
     probe: str | None = None
-
-
-class EffectSpec(_Strict):
-    """A side effect a transition asks for, run after the transition committed by a worker:
-    handler ``name`` with ``args``. When it fails for good, ``on_failure`` (a trigger) is
-    fired on the resource; without one the resource is marked stuck."""
-
-    name: str
-    args: dict[str, Any] = Field(default_factory=dict)
-    on_failure: str | None = None
-
-
-def _as_effect(value: Any) -> Any:
-    return {"name": value} if isinstance(value, str) else value
 
 
 class _Edge(_Strict):
@@ -177,7 +181,8 @@ class MachineSpec(_Strict):
         return {g for e in self.edges() for g in (*e.guards, *e.unless)}
 
     def effect_names(self) -> set[str]:
-        return {effect.name for e in self.edges() for effect in e.effects}
+        on_entry = {e.name for effects in self.graph.entry_effects.values() for e in effects}
+        return {effect.name for e in self.edges() for effect in e.effects} | on_entry
 
     def probe_names(self) -> set[str]:
         return {e.fresh.probe for e in self.edges() if e.fresh and e.fresh.probe}
@@ -212,6 +217,8 @@ class StateGraph:
     bad_names: list[tuple[str, str]] = field(default_factory=list)
     bad_initials: list[tuple[str, str, str | None]] = field(default_factory=list)
     timeouts: dict[str, tuple[str, Timeout]] = field(default_factory=dict)
+    entry_effects: dict[str, tuple[EffectSpec, ...]] = field(default_factory=dict)
+    effect_locations: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def build(cls, spec: MachineSpec) -> StateGraph:
@@ -230,6 +237,9 @@ class StateGraph:
                 graph.parent[full] = parent
                 if state.timeout is not None:
                     graph.timeouts[full] = (f"{loc}.timeout", state.timeout)
+                if state.effects:
+                    graph.entry_effects[full] = state.effects
+                    graph.effect_locations[full] = f"{loc}.effects"
                 graph.children[full] = []
                 if parent is not None:
                     graph.children[parent].append(full)
@@ -366,6 +376,12 @@ def _check(spec: MachineSpec) -> list[Problem]:
         for i, effect in enumerate(edge.effects):
             if effect.on_failure is not None and effect.on_failure not in triggers:
                 problems.append(Problem(f"{loc}.effects[{i}].on_failure",
+                                        f"{effect.on_failure!r} is not a trigger",
+                                        _suggest(effect.on_failure, triggers)))
+    for state, effects in graph.entry_effects.items():
+        for i, effect in enumerate(effects):
+            if effect.on_failure is not None and effect.on_failure not in triggers:
+                problems.append(Problem(f"{graph.effect_locations[state]}[{i}].on_failure",
                                         f"{effect.on_failure!r} is not a trigger",
                                         _suggest(effect.on_failure, triggers)))
     for state, (loc, timeout) in graph.timeouts.items():

@@ -418,3 +418,37 @@ def test_atomic_write(tmp_path: Path) -> None:
     atomic_write(target, b"ClusterId = 43\n")
     assert target.read_bytes() == b"ClusterId = 43\n"
     assert [p.name for p in tmp_path.iterdir()] == ["job.ad"]
+
+
+def test_entry_effects_run_on_every_entry_and_on_creation(store: Store,
+                                                          clock: SimulatedClock) -> None:
+    calls: list[tuple[str, str, int]] = []
+    spec = {
+        "name": "pilot", "initial": "request", "final": ["down"],
+        "states": [{"name": "request", "effects": ["deploy"]},
+                   {"name": "cleanup", "effects": [{"name": "terminate", "args": {"how": "rm"}}]},
+                   "booting", "down"],
+        "transitions": [
+            {"trigger": "deployed", "source": "request", "dest": "booting"},
+            {"trigger": "release", "source": "booting", "dest": "cleanup", "effects": ["note"]},
+            {"trigger": "again", "source": "cleanup", "dest": "cleanup"},
+            {"trigger": "gone", "source": "cleanup", "dest": "down"}]}
+
+    def record(name: str, follow: str | None = None) -> Any:
+        def run(call: EffectCall) -> FollowUp | None:
+            calls.append((name, call.key, call.seq))
+            return FollowUp(follow) if follow else None
+        return run
+
+    engine = Engine(store, [spec], clock=clock, effects={
+        "deploy": record("deploy", "deployed"), "terminate": record("terminate"),
+        "note": record("note")})
+    engine.create("pilot", "p1")
+    Worker(engine).run_until_idle()
+    engine.fire("p1", "release")
+    engine.fire("p1", "again")  # re-entering cleanup asks again
+    Worker(engine).run_until_idle()
+    assert calls == [("deploy", "p1", 1), ("note", "p1", 3), ("terminate", "p1", 3),
+                     ("terminate", "p1", 4)]
+    assert [e.idempotency_key for e in effect_records(engine)][1:3] == [
+        "pilot:p1:3:0:note", "pilot:p1:3:1:terminate"]
