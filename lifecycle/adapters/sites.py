@@ -1,0 +1,76 @@
+"""The two interfaces a drone talks through, as in TARDIS: the *site* that runs the drone's
+own job (Slurm, HTCondor, a cloud) and the overlay *batch system* the drone joins as a
+machine (an HTCondor pool). Status calls take many drones at once."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+# ResourceStatus, from the site about the drone's job
+BOOTING, RUNNING, STOPPED, DELETED, ERROR = "Booting", "Running", "Stopped", "Deleted", "Error"
+RESOURCE_STATUSES = (BOOTING, RUNNING, STOPPED, DELETED, ERROR)
+
+# MachineStatus, from the overlay pool about the drone as a machine
+AVAILABLE, DRAINING, DRAINED, NOT_AVAILABLE = "Available", "Draining", "Drained", "NotAvailable"
+MACHINE_STATUSES = (AVAILABLE, DRAINING, DRAINED, NOT_AVAILABLE)
+
+
+class SiteError(Exception):
+    """The site could not be asked or refused (timeout, authentication, quota). Retryable."""
+
+
+@dataclass(frozen=True, slots=True)
+class Drone:
+    """What an adapter needs to know of a drone."""
+
+    name: str
+    remote_id: str | None = None
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Terminated:
+    """The outcome of a fenced terminate: whether the site acted, and if not, why."""
+
+    acted: bool
+    detail: str = ""
+
+
+class Site(Protocol):
+    def deploy(self, drone: Drone) -> str:
+        """Submit the drone's job; its id at the site."""
+        ...
+
+    def status(self, drones: Sequence[Drone]) -> dict[str, str]:
+        """The ResourceStatus of each drone (by name), in as few calls as the site allows;
+        a drone the site no longer knows is Deleted."""
+        ...
+
+    def stop(self, drone: Drone) -> None:
+        """Ask the drone's job to stop gracefully."""
+        ...
+
+    def terminate(self, drone: Drone, expect: str | None) -> Terminated:
+        """Remove the drone's job, but only if it is still in the ResourceStatus ``expect``
+        (None: whatever it is). A job that moved on (a booting job that started running)
+        is left alone: ``acted`` is False."""
+        ...
+
+
+class BatchSystem(Protocol):
+    def integrate(self, drone: Drone, *, open_gate: bool) -> None:
+        """Let the drone's machine into the pool (with ``open_gate``: let it take payload)."""
+        ...
+
+    def drain(self, drone: Drone) -> None:
+        ...
+
+    def disintegrate(self, drone: Drone) -> None:
+        ...
+
+    def machine_status(self, drones: Sequence[Drone]) -> dict[str, str]:
+        """The MachineStatus of each drone (by name); a machine the pool does not know is
+        NotAvailable."""
+        ...
