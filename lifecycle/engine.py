@@ -443,9 +443,15 @@ class Engine:
         now = self.clock.now()
         context = GuardContext(row.machine, row.key, row.state, row.version, row.data,
                                payload, now, row.observation, row.last_transition_at)
-        if runner.risky and may_probe:
-            self._probe_if_stale(runner, row, trigger, context)
         decision = runner.decide(row.state, trigger, context)
+        if context.stale and may_probe:
+            # a risky edge whose guards held was stopped by its freshness rule alone: ask
+            # for a fresh observation and decide again (nothing was written)
+            for blocked, _ in context.stale:
+                if blocked.fresh is not None and blocked.fresh.probe is not None:
+                    raise _NeedProbe(blocked.fresh.probe, ProbeRequest(
+                        row.machine, row.key, row.state, row.version, row.data,
+                        row.observation))
         observation_id = row.observation.id if row.observation else None
         if not decision.fired:
             if not context.stale:
@@ -558,19 +564,6 @@ class Engine:
                 "due_at": store.time_param(now + dt.timedelta(seconds=after)),
                 "status": "pending", "created_at": when,
             })
-
-    def _probe_if_stale(self, runner: Runner, row: _Row, trigger: str,
-                        context: GuardContext) -> None:
-        """Leave the transaction to probe when a risky candidate's rule is not met."""
-        from .fresh import staleness
-
-        for edge in runner.candidates(row.state, trigger):
-            rule = edge.fresh
-            if rule is None or rule.probe is None:
-                continue
-            if staleness(rule, row.observation, row.last_transition_at, context.now):
-                raise _NeedProbe(rule.probe, ProbeRequest(
-                    row.machine, row.key, row.state, row.version, row.data, row.observation))
 
     def _refuse_stale(self, cursor: Any, runner: Runner, row: _Row, trigger: str,
                       payload: dict[str, Any], actor: str | None, context: GuardContext,

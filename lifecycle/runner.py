@@ -99,13 +99,17 @@ class Runner:
         """Whether crossing into a state can ask for anything (timers, entry effects)."""
         definitions = []
         for trigger, edge in edges:
-            fresh = [_fresh(edge)] if edge.fresh else []
+            # The freshness rule is the last condition: it is asked only of an edge whose
+            # guards all hold on the held observation, so a probe is made only when its answer
+            # could let a risky edge fire. (An edge held back by a stale observation is safe:
+            # the next fresh one decides.) An unless-condition comes after the others.
+            stale = [_stale(edge)] if edge.fresh else []
             definitions.append({
                 "trigger": trigger,
                 "source": ANY if ANY in edge.sources else list(edge.sources),
                 "dest": edge.dest,
-                "conditions": [*fresh, *(_check(n, guards.get(n), True) for n in edge.guards)],
-                "unless": [_check(name, guards.get(name), False) for name in edge.unless],
+                "conditions": [_check(n, guards.get(n), True) for n in edge.guards],
+                "unless": [*(_check(n, guards.get(n), False) for n in edge.unless), *stale],
                 "after": [_chosen(edge)],
             })
         options: dict[str, Any] = {
@@ -219,8 +223,9 @@ def _check(name: str, guard: Callable[[GuardContext], bool] | None,
     return condition
 
 
-def _fresh(edge: _Edge) -> Callable[[Any], bool]:
-    """The implicit first condition of a risky edge: its freshness rule."""
+def _stale(edge: _Edge) -> Callable[[Any], bool]:
+    """The implicit last condition of a risky edge (an unless-condition): its freshness
+    rule is not met."""
     rule = edge.fresh
     assert rule is not None
 
@@ -231,7 +236,7 @@ def _fresh(edge: _Edge) -> Callable[[Any], bool]:
         context.guards["fresh"] = problem is None
         if problem is not None:
             context.stale.append((edge, problem))
-        return problem is None
+        return problem is not None
 
     return condition
 

@@ -119,7 +119,8 @@ def test_observation_too_old_is_refused_and_journaled(engine: Engine,
             refusal.actor) == ("refusal", "release", "booting", "cleanup", 1, "cobald")
     assert refusal.observation is not None
     assert refusal.observation.status == {"resource_status": "Booting"}
-    assert refusal.guards == {"fresh": False}
+    # the guards were asked first, on the held observation; then the freshness rule
+    assert refusal.guards == {"not_running": True, "fresh": False, "running": False}
     assert engine.verify() == []
 
 
@@ -318,3 +319,27 @@ def test_fence_needs_a_freshness_rule() -> None:
 def test_unregistered_probe_is_named(store: Store) -> None:
     with pytest.raises(SpecError, match="probe 'site' is not registered with this engine"):
         Engine(store, [DRONE], guards=GUARDS)
+
+
+def test_no_probe_when_the_guards_would_not_let_the_edge_fire(engine: Engine,
+                                                            clock: SimulatedClock,
+                                                            site: Site) -> None:
+    """A stale observation on which the risky edge's guards fail costs no probe: the edge
+    is held back, which is safe; only an edge that could fire needs a fresh answer."""
+    spec_guarded = {**DRONE, "name": "gated", "transitions": [
+        {"trigger": "release", "source": "booting", "dest": "cleanup",
+         "guards": ["not_running", "no_demand"], "fresh": {"max_age": 30, "probe": "site"}},
+        {"trigger": "release", "source": "booting", "dest": "booting"},
+        {"trigger": "finish", "source": "cleanup", "dest": "down"},
+        {"trigger": "booted", "source": "booting", "dest": "integrate"},
+        {"trigger": "finish", "source": "integrate", "dest": "down"}]}
+    engine.guards["no_demand"] = lambda c: c.data.get("demand") == 0
+    engine.register(spec_guarded)
+    engine.create("gated", "g1", {"demand": 1})
+    clock.advance(100)
+    result = engine.fire("g1", "release")  # demand is 1: the risky edge cannot fire
+    assert (result.dest, result.probed, site.calls) == ("booting", False, [])
+    engine.update("g1", {"demand": 0})
+    clock.advance(1)
+    result = engine.fire("g1", "release")  # now it could: a fresh answer is needed
+    assert (result.dest, result.probed, len(site.calls)) == ("cleanup", True, 1)
