@@ -84,6 +84,11 @@ class FollowUp:
 
     trigger: str
     payload: Mapping[str, Any] = field(default_factory=dict)
+    writes: Callable[[Any], None] | None = None
+    """Database writes of the handler's own, given the DBAPI cursor of the transaction that
+    marks the effect done (after the worker's claim was checked) and fires ``trigger``: they
+    commit exactly once, with the effect's completion (a job-queue update). No I/O in them;
+    if they raise, the attempt failed."""
 
 
 Handler = Callable[["EffectCall"], FollowUp | None]
@@ -122,6 +127,9 @@ class EffectCall:
     payload: dict[str, Any]
     data: dict[str, Any]
     progress: dict[str, Any]
+    now: dt.datetime
+    """When the effect was claimed, by the engine's clock (handlers never read the wall
+    clock, so simulations stay reproducible)."""
     _worker: Worker | None = None
 
     def save_progress(self, values: Mapping[str, Any]) -> None:
@@ -285,7 +293,7 @@ class Worker:
             ).all()
         return [EffectCall(r.id, r.name, r.machine, r.key, dict(r.args), r.idempotency_key,
                            r.fence, r.attempts, r.seq, r.j_trigger, dict(r.j_payload or {}),
-                           dict(r.data), dict(r.progress or {}), self) for r in rows]
+                           dict(r.data), dict(r.progress or {}), now, self) for r in rows]
 
     # -- running ---------------------------------------------------------------------
 
@@ -349,8 +357,13 @@ class Worker:
     def _finish(self, call: EffectCall, kind: str, value: Any) -> None:
         try:
             if kind == "ok":
-                self._done(call, value)
-                return
+                try:
+                    self._done(call, value)
+                    return
+                except (LostClaim, DatabaseError):
+                    raise
+                except Exception as failure:  # recording the success failed (the
+                    kind, value = "error", failure  # handler's writes, or its follow-up)
             effect = self.engine.effects.get(call.name) or Effect(lambda c: None)
             exc: BaseException = value
             message = f"{type(exc).__name__}: {exc}"
@@ -385,7 +398,7 @@ class Worker:
                 self._mark(cursor, call, DONE, None)
         else:
             result = self._fire_with(call, follow_up.trigger, dict(follow_up.payload), DONE,
-                                     None)
+                                     None, writes=follow_up.writes)
             if not result.fired:
                 log.warning("effect %s of %s:%s done; its follow-up %s was refused: %s",
                             call.name, call.machine, call.key, follow_up.trigger, result.reason)
@@ -428,9 +441,10 @@ class Worker:
         return str(value) if value else None
 
     def _fire_with(self, call: EffectCall, trigger: str, payload: dict[str, Any],
-                   status: str, error: str | None) -> FireResult:
+                   status: str, error: str | None,
+                   writes: Callable[[Any], None] | None = None) -> FireResult:
         """Fire ``trigger`` on the effect's resource in the transaction that records the
-        effect's outcome."""
+        effect's outcome (with the handler's own ``writes``, if any)."""
         from .engine import Within
 
         worker = self
@@ -438,6 +452,8 @@ class Worker:
         class Mark(Within):
             def before(self, cursor: Any, resource_id: int) -> str | None:
                 worker._mark(cursor, call, status, error)
+                if writes is not None:
+                    writes(cursor)
                 return None
 
         return self.engine._decide_and_commit(

@@ -15,6 +15,7 @@ steps:
   - expect: {key: d1, state: integrate, data: {demand: 0}}
   - expect_last: {fired: false, error: StaleObservation}
   - run_effects: {}
+  - expect_actions: {key: d1, actions: [deploy, terminate]}  # what simulated effects did
 ```
 """
 
@@ -38,7 +39,7 @@ from .spec import MachineSpec, load_spec
 from .store import Store
 
 STEP_KINDS = ("create", "advance", "observe", "world", "update", "step", "fire", "expect",
-              "expect_last", "run_effects")
+              "expect_last", "run_effects", "expect_actions")
 
 
 class ScenarioError(LifecycleError):
@@ -322,6 +323,12 @@ def _do(step: Step, engine: Engine, clock: SimulatedClock, world: World, worker:
         reason_ok = "reason" not in a or str(a["reason"]) in (last.get("reason") or "")
         if found != wanted or not reason_ok:
             raise _StepFailed(a, {k: last.get(k) for k in ("fired", "error", "dest", "reason")})
+    elif kind == "expect_actions":
+        a = _args(step, ("key", "actions"))
+        done = [action for action, key, _ in world.actions if key == a["key"]]
+        wanted = list(a["actions"])
+        if done != wanted:
+            raise _StepFailed(wanted, done)
     elif kind == "run_effects":
         if step.args not in (None, {}):
             raise ValueError("run_effects takes no arguments ({})")

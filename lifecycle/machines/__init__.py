@@ -25,7 +25,7 @@ class Builtin:
 
 def builtins() -> dict[str, Builtin]:
     """Every built-in machine, by name."""
-    from . import batch_job
+    from . import batch_job, drone
 
-    found = [batch_job.BUILTIN]
+    found = [batch_job.BUILTIN, drone.BUILTIN, drone.TARDIS_BUILTIN]
     return {b.spec.name: b for b in found}

@@ -1,0 +1,310 @@
+"""``drone``: the TARDIS pilot-job lifecycle, with the boot race closed.
+
+A drone is a placeholder job at a site (Slurm, HTCondor, a cloud) that, once running, joins
+an overlay pool and runs payload from it. The states and the status table are TARDIS's
+(``../shared/domain/tardis-drones.md``): each state does something first (an entry effect)
+and then moves by the newest observation of the site's ResourceStatus and the pool's
+MachineStatus, evaluated by ``step``.
+
+The change: every edge that removes or stops a drone that might be running payload is a
+risky edge. It fires only on an observation made after the drone's last transition and at
+most ``max_age`` seconds old, asking the site when it has none; on a fresh Running the drone
+goes on to integrate (and is drained, not removed). The removal itself is fenced: the site is
+asked to terminate the job only if it is still in the observed state.
+
+``drone_spec(race_guard=False)`` is TARDIS as it is today, for the simulation of the incident.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from ..adapters.sites import (
+    AVAILABLE,
+    BOOTING,
+    DELETED,
+    DRAINED,
+    DRAINING,
+    ERROR,
+    NOT_AVAILABLE,
+    RUNNING,
+    STOPPED,
+    BatchSystem,
+    Drone,
+    Site,
+)
+from ..effects import Effect, EffectCall, FollowUp, Retry
+from ..fresh import ProbeRequest
+from ..runner import GuardContext
+from ..spec import MachineSpec
+from . import Builtin
+
+REF = "shared/domain/tardis-drones.md"
+LIVE_STATES = ("request", "booting", "integrate", "integrating", "available", "drain",
+               "draining", "disintegrate", "shutdown", "shutting_down", "cleanup")
+
+
+class DroneData(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    demand: int = 1
+    """1 while the pool wants the drone, 0 once it is to be released."""
+    minimum_lifetime: float | None = None
+    """Seconds after deployment from which an available drone is drained."""
+    drain_requested: bool = False
+    """The pool asked for the drone to be drained."""
+    remote_id: str | None = None
+    deployed_at: str | None = None
+
+
+# -- the spec -------------------------------------------------------------------------------
+
+
+def _status_edges(source: str, table: Mapping[str, str | None], risky: set[str],
+                  fresh: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Eventless edges from ``source`` for each ResourceStatus (and, for Running, each
+    MachineStatus) the table names; None keeps the drone where it is."""
+    edges = []
+    for status, dest in table.items():
+        if dest is None:
+            continue
+        guards = [f"rs_{status.split('+')[0].lower()}"]
+        if "+" in status:
+            guards.append(f"ms_{status.split('+')[1].lower()}")
+        edge: dict[str, Any] = {"source": source, "dest": dest, "guards": guards,
+                                "ref": f"{REF}: {source}, {status.replace('+', ' and ')}"}
+        if dest in risky and fresh is not None:
+            edge["fresh"] = fresh
+        edges.append(edge)
+    return edges
+
+
+def drone_spec(*, race_guard: bool = True, start_gate: bool = False,
+               max_age: float = 30.0) -> MachineSpec:
+    """The drone machine. ``race_guard=False`` is TARDIS today (machine ``drone_tardis``):
+    its removals rest on whatever status it holds, and its terminate is not fenced."""
+    fresh = {"max_age": max_age, "probe": "site"} if race_guard else None
+    # edges into these states stop or remove a job that may be running payload
+    risky = {"cleanup", "shutdown"}
+    rs = {  # the ResourceStatus columns common to most states
+        "Stopped": "cleanup", "Deleted": "down", "Error": "cleanup"}
+    eventless: list[dict[str, Any]] = []
+    # booting: demand 0 -> cleanup, the race. With the guard: only on a fresh status that
+    # does not say Running; a fresh Running goes on to integrate by the table below.
+    release: dict[str, Any] = {
+        "source": "booting", "dest": "cleanup", "guards": ["no_demand"],
+        "description": "the pool no longer wants the drone",
+        "ref": f"{REF}: booting, demand 0 (issue #172: the race)"}
+    if race_guard:
+        release["guards"] = ["no_demand", "not_running"]
+        release["fresh"] = fresh
+    eventless.append(release)
+    eventless += _status_edges("booting", {"Running": "integrate", **rs}, risky, fresh)
+    eventless += _status_edges("integrating", {
+        "Booting": "booting", "Running+Available": "available",
+        "Running+Draining": "draining", "Running+Drained": "disintegrate", **rs},
+        risky, fresh)
+    eventless.append({"source": "available", "dest": "drain", "guards": ["wants_drain"],
+                      "description": "the pool asked for a drain, demand is 0, or the "
+                                     "minimum lifetime is reached",
+                      "ref": f"{REF}: available"})
+    eventless += _status_edges("available", {
+        "Booting": "booting", "Running+NotAvailable": "shutdown",
+        "Running+Draining": "draining", "Running+Drained": "disintegrate", **rs},
+        risky, fresh)
+    eventless += _status_edges("draining", {
+        "Booting": "cleanup", "Running+Available": "drain",
+        "Running+Drained": "disintegrate", "Running+NotAvailable": "shutdown", **rs},
+        risky, fresh)
+    eventless += _status_edges("shutdown", {"Booting": "cleanup", "Running": "shutting_down",
+                                            **rs}, risky, fresh)
+    eventless += _status_edges("shutting_down", {"Booting": "cleanup", **rs}, risky, fresh)
+    eventless += _status_edges("cleanup", {"Running": "drain", "Deleted": "down"}, set(),
+                               fresh)
+    for edge in eventless:
+        if edge["source"] == "shutdown" and edge["dest"] == "shutting_down":
+            edge["effects"] = ["stop"]
+    name = "drone" if race_guard else "drone_tardis"
+    return MachineSpec.model_validate({
+        "name": name,
+        "description": "A TARDIS drone: a pilot job at a site that joins an overlay pool. "
+                       + ("Removals rest on a fresh site status and are fenced."
+                          if race_guard else "TARDIS today: removals rest on any status."),
+        "initial": "request",
+        "final": ["down"],
+        "states": [
+            {"name": "request", "effects": [
+                {"name": "deploy", "on_failure": "deploy_failed"}],
+             "description": "submit the drone's job to the site"},
+            {"name": "booting", "description": "the job is queued or starting"},
+            {"name": "integrate", "effects": [
+                {"name": "integrate", "args": {"open_gate": start_gate}}],
+             "description": "let the machine into the pool"},
+            {"name": "integrating", "description": "waiting for the pool to see it"},
+            {"name": "available", "description": "in the pool, taking payload"},
+            {"name": "drain", "effects": ["drain"], "description": "drain the machine"},
+            {"name": "draining", "description": "payload finishing"},
+            {"name": "disintegrate", "effects": ["disintegrate"],
+             "description": "take the machine out of the pool"},
+            {"name": "shutdown", "description": "stop the job if it runs"},
+            {"name": "shutting_down", "description": "waiting for the job to stop"},
+            {"name": "cleanup", "effects": [{"name": "terminate",
+                                             "args": {"fenced": race_guard}}],
+             "description": "remove the job from the site"},
+            {"name": "down", "description": "finished"},
+        ],
+        "transitions": [
+            {"trigger": "deployed", "source": "request", "dest": "booting",
+             "description": "the site accepted the job", "ref": f"{REF}: request"},
+            {"trigger": "deploy_failed", "source": "request", "dest": "down",
+             "description": "the site refused the job for good", "ref": f"{REF}: request"},
+            {"trigger": "integrated", "source": "integrate", "dest": "integrating",
+             "ref": f"{REF}: integrate"},
+            {"trigger": "drain_started", "source": "drain", "dest": "draining",
+             "ref": f"{REF}: drain"},
+            {"trigger": "disintegrated", "source": "disintegrate", "dest": "shutdown",
+             "ref": f"{REF}: disintegrate"},
+        ],
+        "eventless": eventless,
+        "data_model": DroneData,
+    })
+
+
+# -- guards: on the newest observation and the data; no I/O ---------------------------------
+
+
+def _rs(value: str) -> Callable[[GuardContext], bool]:
+    return lambda c: c.status.get("resource_status") == value
+
+
+def _ms(value: str) -> Callable[[GuardContext], bool]:
+    return lambda c: c.status.get("machine_status") == value
+
+
+def _wants_drain(c: GuardContext) -> bool:
+    if c.data.get("drain_requested") or c.data.get("demand", 1) == 0:
+        return True
+    lifetime, deployed = c.data.get("minimum_lifetime"), c.data.get("deployed_at")
+    if lifetime is None or deployed is None:
+        return False
+    return (c.now - dt.datetime.fromisoformat(deployed)).total_seconds() >= float(lifetime)
+
+
+GUARDS: dict[str, Callable[[GuardContext], bool]] = {
+    **{f"rs_{s.lower()}": _rs(s) for s in (BOOTING, RUNNING, STOPPED, DELETED, ERROR)},
+    **{f"ms_{s.lower()}": _ms(s) for s in (AVAILABLE, DRAINING, DRAINED, NOT_AVAILABLE)},
+    "no_demand": lambda c: c.data.get("demand", 1) == 0,
+    "not_running": lambda c: c.status.get("resource_status") != RUNNING,
+    "wants_drain": _wants_drain,
+}
+
+
+# -- effects and the probe, through a site and a batch system ---------------------------------
+
+
+def _drone(call: EffectCall) -> Drone:
+    return Drone(call.key, call.data.get("remote_id"), call.data)
+
+
+def effects(site: Site, batch: BatchSystem) -> dict[str, Effect]:
+    """The drone's effect handlers, acting through ``site`` and ``batch``."""
+
+    def deploy(call: EffectCall) -> FollowUp:
+        remote_id = site.deploy(_drone(call))
+        return FollowUp("deployed", {"remote_id": remote_id,
+                                     "deployed_at": call.now.isoformat()})
+
+    def integrate(call: EffectCall) -> FollowUp:
+        batch.integrate(_drone(call), open_gate=bool(call.args.get("open_gate")))
+        return FollowUp("integrated")
+
+    def drain(call: EffectCall) -> FollowUp:
+        batch.drain(_drone(call))
+        return FollowUp("drain_started")
+
+    def disintegrate(call: EffectCall) -> FollowUp:
+        batch.disintegrate(_drone(call))
+        return FollowUp("disintegrated")
+
+    def stop(call: EffectCall) -> None:
+        site.stop(_drone(call))
+
+    def terminate(call: EffectCall) -> None:
+        expect = None
+        if call.args.get("fenced") and call.fence is not None:
+            observed = call.fence.get("expect", {}).get("resource_status")
+            expect = observed if observed in (BOOTING, RUNNING) else None
+        site.terminate(_drone(call), expect)
+
+    patient = Retry(max_attempts=None, base=10, cap=300)
+    return {
+        "deploy": Effect(deploy, Retry(max_attempts=3, base=10, cap=60)),
+        "integrate": Effect(integrate, patient),
+        "drain": Effect(drain, patient),
+        "disintegrate": Effect(disintegrate, patient),
+        "stop": Effect(stop, patient),
+        "terminate": Effect(terminate, patient),
+    }
+
+
+def probe(site: Site, batch: BatchSystem) -> Callable[[ProbeRequest], dict[str, Any]]:
+    """Ask the site (and the pool) about one drone, now."""
+
+    def ask(request: ProbeRequest) -> dict[str, Any]:
+        drone = Drone(request.key, request.data.get("remote_id"), request.data)
+        return {"resource_status": site.status([drone]).get(drone.name, DELETED),
+                "machine_status": batch.machine_status([drone]).get(drone.name,
+                                                                     NOT_AVAILABLE)}
+
+    return ask
+
+
+# -- the pool: which drones to release ----------------------------------------------------------
+
+_RELEASE_ORDER = {"available": 0, "integrating": 1, "integrate": 1, "booting": 2, "request": 3}
+
+
+def release_order(drones: Sequence[Any], policy: str = "established_first") -> list[Any]:
+    """Drones (``Resource``s with demand 1) in the order to release them when demand falls.
+
+    ``established_first`` (the default): established idle drones first, oldest first, and
+    booting drones last, so that a drone that may be starting payload is the last picked.
+    ``newest_first``: the newest drones first, whatever their state (COBalD's proposal)."""
+    wanted = [d for d in drones if d.data.get("demand", 1) == 1 and d.state in _RELEASE_ORDER]
+    if policy == "newest_first":
+        return sorted(wanted, key=lambda d: d.created_at, reverse=True)
+    if policy != "established_first":
+        raise ValueError(f"unknown release policy {policy!r}: established_first or "
+                         "newest_first")
+    return sorted(wanted, key=lambda d: (_RELEASE_ORDER[d.state], d.created_at))
+
+
+# -- the built-in and its simulation --------------------------------------------------------
+
+
+def _simulation(world: Any) -> tuple[Any, Any, Any]:
+    """For scenario files: a site that answers what the scenario's world says and records
+    what it was asked to do."""
+    from .drone_sim import ScenarioBatch, ScenarioSite
+
+    site, batch = ScenarioSite(world), ScenarioBatch(world)
+    return GUARDS, effects(site, batch), {"site": probe(site, batch)}
+
+
+SPEC = drone_spec()
+BUILTIN = Builtin(
+    spec=SPEC,
+    guards=GUARDS,
+    summary="TARDIS drone: removals only on a fresh site status, fenced",
+    simulation=_simulation,
+)
+TARDIS_BUILTIN = Builtin(
+    spec=drone_spec(race_guard=False),
+    guards=GUARDS,
+    summary="TARDIS drone as it is today (the boot race open), for comparison",
+    simulation=_simulation,
+)
