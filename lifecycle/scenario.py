@@ -325,10 +325,9 @@ def _do(step: Step, engine: Engine, clock: SimulatedClock, world: World, worker:
             raise _StepFailed(a, {k: last.get(k) for k in ("fired", "error", "dest", "reason")})
     elif kind == "expect_actions":
         a = _args(step, ("key", "actions"))
-        done = [action for action, key, _ in world.actions if key == a["key"]]
-        wanted = list(a["actions"])
-        if done != wanted:
-            raise _StepFailed(wanted, done)
+        actions = [action for action, key, _ in world.actions if key == a["key"]]
+        if actions != list(a["actions"]):
+            raise _StepFailed(list(a["actions"]), actions)
     elif kind == "run_effects":
         if step.args not in (None, {}):
             raise ValueError("run_effects takes no arguments ({})")
