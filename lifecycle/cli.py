@@ -84,6 +84,12 @@ def _engine(db_url: str | None, *, upgrade: bool = False) -> Engine:
         guards.update(getattr(provider, "guards", None) or {})
         effects.update(getattr(provider, "effects", None) or {})
         probes.update(getattr(provider, "probes", None) or {})
+        if hasattr(provider, "drone_site"):  # a site and a pool for the built-in drones
+            from .machines import drone
+
+            site, batch = provider.drone_site, provider.drone_batch_system
+            effects.update(drone.effects(site, batch))
+            probes["site"] = drone.probe(site, batch)
     return _BuiltinAwareEngine(_store(db_url, upgrade=upgrade), guards=guards, effects=effects,
                                probes=probes)
 
@@ -400,24 +406,40 @@ def history(key: str, db_url: str | None, as_json: bool) -> None:
         print(json.dumps([e.to_json() for e in entries], indent=2))
         return
     resource = engine.get(key)
-    table = Table("seq", "at", "event", "from -> to", "version", "details",
-                  title=f"{resource.machine}:{resource.key}", title_justify="left")
+    days = {e.at.date() for e in entries}
+    one_day = len(days) == 1
+    title = f"{resource.machine}:{resource.key}" + (
+        f", {next(iter(days)).isoformat()} (UTC)" if one_day else "")
+    table = Table("seq", "at", "event", "from -> to", title=title, title_justify="left")
+    table.add_column("details", overflow="fold")
     for e in entries:
         details = []
         if e.actor:
             details.append(f"by {e.actor}")
         if e.guards:
-            details.append(f"guards {_verdicts(e.guards)}")
+            # a transition shows the guards that let it fire; a refusal all it asked
+            shown: dict[str, bool] = e.guards if e.kind == "refusal" else {
+                name: ok for name, ok in e.guards.items() if ok}
+            if shown:
+                details.append(_verdicts(shown))
         if e.payload:
             label = "data" if e.kind in ("create", "adopt") else "payload"
-            details.append(f"{label} {json.dumps(e.payload, sort_keys=True)}")
+            details.append(f"{label} {_short(e.payload)}")
         if e.observation is not None:
-            details.append(f"observed {json.dumps(e.observation.status, sort_keys=True)} at "
-                           f"{_time(e.observation.observed_at)} by {e.observation.source}")
-        moved = f"{e.source} -> {e.dest}" if e.source else e.dest
-        table.add_row(str(e.seq), _time(e.at), _what(e), moved, str(e.version),
-                      _escape("\n".join(details)))
+            details.append(f"on {_short(e.observation.status)} seen "
+                           f"{_time(e.observation.observed_at, one_day)} by "
+                           f"{e.observation.source}")
+        moved = f"{e.source} -> {e.dest}" if e.source and e.source != e.dest else e.dest
+        table.add_row(str(e.seq), _time(e.at, one_day), _what(e), moved,
+                      _escape("; ".join(details)))
     out.print(table)
+    out.print("[dim]version, guard verdicts, payloads and observations in full: "
+              "--json[/]")
+
+
+def _short(document: Any, limit: int = 120) -> str:
+    text = json.dumps(document, sort_keys=True, separators=(",", ":"))
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _what(entry: JournalEntry) -> str:
@@ -432,7 +454,9 @@ def _verdicts(guards: dict[str, bool] | None) -> str:
     return ", ".join(f"{name}={'yes' if ok else 'no'}" for name, ok in (guards or {}).items())
 
 
-def _time(value: Any) -> str:
+def _time(value: Any, clock_only: bool = False) -> str:
+    if clock_only:
+        return str(value.strftime("%H:%M:%S.%f")[:-3])
     return str(value.isoformat(timespec="milliseconds").replace("+00:00", "Z"))
 
 
@@ -491,6 +515,136 @@ def replay(files: tuple[str, ...], as_json: bool) -> None:
         sys.exit(1)
 
 
+# -- drones --------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("machine", default="drone", type=click.Choice(["drone", "drone_tardis"]))
+@click.option("--every", type=click.FloatRange(min=1), metavar="SECONDS",
+              help="Repeat every SECONDS (the heartbeat) until SIGTERM or Ctrl-C; without it, "
+                   "one round.")
+@db_option
+@json_option
+def reconcile(machine: str, every: float | None, db_url: str | None, as_json: bool) -> None:
+    """Run a drone pool's heartbeat: the site's and the pool's status of every live drone in
+    one call each, recorded as observations, then one step of every drone. The site and the
+    pool come from a LIFECYCLE_PLUGINS module defining `drone_site` and
+    `drone_batch_system`."""
+    import signal as signals
+    import time as timing
+
+    from .machines import drone
+
+    provided = [p for p in _plugins() if hasattr(p, "drone_site")]
+    if not provided:
+        raise LifecycleError(
+            "no drone site is configured: name a module in LIFECYCLE_PLUGINS that defines "
+            "`drone_site` and `drone_batch_system` (for example "
+            "lifecycle.adapters.slurm.SlurmSite(...))")
+    site = provided[0].drone_site
+    batch = provided[0].drone_batch_system
+    engine = _engine(db_url)
+    engine.register(drone.drone_spec(race_guard=machine == "drone"))
+    stop = []
+    if every is not None:
+        signals.signal(signals.SIGTERM, lambda *_: stop.append(True))
+    from rich.progress import Progress as Bar
+
+    worker = Worker(engine)
+    while True:
+        worker.run_until_idle()  # effects of the last round (a deploy) before the statuses
+        with Bar(console=err, transient=True) as bar:
+            task = bar.add_task("stepping drones", total=None)
+            def advance(done: int, total: int, task: Any = task) -> None:
+                bar.update(task, completed=done, total=total)
+
+            report = drone.reconcile(engine, site, batch, machine=machine, progress=advance)
+        worker.run_until_idle()
+        if as_json:
+            print(json.dumps(report), flush=True)
+        elif report["site_error"]:
+            out.print(f"[yellow]site unreachable[/]: {_escape(report['site_error'])}; "
+                      f"{report['drones']} drones keep their state")
+        else:
+            moved = ", ".join(f"{n} {m}" for m, n in sorted(report["moved"].items()))
+            out.print(f"{report['drones']} drones: {moved or 'none moved'}"
+                      + (f"; {report['refused']} risky edges refused" if report["refused"]
+                         else ""))
+        if every is None or stop:
+            return
+        try:
+            deadline = timing.monotonic() + every
+            while timing.monotonic() < deadline and not stop:
+                timing.sleep(min(0.2, every))
+        except KeyboardInterrupt:
+            return
+        if stop:
+            return
+
+
+# -- simulations ---------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("name", required=False)
+@click.option("--seed", default=1, show_default=True, help="The random seed: the same seed "
+              "gives the same result.")
+@click.option("--set", "settings", multiple=True, metavar="OPTION=VALUE",
+              help="An option of the simulation (see the list without NAME).")
+@click.option("--timing", is_flag=True, help="With --json, include the wall-clock timing "
+              "(which differs between runs).")
+@json_option
+def simulate(name: str | None, seed: int, settings: tuple[str, ...], timing: bool,
+             as_json: bool) -> None:
+    """Run simulation NAME: the incident's race as it happened and with lifecycle's
+    machine, on temporary databases. Without NAME, list the simulations and their options."""
+    from .sim import simulations
+
+    known = simulations()
+    if name is None:
+        for simulation in known.values():
+            out.print(f"[bold]{simulation.name}[/]: {simulation.summary}")
+            for option, (kind, default, help_text) in simulation.options.items():
+                out.print(f"  --set {option}={default}  ({kind.__name__}) {help_text}")
+        return
+    if name not in known:
+        raise LifecycleError(f"unknown simulation {name!r}; known: {', '.join(known)}")
+    simulation = known[name]
+    options: dict[str, Any] = {}
+    for setting in settings:
+        key, sep, raw = setting.partition("=")
+        if not sep or key not in simulation.options:
+            raise click.BadParameter(f"{setting!r}: options of {name} are "
+                                     f"{', '.join(simulation.options)}", param_hint="--set")
+        kind = simulation.options[key][0]
+        try:
+            options[key] = (raw.lower() in ("1", "true", "yes")) if kind is bool else kind(raw)
+        except ValueError:
+            raise click.BadParameter(f"{setting!r}: {key} takes a {kind.__name__}",
+                                     param_hint="--set") from None
+    from rich.progress import Progress as Bar
+
+    with Bar(console=err, transient=True) as bar:
+        task = bar.add_task(name, total=1.0)
+        report = simulation.run(seed=seed, progress=lambda done, total: bar.update(
+            task, completed=done / total if total else 1.0), **options)
+    if as_json:
+        if not timing:
+            report = {k: v for k, v in report.items() if k != "timing"}
+        print(json.dumps({k: v for k, v in report.items() if k != "hints"}, indent=2))
+        return
+    table = Table("what was measured", "before", "after",
+                  title=f"{name}, seed {seed}", title_justify="left")
+    for measure in report["measures"]:
+        table.add_row(measure["what"], str(measure["before"]), str(measure["after"]))
+    out.print(table)
+    if "timing" in report:
+        speed = report["timing"]
+        out.print(f"simulated in {speed['seconds']} s"
+                  + (f", {speed['drone_hours_per_second']} drone-hours per second"
+                     if "drone_hours_per_second" in speed else ""))
+
+
 # -- effects -------------------------------------------------------------------------------
 
 
@@ -514,8 +668,15 @@ def worker(until_idle: bool, concurrency: int, lease: float, poll: float, db_url
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     engine = _engine(db_url)
-    for name in builtins():
-        engine.register(builtins()[name].spec)
+    for name, builtin in builtins().items():
+        spec = builtin.spec
+        missing = sorted((spec.effect_names() - set(engine.effects))
+                         | (spec.probe_names() - set(engine.probes)))
+        if missing:  # a machine whose adapters this process does not have (e.g. a site)
+            logging.getLogger(__name__).info(
+                "not serving %s: no %s here (LIFECYCLE_PLUGINS)", name, ", ".join(missing))
+            continue
+        engine.register(spec)
     runner = Worker(engine, concurrency=concurrency, lease=lease, poll=poll)
     stats = runner.run_until_idle() if until_idle else runner.run(handle_signals=True)
     left = outbox_counts(engine)
@@ -618,3 +779,13 @@ def demo(db_url: str | None) -> None:
 
     run_demo(_engine(db_url, upgrade=True), out)
 
+
+from .diagram_cli import diagram, diagrams  # noqa: E402
+
+main.add_command(diagram)
+main.add_command(diagrams)
+
+
+from .adapters.queue_cli import queue  # noqa: E402
+
+main.add_command(queue)

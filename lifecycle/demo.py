@@ -1,5 +1,5 @@
-"""``lifecycle demo``: drive the tutorial machine on the embedded database, show each
-decision the engine took or refused, the journal it wrote, and that the journal replays."""
+"""``lifecycle demo``: each built-in machine's race, first as the incident happened and then
+with the project's machine, on the embedded database; one table of what went wrong."""
 
 from __future__ import annotations
 
@@ -7,57 +7,49 @@ import time
 from typing import Any
 
 from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from .engine import Engine
+from .sim import simulations
 
 
-def run_demo(engine: Engine, out: Console) -> None:
+def run_demo(engine: Engine, out: Console, *, seed: int = 1) -> list[dict[str, Any]]:
     started = time.perf_counter()
-    out.print(f"[bold]lifecycle demo[/] on {engine.store.display_url}\n")
-    taken = len(engine.resources("batch_job"))
-    keys = [f"job-{taken + i}" for i in (1, 2, 3)]
-    ok, crash, held = keys
-    plan: list[tuple[str, str, dict[str, Any] | None]] = [
-        (ok, "start", None), (ok, "executing", None), (ok, "exit", {"exit_code": 0}),
-        (crash, "start", None), (crash, "exit", {"exit_code": 1}),
-        (crash, "executing", None), (crash, "exit", {"exit_code": 137}),
-        (held, "hold", {"holds": 3}), (held, "release", None), (held, "step", None),
-    ]
-    for key in keys:
-        engine.create("batch_job", key, {"owner": "demo", "cmd": f"/bin/{key}"}, actor="demo")
-    table = Table("resource", "event", "from", "to", "outcome", title="what the engine decided",
-                  title_justify="left")
-    for key, trigger, payload in plan:
-        if trigger == "step":
-            result = engine.step(key, actor="demo")
-        else:
-            result = engine.fire(key, trigger, payload, actor="demo")
-        event = result.trigger + (f" {payload}" if payload else "")
-        if result.fired:
-            table.add_row(key, event, result.source, result.dest or "", "[green]fired[/]")
-        else:
-            table.add_row(key, event, result.source, "",
-                          f"[yellow]refused[/]: {result.reason}")
-    out.print(table)
+    store = engine.store
+    out.print(f"[bold]lifecycle demo[/] on {store.display_url}: each incident's race, as it "
+              "happened and with lifecycle's machine\n")
+    runs = 1 + sum(1 for r in engine.resources() if r.key.endswith("-d00001"))
+    prefix = f"demo{runs}-"
+    reports = []
+    with Progress(TextColumn("{task.description:<34}"), BarColumn(), TimeElapsedColumn(),
+                  console=out, transient=True) as progress:
+        for simulation in simulations().values():
+            task = progress.add_task(f"{simulation.name}", total=1.0)
 
-    history = Table("seq", "what", "from", "to", "version", "guards",
-                    title=f"journal of batch_job:{held}", title_justify="left")
-    for e in engine.history(f"batch_job:{held}"):
-        verdicts = ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in (e.guards or {}).items())
-        history.add_row(str(e.seq), e.trigger or ("(eventless)" if e.kind == "transition"
-                                                  else e.kind),
-                        e.source or "", e.dest, str(e.version), verdicts)
-    out.print(history)
-    mismatches = engine.verify()
-    if mismatches:
-        for m in mismatches:
-            out.print(f"[red]mismatch[/] {m}")
-    else:
-        total = sum(sum(c.values()) for c in engine.counts().values())
-        out.print(f"verify: all {total} resources in the database replay from their journals")
-    out.print(f"\ndone in {time.perf_counter() - started:.2f} s. Look further with:")
-    out.print(f"  lifecycle history batch_job:{ok}     the journal of one resource")
-    out.print(f"  lifecycle show {ok}                  its state, data and next triggers")
-    out.print("  lifecycle describe batch_job        the machine's states and transitions")
-    out.print("  lifecycle list batch_job            every resource of the machine")
+            def report(done: float, total: float, task: Any = task) -> None:
+                progress.update(task, completed=done / total if total else 1.0)
+
+            reports.append(simulation.run(seed=seed, progress=report, store=store,
+                                          prefix=prefix, **simulation.demo))
+    table = Table("scenario", "what was measured", "before", "after",
+                  title="what each race cost", title_justify="left")
+    for simulation, result in zip(simulations().values(), reports, strict=True):
+        for i, measure in enumerate(result["measures"]):
+            table.add_row(simulation.name if i == 0 else "", measure["what"],
+                          _number(measure["before"]), _number(measure["after"]))
+        table.add_row(f"[dim]{simulation.summary}[/]", "", "", "", end_section=True)
+    out.print(table)
+    out.print(f"done in {time.perf_counter() - started:.1f} s. Look further with:")
+    for result in reports:
+        for hint in result.get("hints", []):
+            out.print(f"  {hint}")
+    out.print("  lifecycle simulate NAME --seed N     a run of your own (lifecycle simulate "
+              "--help lists them)")
+    out.print("  lifecycle describe drone             the machine's states and risky edges")
+    out.print("  lifecycle diagram drone              the same, as a picture")
+    return reports
+
+
+def _number(value: Any) -> str:
+    return f"{value:,}" if isinstance(value, int) else str(value)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import and_, exists, func, or_, select, update
+from sqlalchemy import and_, bindparam, exists, func, or_, select, update
 
 from .errors import DatabaseError, LifecycleError, UnknownResource
 from .records import FireResult
@@ -263,34 +263,18 @@ class Worker:
         if limit <= 0:
             return []
         now = self.engine.clock.now()
-        e = effects_table.alias("e")
-        p = effects_table.alias("p")
-        blocked = exists().where(p.c.resource_id == e.c.resource_id, p.c.id < e.c.id,
-                                 p.c.status.in_([PENDING, RUNNING, FAILED]))
-        due = or_(and_(e.c.status == PENDING, e.c.next_attempt_at <= now),
-                  and_(e.c.status == RUNNING, e.c.lease_until < now))
-        # a worker claims only what it has handlers for: others may serve the rest
-        query = (select(e.c.id).where(due, ~blocked, e.c.name.in_(sorted(self.engine.effects)))
-                 .order_by(e.c.next_attempt_at, e.c.id).limit(min(limit, self.batch)))
-        if self.store.dialect == "postgresql":
-            query = query.with_for_update(skip_locked=True, of=e)
+        statements = _claim_statements(self.store.dialect == "postgresql")
         lease_until = now + dt.timedelta(seconds=self.lease)
         with self.store.begin() as db:
-            ids = list(db.execute(query).scalars())
+            # a worker claims only what it has handlers for: others may serve the rest
+            ids = list(db.execute(statements.claimable, {
+                "now": now, "names": sorted(self.engine.effects),
+                "limit": min(limit, self.batch)}).scalars())
             if not ids:
                 return []
-            db.execute(update(effects_table).where(effects_table.c.id.in_(ids)).values(
-                status=RUNNING, claimed_by=self.name, lease_until=lease_until,
-                attempts=effects_table.c.attempts + 1))
-            rows = db.execute(
-                select(effects_table, resources.c.machine, resources.c.key, resources.c.data,
-                       journal.c.trigger.label("j_trigger"), journal.c.payload.label("j_payload"))
-                .join(resources, resources.c.id == effects_table.c.resource_id)
-                .join(journal, and_(journal.c.resource_id == effects_table.c.resource_id,
-                                    journal.c.seq == effects_table.c.seq))
-                .where(effects_table.c.id.in_(ids))
-                .order_by(effects_table.c.id)
-            ).all()
+            db.execute(statements.claim, {"ids": ids, "claimed_by": self.name,
+                                          "lease_until": lease_until})
+            rows = db.execute(statements.claimed, {"ids": ids}).all()
         return [EffectCall(r.id, r.name, r.machine, r.key, dict(r.args), r.idempotency_key,
                            r.fence, r.attempts, r.seq, r.j_trigger, dict(r.j_payload or {}),
                            dict(r.data), dict(r.progress or {}), now, self) for r in rows]
@@ -489,12 +473,7 @@ class Worker:
     def _fire_due_timers(self) -> int:
         now = self.engine.clock.now()
         with self.store.read() as db:
-            due = db.execute(
-                select(timers.c.id, timers.c.trigger, resources.c.machine, resources.c.key)
-                .join(resources, resources.c.id == timers.c.resource_id)
-                .where(timers.c.status == "pending", timers.c.due_at <= now)
-                .order_by(timers.c.due_at, timers.c.id).limit(self.batch)
-            ).all()
+            due = db.execute(_DUE_TIMERS, {"now": now, "limit": self.batch}).all()
         fired = 0
         for timer_id, trigger, machine, key in due:
             if self._stop.is_set():
@@ -512,6 +491,58 @@ class Worker:
             else:
                 self.stats.timers_refused += 1
         return fired
+
+
+# -- the worker's statements, built once (building them per call cost more than running them)
+
+
+@dataclass(frozen=True, slots=True)
+class _ClaimStatements:
+    claimable: Any
+    claim: Any
+    claimed: Any
+
+
+_CLAIM: dict[bool, _ClaimStatements] = {}
+
+
+def _claim_statements(postgresql: bool) -> _ClaimStatements:
+    found = _CLAIM.get(postgresql)
+    if found is None:
+        e = effects_table.alias("e")
+        p = effects_table.alias("p")
+        now: Any = bindparam("now")
+        # effects of one resource run in order: not while an earlier one is unfinished
+        blocked = exists().where(p.c.resource_id == e.c.resource_id, p.c.id < e.c.id,
+                                 p.c.status.in_([PENDING, RUNNING, FAILED]))
+        due = or_(and_(e.c.status == PENDING, e.c.next_attempt_at <= now),
+                  and_(e.c.status == RUNNING, e.c.lease_until < now))
+        claimable = (select(e.c.id)
+                     .where(due, ~blocked, e.c.name.in_(bindparam("names", expanding=True)))
+                     .order_by(e.c.next_attempt_at, e.c.id).limit(bindparam("limit")))
+        if postgresql:
+            claimable = claimable.with_for_update(skip_locked=True, of=e)
+        t = effects_table.c
+        claim = (update(effects_table).where(t.id.in_(bindparam("ids", expanding=True)))
+                 .values(status=RUNNING, claimed_by=bindparam("claimed_by"),
+                         lease_until=bindparam("lease_until"), attempts=t.attempts + 1))
+        claimed = (
+            select(effects_table, resources.c.machine, resources.c.key, resources.c.data,
+                   journal.c.trigger.label("j_trigger"), journal.c.payload.label("j_payload"))
+            .join(resources, resources.c.id == t.resource_id)
+            .join(journal, and_(journal.c.resource_id == t.resource_id,
+                                journal.c.seq == t.seq))
+            .where(t.id.in_(bindparam("ids", expanding=True)))
+            .order_by(t.id))
+        found = _CLAIM[postgresql] = _ClaimStatements(claimable, claim, claimed)
+    return found
+
+
+_DUE_TIMERS = (
+    select(timers.c.id, timers.c.trigger, resources.c.machine, resources.c.key)
+    .join(resources, resources.c.id == timers.c.resource_id)
+    .where(timers.c.status == PENDING, timers.c.due_at <= bindparam("now"))
+    .order_by(timers.c.due_at, timers.c.id).limit(bindparam("limit")))
 
 
 # -- reading and repairing the outbox --------------------------------------------------------

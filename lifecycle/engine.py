@@ -497,30 +497,32 @@ class Engine:
             })
         except (TypeError, ValueError) as exc:  # a payload that JSON cannot hold
             raise InvalidData(row.machine, row.key, f"payload is not JSON: {exc}") from None
+        asked = len(edge.effects)
         if runner.on_entry:
             exited, entered = runner.crossed(row.state, decision.dest, edge.dest)
-            self._enter(cursor, runner, row, seq, edge.effects, exited, entered, data, fence,
-                        now)
+            asked = self._enter(cursor, runner, row, seq, edge.effects, exited, entered, data,
+                                fence, now)
         elif edge.effects:
             self._ask_effects(cursor, row, seq, edge.effects, fence, now)
         result = FireResult(True, row.machine, row.key, _shown(trigger), row.state,
                             decision.dest, row.version + 1, None, decision.guards,
-                            fence=fence, probed=probed, seq=seq)
+                            fence=fence, probed=probed, seq=seq, effects=asked)
         if within is not None:
             within.after(cursor, result)
         return result
 
     def _enter(self, cursor: Any, runner: Runner, row: _Row, seq: int,
                effects: tuple[EffectSpec, ...], exited: list[str], entered: list[str],
-               data: Mapping[str, Any], fence: dict[str, Any] | None, now: dt.datetime) -> None:
+               data: Mapping[str, Any], fence: dict[str, Any] | None, now: dt.datetime) -> int:
         """What crossing state boundaries asks for: the transition's effects, then those of
-        the states entered (outermost first); timers cancelled and set."""
+        the states entered (outermost first); timers cancelled and set. How many effects."""
         effects = (*effects, *(e for state in entered for e in runner.entry_effects.get(
             state, ())))
         if effects:
             self._ask_effects(cursor, row, seq, effects, fence, now)
         if runner.timeouts:
             self._set_timers(cursor, runner, row, seq, exited, entered, data, now)
+        return len(effects)
 
     def _ask_effects(self, cursor: Any, row: _Row, seq: int, effects: tuple[EffectSpec, ...],
                      fence: dict[str, Any] | None, now: dt.datetime) -> None:

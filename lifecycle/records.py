@@ -104,6 +104,8 @@ class FireResult:
     probed: bool = False
     seq: int | None = None
     """The journal sequence number of the transition (or refusal) written."""
+    effects: int = 0
+    """How many effects the transition asked for (for a worker to carry out)."""
 
     def __bool__(self) -> bool:
         return self.fired
@@ -114,6 +116,7 @@ class FireResult:
             "trigger": self.trigger, "source": self.source, "dest": self.dest,
             "version": self.version, "reason": self.reason, "guards": self.guards,
             "error": self.error, "fence": self.fence, "probed": self.probed, "seq": self.seq,
+            "effects": self.effects,
         }
 
 

@@ -25,7 +25,7 @@ class Builtin:
 
 def builtins() -> dict[str, Builtin]:
     """Every built-in machine, by name."""
-    from . import batch_job, drone
+    from . import batch_job, drone, job_exit
 
-    found = [batch_job.BUILTIN, drone.BUILTIN, drone.TARDIS_BUILTIN]
+    found = [batch_job.BUILTIN, drone.BUILTIN, drone.TARDIS_BUILTIN, job_exit.BUILTIN]
     return {b.spec.name: b for b in found}

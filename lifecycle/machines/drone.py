@@ -266,6 +266,8 @@ def probe(site: Site, batch: BatchSystem) -> Callable[[ProbeRequest], dict[str, 
 # -- the pool: which drones to release ----------------------------------------------------------
 
 _RELEASE_ORDER = {"available": 0, "integrating": 1, "integrate": 1, "booting": 2, "request": 3}
+POOL_STATES = frozenset(_RELEASE_ORDER)
+"""The states of a drone that counts towards the pool: on its way up, or up."""
 
 
 def release_order(drones: Sequence[Any], policy: str = "established_first") -> list[Any]:
@@ -289,7 +291,7 @@ def release_order(drones: Sequence[Any], policy: str = "established_first") -> l
 def _simulation(world: Any) -> tuple[Any, Any, Any]:
     """For scenario files: a site that answers what the scenario's world says and records
     what it was asked to do."""
-    from .drone_sim import ScenarioBatch, ScenarioSite
+    from .drone_sim import ScenarioBatch, ScenarioSite  # imported late: it imports this
 
     site, batch = ScenarioSite(world), ScenarioBatch(world)
     return GUARDS, effects(site, batch), {"site": probe(site, batch)}
@@ -308,3 +310,45 @@ TARDIS_BUILTIN = Builtin(
     summary="TARDIS drone as it is today (the boot race open), for comparison",
     simulation=_simulation,
 )
+
+
+# -- the reconcile loop ---------------------------------------------------------------------
+
+
+def reconcile(engine: Any, site: Site, batch: BatchSystem, *, machine: str = "drone",
+              progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """One heartbeat of a drone pool: ask the site and the pool for every live drone's status
+    in one call each, record the answers as observations, and step every drone once.
+
+    When the site (or the pool) cannot be asked, nothing is observed and no drone is
+    stepped: the drones keep their state, and no risky edge fires on an old picture."""
+    from ..adapters.sites import SiteError
+
+    drones = [r for r in engine.resources(machine) if r.state != "down"]
+    refs = [Drone(r.key, r.data.get("remote_id"), r.data) for r in drones]
+    report: dict[str, Any] = {"drones": len(drones), "moved": {}, "refused": 0,
+                              "site_error": None}
+    if not drones:
+        return report
+    try:
+        site_status = site.status(refs)
+        pool_status = batch.machine_status(refs)
+    except SiteError as exc:
+        report["site_error"] = str(exc)
+        return report
+    asked_at = engine.clock.now()
+    for i, drone in enumerate(drones):
+        key = f"{machine}:{drone.key}"
+        engine.observe(key, {
+            "resource_status": site_status.get(drone.key, DELETED),
+            "machine_status": pool_status.get(drone.key, NOT_AVAILABLE)},
+            asked_at, source="reconcile")
+        result = engine.step(key, actor="reconcile", on_stale="return")
+        if result.fired:
+            move = f"{result.source} -> {result.dest}"
+            report["moved"][move] = report["moved"].get(move, 0) + 1
+        elif result.error:
+            report["refused"] += 1
+        if progress is not None:
+            progress(i + 1, len(drones))
+    return report

@@ -12,22 +12,14 @@ from typing import Any
 from .loop import EventLoop, Progress
 
 
-@dataclass(frozen=True, slots=True)
-class Measure:
-    """One line of the demo's table: what was measured, before and after."""
-
-    what: str
-    before: float
-    after: float
-
-
 @dataclass(frozen=True)
 class Simulation:
     name: str
     summary: str
     run: Callable[..., dict[str, Any]]
     """``run(seed=, progress=, **options) -> report``: a JSON-able report, the same for
-    the same seed and options, with ``measures``: a list of Measure as dicts."""
+    the same seed and options (but for its ``timing``), with ``measures``: a list of
+    ``{"what", "before", "after"}``, the lines of the demo's table."""
     options: Mapping[str, tuple[type, Any, str]] = field(default_factory=dict)
     """name -> (type, default, help)"""
     demo: Mapping[str, Any] = field(default_factory=dict)
@@ -36,8 +28,10 @@ class Simulation:
 
 def simulations() -> dict[str, Simulation]:
     """Every simulation, by name."""
-    found: list[Simulation] = []
+    from . import drone_race
+
+    found: list[Simulation] = [drone_race.SIMULATION]
     return {s.name: s for s in found}
 
 
-__all__ = ["EventLoop", "Measure", "Progress", "Simulation", "simulations"]
+__all__ = ["EventLoop", "Progress", "Simulation", "simulations"]

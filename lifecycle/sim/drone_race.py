@@ -1,0 +1,355 @@
+"""``lifecycle simulate drone-race``: a pool of short-lived drones under fluctuating demand,
+with status delays like the seed's, run on TARDIS as it is (``drone_tardis``) and on the
+``drone`` machine.
+
+The world: a site whose jobs boot after a random delay and whose status view lags reality by
+a few seconds; a pool whose drones take payload soon after their job runs; a status cache
+refreshed for all drones in one call every ``status_interval`` seconds; each drone stepping
+on its own heartbeat; a controller that raises and lowers demand and releases drones by the
+release policy. Counted: payloads killed (a terminate or stop that hit a drone running
+payload), drones removed while running, and the probe calls the guard cost.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..adapters.sites import (
+    AVAILABLE,
+    BOOTING,
+    DELETED,
+    DRAINED,
+    DRAINING,
+    NOT_AVAILABLE,
+    RUNNING,
+    Drone,
+    Terminated,
+)
+from ..clock import SimulatedClock
+from ..effects import Worker
+from ..engine import Engine
+from ..machines import drone as drone_machine
+from ..store import Store
+from . import Simulation
+from .loop import EventLoop, Progress
+
+START = "2026-01-01T00:00:00Z"
+
+
+@dataclass
+class Job:
+    """A drone's job at the site, and the payload it runs."""
+
+    name: str
+    submitted: float
+    starts: float
+    state: str = BOOTING                      # the truth: Booting, Running, Deleted
+    history: list[tuple[float, str]] = field(default_factory=list)
+    in_pool: bool = True
+    """The drone's startd joins the pool by itself once the job runs; disintegrate removes it."""
+    gate_open: bool = False
+    draining: bool = False
+    payload_since: float | None = None
+    payload_until: float | None = None
+
+    def state_at(self, when: float) -> str:
+        state = BOOTING
+        for at, value in self.history:
+            if at <= when:
+                state = value
+        return state
+
+
+class World:
+    """The site and the pool of the simulation, driven by the event loop."""
+
+    def __init__(self, loop: EventLoop, options: dict[str, Any]) -> None:
+        self.loop = loop
+        self.options = options
+        self.jobs: dict[str, Job] = {}
+        self.killed_payloads = 0
+        self.removed_running = 0
+        self.fenced_saves = 0
+        self.victims: list[str] = []
+        self.saved: list[str] = []
+
+    # -- the site ---------------------------------------------------------------------
+
+    def deploy(self, drone: Drone) -> str:
+        now = self.loop.elapsed
+        low, high = self.options["boot_time"]
+        job = Job(drone.name, now, now + self.loop.rng.uniform(low, high))
+        job.history.append((now, BOOTING))
+        self.jobs[drone.name] = job
+        self.loop.at(job.starts, lambda: self._start(job))
+        return f"job-{drone.name}"
+
+    def _start(self, job: Job) -> None:
+        if job.state != BOOTING:
+            return
+        job.state = RUNNING
+        job.history.append((self.loop.elapsed, RUNNING))
+        if not self.options["start_gate"]:
+            self._offer_payload(job)
+
+    def _offer_payload(self, job: Job) -> None:
+        """The pool matches payload to the drone's machine a little after it appears."""
+        low, high = self.options["payload_delay"]
+        self.loop.after(self.loop.rng.uniform(low, high), lambda: self._payload(job))
+
+    def _payload(self, job: Job) -> None:
+        if job.state != RUNNING or job.draining or job.payload_since is not None:
+            return
+        job.payload_since = self.loop.elapsed
+        job.payload_until = job.payload_since + self.loop.rng.expovariate(
+            1 / self.options["payload_length"])
+
+    def _payload_running(self, job: Job) -> bool:
+        return (job.payload_since is not None and job.payload_until is not None
+                and job.payload_until > self.loop.elapsed)
+
+    def status(self, drones: Sequence[Drone]) -> dict[str, str]:
+        """The site's view lags reality by a random delay."""
+        lag = self.loop.rng.uniform(0, self.options["site_lag"])
+        when = self.loop.elapsed - lag
+        out = {}
+        for drone in drones:
+            job = self.jobs.get(drone.name)
+            out[drone.name] = DELETED if job is None else job.state_at(when)
+        return out
+
+    def stop(self, drone: Drone) -> None:
+        job = self.jobs.get(drone.name)
+        if job is not None and job.state == RUNNING:
+            self._remove(job, terminate=False)
+
+    def terminate(self, drone: Drone, expect: str | None) -> Terminated:
+        job = self.jobs.get(drone.name)
+        if job is None or job.state == DELETED:
+            return Terminated(True, "already gone")
+        if expect is not None and job.state != expect:
+            self.fenced_saves += 1
+            self.saved.append(job.name)
+            return Terminated(False, f"the job is {job.state}, not {expect}")
+        self._remove(job, terminate=True)
+        return Terminated(True)
+
+    def _remove(self, job: Job, *, terminate: bool) -> None:
+        if job.state == RUNNING:
+            if terminate:
+                self.removed_running += 1
+            if self._payload_running(job):
+                self.killed_payloads += 1
+                self.victims.append(job.name)
+        job.state = DELETED
+        job.history.append((self.loop.elapsed, DELETED))
+
+    # -- the pool ---------------------------------------------------------------------
+
+    def integrate(self, drone: Drone, *, open_gate: bool) -> None:
+        job = self.jobs.get(drone.name)
+        if job is not None and open_gate and not job.gate_open:
+            job.gate_open = True
+            self._offer_payload(job)
+
+    def drain(self, drone: Drone) -> None:
+        job = self.jobs.get(drone.name)
+        if job is not None:
+            job.draining = True
+
+    def disintegrate(self, drone: Drone) -> None:
+        job = self.jobs.get(drone.name)
+        if job is not None:
+            job.in_pool = False
+
+    def machine_status(self, drones: Sequence[Drone]) -> dict[str, str]:
+        out = {}
+        for drone in drones:
+            job = self.jobs.get(drone.name)
+            if job is None or job.state != RUNNING or not job.in_pool:
+                out[drone.name] = NOT_AVAILABLE
+            elif job.draining:
+                out[drone.name] = DRAINING if self._payload_running(job) else DRAINED
+            else:
+                out[drone.name] = AVAILABLE
+        return out
+
+
+class CountingProbe:
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.calls = 0
+        self.keys: list[str] = []
+
+    def __call__(self, request: Any) -> Any:
+        self.calls += 1
+        self.keys.append(request.key)
+        return self.inner(request)
+
+
+def run_variant(*, seed: int, race_guard: bool, options: dict[str, Any], store: Store,
+                prefix: str = "", progress: Progress | None = None) -> dict[str, Any]:
+    """One run of the pool on one variant of the machine, in ``store``; its counts."""
+    clock = SimulatedClock(START)
+    loop = EventLoop(clock, seed)
+    world = World(loop, options)
+    spec = drone_machine.drone_spec(race_guard=race_guard, start_gate=options["start_gate"],
+                                    max_age=options["max_age"])
+    probe = CountingProbe(drone_machine.probe(world, world))
+    engine = Engine(store, [spec], guards=drone_machine.GUARDS,
+                    effects=drone_machine.effects(world, world), probes={"site": probe},
+                    clock=clock)
+    worker = Worker(engine, seed=seed)
+    machine = spec.name
+    duration = options["hours"] * 3600.0
+    heartbeat = options["heartbeat"]
+    counter = [0]
+    live: dict[str, Any] = {}
+
+    def settle() -> None:
+        worker.run_until_idle()
+
+    def new_drone() -> None:
+        counter[0] += 1
+        name = f"{prefix}d{counter[0]:05d}"
+        low, high = options["lifetime"]
+        engine.create(machine, name, {"minimum_lifetime": loop.rng.uniform(low, high)},
+                      actor="cobald")
+        live[name] = True
+        settle()
+        loop.after(loop.rng.uniform(0, heartbeat), lambda: beat(name))
+
+    def beat(name: str) -> None:
+        result = engine.step(f"{machine}:{name}", actor="tardis", on_stale="return")
+        if result.effects:
+            settle()
+        if (result.dest or result.source) == "down":
+            live.pop(name, None)
+            return
+        loop.after(heartbeat, lambda: beat(name))
+
+    def refresh_statuses() -> None:
+        names = [n for n in live]
+        if not names:
+            return
+        drones = [Drone(n) for n in names]
+        site = world.status(drones)
+        pool = world.machine_status(drones)
+        for name in names:
+            engine.observe(f"{machine}:{name}", {"resource_status": site[name],
+                                                 "machine_status": pool[name]},
+                           source="status-cache")
+
+    def control() -> None:
+        low, high = options["demand"]
+        target = round(options["drones"] * loop.rng.uniform(low, high))
+        # the pool: drones on their way up or up, still wanted (draining ones are leaving)
+        wanted = [r for r in engine.resources(machine)
+                  if r.state in drone_machine.POOL_STATES and r.data.get("demand", 1) == 1]
+        if target > len(wanted):
+            for _ in range(target - len(wanted)):
+                new_drone()
+        elif target < len(wanted):
+            for resource in drone_machine.release_order(wanted, options["policy"])[
+                    : len(wanted) - target]:
+                engine.update(f"{machine}:{resource.key}", {"demand": 0}, actor="cobald")
+
+    loop.every(options["status_interval"], refresh_statuses, until=duration)
+    loop.every(options["demand_interval"], control, until=duration)
+    loop.run(duration, progress)
+    drone_seconds = sum(
+        min(duration, (job.history[-1][0] if job.state == DELETED else duration))
+        - job.submitted for job in world.jobs.values())
+    return {
+        "machine": machine,
+        "example": next(iter(world.victims or world.saved or probe.keys), None),
+        "drones": counter[0],
+        "payloads_killed": world.killed_payloads,
+        "removed_while_running": world.removed_running,
+        "probe_calls": probe.calls,
+        "fenced_terminates_refused": world.fenced_saves,
+        "drone_hours": round(drone_seconds / 3600, 3),
+    }
+
+
+DEFAULTS: dict[str, Any] = {
+    "drones": 300, "hours": 6.0, "heartbeat": 60.0, "status_interval": 60.0,
+    "site_lag": 10.0, "boot_time": (30.0, 300.0), "payload_delay": (3.0, 30.0),
+    "payload_length": 1800.0, "lifetime": (1200.0, 2400.0), "demand": (0.3, 1.0),
+    "demand_interval": 60.0, "max_age": 30.0, "start_gate": False,
+    "policy": "newest_first",
+}
+
+
+def simulate(*, seed: int = 1, progress: Progress | None = None, store: Store | None = None,
+             prefix: str = "", **changes: Any) -> dict[str, Any]:
+    """Both variants, on ``store`` (default: a temporary database of their own)."""
+    options = {**DEFAULTS, **{k: v for k, v in changes.items() if v is not None}}
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="lifecycle-drone-race-") as directory:
+        own = store is None
+        runs = []
+        for i, race_guard in enumerate((False, True)):
+            def step_progress(done: float, total: float, i: int = i) -> None:
+                if progress is not None:
+                    progress(i * total + done, 2 * total)
+
+            target = store or Store(f"sqlite:///{Path(directory) / f'run{i}.db'}",
+                                    upgrade=True)
+            runs.append(run_variant(seed=seed, race_guard=race_guard, options=options,
+                                    store=target, prefix=prefix, progress=step_progress))
+            if own:
+                target.dispose()
+    before, after = runs
+    elapsed = time.perf_counter() - started
+    report = {
+        "simulation": "drone-race",
+        "seed": seed,
+        "options": {k: list(v) if isinstance(v, tuple) else v for k, v in options.items()},
+        "before": before,
+        "after": after,
+        "timing": {"seconds": round(elapsed, 2), "drone_hours_per_second": round(
+            (before["drone_hours"] + after["drone_hours"]) / max(elapsed, 1e-9), 1)},
+    }
+    hints: list[str] = []
+    report["hints"] = hints
+    if before["example"]:
+        hints.append(f"lifecycle history drone_tardis:{before['example']}   "
+                               "a drone whose payload TARDIS killed")
+    if after["example"]:
+        hints.append(f"lifecycle history drone:{after['example']}   "
+                               "a drone the fence (or a fresh status) saved")
+    report["measures"] = [
+        {"what": "drones whose running payload was killed",
+         "before": before["payloads_killed"], "after": after["payloads_killed"]},
+        {"what": "drones removed while running", "before": before["removed_while_running"],
+         "after": after["removed_while_running"]},
+        {"what": "probe calls (the guard's cost)", "before": before["probe_calls"],
+         "after": after["probe_calls"]},
+    ]
+    return report
+
+
+SIMULATION = Simulation(
+    name="drone-race",
+    summary="TARDIS drones under fluctuating demand: payloads killed by the boot race",
+    run=simulate,
+    options={
+        "drones": (int, DEFAULTS["drones"], "the pool's largest size"),
+        "hours": (float, DEFAULTS["hours"], "simulated hours"),
+        "site_lag": (float, DEFAULTS["site_lag"], "seconds the site's status lags reality"),
+        "status_interval": (float, DEFAULTS["status_interval"],
+                            "seconds between status refreshes (the cache's age)"),
+        "max_age": (float, DEFAULTS["max_age"], "the risky edges' max_age, seconds"),
+        "start_gate": (bool, DEFAULTS["start_gate"],
+                       "drones take payload only once integrated"),
+        "policy": (str, DEFAULTS["policy"], "which drones to release: newest_first (COBalD's "
+                   "proposal in the seed's thread, the default here) or established_first"),
+    },
+    demo={"drones": 40, "hours": 1.0},
+)
