@@ -338,11 +338,16 @@ class Engine:
         raises :class:`UnknownTrigger`. A risky edge refused for want of a fresh observation
         is journaled, then raises :class:`StaleObservation` (or, with ``on_stale="return"``,
         comes back as a result whose ``error`` is ``"StaleObservation"``)."""
+        if trigger == EVENTLESS:  # not a trigger of any machine: eventless edges need step()
+            machine = queries.split_key(key)[0] or "?"
+            raise UnknownTrigger(machine, trigger, [])
         return self._decide_and_commit(key, trigger, dict(payload or {}), actor, on_stale)
 
     def step(self, key: str, *, actor: str | None = None,
              on_stale: OnStale = "raise") -> FireResult:
-        """Take the first eventless transition from the resource's state whose guards hold."""
+        """Take the first eventless transition from the resource's state whose guards hold
+        (in the order of :attr:`MachineSpec.transitions`: edges from the resource's own
+        state before edges from its parent states)."""
         return self._decide_and_commit(key, EVENTLESS, {}, actor, on_stale)
 
     def _decide_and_commit(self, key: str, trigger: str, payload: dict[str, Any],

@@ -9,7 +9,7 @@ import datetime as dt
 import logging
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 from .errors import StrandedResources, UnknownMachine
 from .spec import MachineSpec
@@ -22,6 +22,11 @@ def store_spec(store: Store, spec: MachineSpec, now: dt.datetime) -> None:
     """Store ``spec`` if it is new and make it its machine's current version. A changed spec
     is refused when live resources are in states it no longer has."""
     with store.begin() as db:
+        if store.dialect == "postgresql":
+            # processes starting together register one machine one at a time (SQLite's
+            # BEGIN IMMEDIATE already serialises them); held until this transaction ends
+            db.execute(text("SELECT pg_advisory_xact_lock(hashtext(:name))"),
+                       {"name": f"lifecycle.register:{spec.name}"})
         known = db.execute(select(specs.c.version).where(
             specs.c.machine == spec.name, specs.c.version == spec.version)).first()
         current = db.execute(

@@ -129,7 +129,12 @@ class EventlessSpec(_Edge):
 
 
 class MachineSpec(_Strict):
-    """A whole machine. Pure data: nothing here runs."""
+    """A whole machine. Pure data: nothing here runs.
+
+    When several edges can take the same trigger from a state, they are tried innermost
+    source first (an edge from the resource's own leaf state, or from ``*``, before one from
+    a parent state), then in the order they are declared; the first whose guards hold fires.
+    That is how ``transitions``' hierarchical machine resolves them."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
 

@@ -8,6 +8,7 @@ row, and every resource must sit in its initial state flipped once per transitio
 
 from __future__ import annotations
 
+import itertools
 import logging
 import multiprocessing
 import queue
@@ -16,14 +17,14 @@ import threading
 import time
 import traceback
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import pytest
 from sqlalchemy import func, select
 
-from lifecycle import Engine, GuardContext, Store
-from lifecycle.store import journal, resources
+from lifecycle import Engine, GuardContext, ResourceExists, Store
+from lifecycle.store import journal, machines, resources, specs
 
 TOGGLE_SPEC: dict[str, Any] = {
     "name": "toggle",
@@ -66,8 +67,18 @@ class _RetryCounter(logging.Handler):
             self.count += 1
 
 
+def _explained(exc: BaseException) -> str:
+    """The exception in one line, then its traceback."""
+    first = (str(exc).splitlines() or [""])[0]
+    return f"{type(exc).__module__}.{type(exc).__name__}: {first}\n{traceback.format_exc()}"
+
+
 def _worker(url: str, index: int, fires: int, seed: int, start: Any, results: Any) -> None:
-    """One OS process: its own Store and Engine, ``fires`` random fires, then one report."""
+    """One OS process: its own Store and Engine, ``fires`` random fires, then one report.
+
+    On SQLite a process that just committed usually takes the write lock again before the
+    others wake from their busy wait, so the workers would run in long turns; a pause of up
+    to a millisecond after each fire makes them interleave."""
     try:
         counter = _RetryCounter()
         engine_log = logging.getLogger("lifecycle.engine")
@@ -77,11 +88,18 @@ def _worker(url: str, index: int, fires: int, seed: int, start: Any, results: An
         engine = Engine(store, [TOGGLE_SPEC], guards=GUARDS)
         rng = random.Random(seed)
         keys = _keys()
-        fired: list[tuple[str, int, str, str, str, dict[str, Any] | None]] = []
+        fired: list[tuple[str, int, str, str | None, str, dict[str, Any] | None]] = []
         refused = 0
         anomalies: list[str] = []
+        pause = 0.001 if store.dialect == "sqlite" else 0.0
         start.wait(START_TIMEOUT_S)
         began = time.perf_counter()
+        # all at once: exactly one creates the resource, the others are told it exists
+        try:
+            engine.create("toggle", "contended", {"by": index})
+            created = True
+        except ResourceExists:
+            created = False
         for i in range(fires):
             key = rng.choice(keys)
             roll = rng.random()
@@ -106,12 +124,15 @@ def _worker(url: str, index: int, fires: int, seed: int, start: Any, results: An
                 if (not result.reason or trigger == "flip"
                         or (payload and payload.get("ok") and result.source != "b")):
                     anomalies.append(f"fire {i} {trigger} {payload} refused: {result}")
+            if pause:
+                time.sleep(rng.random() * pause)
         elapsed = time.perf_counter() - began
         store.dispose()
         results.put(("ok", index, {"fired": fired, "refused": refused, "retries": counter.count,
-                                   "seconds": elapsed, "anomalies": anomalies}))
-    except BaseException:
-        results.put(("error", index, traceback.format_exc()))
+                                   "seconds": elapsed, "anomalies": anomalies,
+                                   "created": created}))
+    except BaseException as exc:
+        results.put(("error", index, _explained(exc)))
         raise
 
 
@@ -122,12 +143,15 @@ class _Outcome:
     seconds: float = 0.0
 
 
-def _run_workers(url: str, processes: int, fires: int, seed: int) -> _Outcome:
+def _run_workers(url: str, processes: int, fires: int, seed: int,
+                 target: Callable[..., None] = _worker) -> _Outcome:
+    """Start ``processes`` spawned workers, release them together once all are ready, and
+    collect one report (or traceback) from each."""
     context = multiprocessing.get_context("spawn")
     start = context.Barrier(processes + 1)
     results = context.Queue()
     workers = [
-        context.Process(target=_worker, args=(url, i, fires, seed * 1000 + i, start, results),
+        context.Process(target=target, args=(url, i, fires, seed * 1000 + i, start, results),
                         name=f"lifecycle-worker-{i}", daemon=True)
         for i in range(processes)
     ]
@@ -193,16 +217,17 @@ def _race(url: str, processes: int, fires: int, seed: int) -> None:
 
 def _check(engine: Engine, store: Store, outcome: _Outcome, initial: dict[str, str],
            initial_data: dict[str, dict[str, Any]], processes: int, fires: int) -> None:
-    reported: dict[str, list[tuple[int, str, str, str, dict[str, Any] | None]]] = defaultdict(list)
+    reported: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
     for report in outcome.reports.values():
         for key, version, source, dest, trigger, payload in report["fired"]:
             reported[key].append((version, source, dest, trigger, payload))
     fired_total = sum(len(r["fired"]) for r in outcome.reports.values())
     refused_total = sum(r["refused"] for r in outcome.reports.values())
-    retries = {i: r["retries"] for i, r in sorted(outcome.reports.items())}
+    retries = [r["retries"] for _, r in sorted(outcome.reports.items())]
+    seconds = [round(r["seconds"], 1) for _, r in sorted(outcome.reports.items())]
     summary = (f"{processes} processes x {fires} fires on {store.dialect} in "
-               f"{outcome.seconds:.1f} s: {fired_total} fired, {refused_total} refused, "
-               f"compare-and-swap retries per worker {retries}")
+               f"{outcome.seconds:.1f} s: {fired_total} fired, {refused_total} refused; per "
+               f"worker: seconds {seconds}, compare-and-swap retries {retries}")
     print(summary)
     assert fired_total + refused_total == processes * fires, summary
 
@@ -213,6 +238,7 @@ def _check(engine: Engine, store: Store, outcome: _Outcome, initial: dict[str, s
     problems += [f"verify(): {m}" for m in mismatches]
 
     transitions_total = 0
+    handovers = 0  # consecutive transitions of one resource by different workers
     table = []
     for key in _keys():
         row = engine.get(f"toggle:{key}")
@@ -227,6 +253,7 @@ def _check(engine: Engine, store: Store, outcome: _Outcome, initial: dict[str, s
             problems.append(f"{key}: journal starts with {history[0].kind!r}")
         moves = [e for e in history if e.kind == "transition"]
         transitions_total += len(moves)
+        handovers += sum(1 for x, y in itertools.pairwise(moves) if x.actor != y.actor)
         expected_state = initial[key] if len(moves) % 2 == 0 else OTHER[initial[key]]
         if row.state != expected_state:
             problems.append(f"{key}: started in {initial[key]!r}, took {len(moves)} "
@@ -264,11 +291,15 @@ def _check(engine: Engine, store: Store, outcome: _Outcome, initial: dict[str, s
             select(func.count()).select_from(journal).where(journal.c.kind == "transition")
         ).scalar_one()
         rows = db.execute(select(func.count()).select_from(resources)).scalar_one()
+    print(f"  {handovers} hand-overs between workers on the same resource")
     if counted != fired_total or transitions_total != fired_total:
         problems.append(f"workers reported {fired_total} fires that fired; the journal has "
                         f"{counted} transition rows ({transitions_total} via history())")
-    if rows != RESOURCES:
-        problems.append(f"{rows} resources in the database, expected {RESOURCES}")
+    creators = sorted(i for i, r in outcome.reports.items() if r["created"])
+    if len(creators) != 1:
+        problems.append(f"workers {creators} all created 'contended'; exactly one should have")
+    if rows != RESOURCES + 1:
+        problems.append(f"{rows} resources in the database, expected {RESOURCES + 1}")
     assert not problems, "\n".join([summary, *problems[:50], "resources:", *table])
 
 
@@ -278,3 +309,45 @@ def test_eight_processes_race_on_postgresql(postgres_url: str) -> None:
 
 def test_four_processes_race_on_sqlite(sqlite_url: str) -> None:
     _race(sqlite_url, processes=4, fires=500, seed=4)
+
+
+def _register_worker(url: str, index: int, _fires: int, _seed: int, start: Any,
+                     results: Any) -> None:
+    """One OS process starting up: it opens the store, then, at the same instant as the
+    others, builds its Engine with a spec the database has not seen yet."""
+    try:
+        store = Store(url)
+        start.wait(START_TIMEOUT_S)
+        engine = Engine(store, [TOGGLE_SPEC], guards=GUARDS)
+        engine.create("toggle", f"w{index}")
+        store.dispose()
+        results.put(("ok", index, {}))
+    except BaseException as exc:
+        results.put(("error", index, _explained(exc)))
+        raise
+
+
+def test_processes_starting_together_register_the_same_new_spec(db_url: str) -> None:
+    """Many processes deploying the same new machine at once (a restart of every worker
+    after an upgrade) all start, and the spec is stored once."""
+    url = db_url
+    processes = 8 if url.startswith("postgresql") else 4
+    Store(url, upgrade=True).dispose()
+    outcome = _run_workers(url, processes, 0, 0, target=_register_worker)
+    failures = [" ".join(e.splitlines()[:2]) for e in outcome.errors]
+    assert not outcome.errors, (
+        f"{len(outcome.errors)} of {processes} processes could not start an Engine with a new "
+        f"spec while the others did the same:\n  " + "\n  ".join(failures)
+        + "\n\nfirst traceback:\n" + outcome.errors[0])
+    store = Store(url)
+    try:
+        with store.read() as db:
+            stored = db.execute(select(specs.c.machine, specs.c.version)).all()
+            current = db.execute(select(machines.c.name, machines.c.spec_version)).all()
+        engine = Engine(store, [TOGGLE_SPEC], guards=GUARDS)
+        version = engine.spec("toggle").version
+        assert stored == [("toggle", version)]
+        assert current == [("toggle", version)]
+        assert sorted(r.key for r in engine.resources()) == [f"w{i}" for i in range(processes)]
+    finally:
+        store.dispose()

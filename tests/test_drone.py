@@ -81,7 +81,7 @@ def test_reconcile_steps_every_drone_on_one_status_call(store: Store) -> None:
     engine = Engine(store, [drone.SPEC], guards=guards, effects=effects, probes=probes,
                     clock=clock)
     for i in range(3):
-        engine.create("drone", f"d{i}", state="booting")
+        engine.create("drone", f"d{i}", state="booting", data={"remote_id": f"job-{i}"})
     world.status.update({"d0": {"resource_status": "Running"},
                          "d1": {"resource_status": "Booting"},
                          "d2": {"resource_status": "Deleted"}})
@@ -102,7 +102,7 @@ def test_reconcile_survives_a_site_that_is_down(store: Store) -> None:
     guards, effects, probes = drone.BUILTIN.simulation(world)
     engine = Engine(store, [drone.SPEC], guards=guards, effects=effects, probes=probes,
                     clock=clock)
-    engine.create("drone", "d1", state="booting", data={"demand": 0})
+    engine.create("drone", "d1", state="booting", data={"demand": 0, "remote_id": "17"})
     clock.advance(100)
     site = DownSite()
     report = drone.reconcile(engine, site, ScenarioBatch(world))

@@ -238,7 +238,9 @@ def effects(site: Site, batch: BatchSystem) -> dict[str, Effect]:
         if call.args.get("fenced") and call.fence is not None:
             observed = call.fence.get("expect", {}).get("resource_status")
             expect = observed if observed in (BOOTING, RUNNING) else None
-        site.terminate(_drone(call), expect)
+        outcome = site.terminate(_drone(call), expect)
+        # kept with the effect: whether the site acted, or why it left the job alone
+        call.save_progress({"acted": outcome.acted, "detail": outcome.detail})
 
     patient = Retry(max_attempts=None, base=10, cap=300)
     return {
@@ -324,7 +326,9 @@ def reconcile(engine: Any, site: Site, batch: BatchSystem, *, machine: str = "dr
     stepped: the drones keep their state, and no risky edge fires on an old picture."""
     from ..adapters.sites import SiteError
 
-    drones = [r for r in engine.resources(machine) if r.state != "down"]
+    # a drone without a job at the site yet (its deploy has not run) has nothing to ask about
+    drones = [r for r in engine.resources(machine)
+              if r.state != "down" and r.data.get("remote_id")]
     refs = [Drone(r.key, r.data.get("remote_id"), r.data) for r in drones]
     report: dict[str, Any] = {"drones": len(drones), "moved": {}, "refused": 0,
                               "site_error": None}
