@@ -1,0 +1,324 @@
+"""A drone site on Slurm, through its commands: ``sbatch`` to deploy, one ``squeue`` for the
+status of many drones, ``scancel`` to stop, and a fenced ``scancel`` to terminate.
+
+Every command runs as a subprocess (an argument list, never a shell) with a timeout; a
+command that is missing, times out, or fails with a message raises :class:`SiteError` naming
+the command and its stderr.
+
+The status mapping is TARDIS's Slurm site adapter's (squeue's job state codes):
+
+=================================================================  ==========
+Slurm state                                                        status
+=================================================================  ==========
+PENDING, CONFIGURING, REQUEUED, REQUEUE_HOLD, REQUEUE_FED,         Booting
+SPECIAL_EXIT
+RUNNING, COMPLETING, RESIZING, SIGNALING, STAGE_OUT                Running
+SUSPENDED, STOPPED, RESV_DEL_HOLD                                  Stopped
+COMPLETED, CANCELLED, PREEMPTED; a job squeue no longer knows      Deleted
+anything else (FAILED, TIMEOUT, NODE_FAIL, BOOT_FAIL, ...)         Error
+=================================================================  ==========
+
+``stop`` is plain ``scancel <id>``, as in TARDIS ("Slurm jobs cannot be stopped gracefully"):
+Slurm sends SIGTERM to the job's processes and SIGKILL ``KillWait`` seconds later. With
+``stop_signal="TERM"`` (or another signal) it is ``scancel --full --signal=<sig> <id>``
+instead: the signal only, to the batch shell and every step, and the job ends when the drone
+does.
+
+``terminate(drone, expect)`` removes the job only if it is still in ``expect``:
+
+- ``None``: ``scancel -v <id>``.
+- ``Running``: ``scancel -v --state=RUNNING <id>``.
+- ``Stopped``: ``scancel -v --state=SUSPENDED <id>``.
+- ``Booting``: ``scontrol hold <id>``, then ``scancel -v --state=PENDING <id>``, and when
+  nothing was cancelled because the job runs, ``scontrol release <id>`` to undo the hold.
+  The hold is there because ``scancel --state=`` filters on the client (Slurm 22.05: it
+  loads the job table, filters it, then sends the kill), so a job that starts between that
+  load and the kill would still be killed. A held job cannot start, so after the hold the
+  filter's answer stays true until the kill arrives. The hold only zeroes a running job's
+  priority, and is released. When scancel fails, the job stays held (a held pending job
+  cannot start) and the error says so; the effect's retry finishes the terminate.
+  (``hold_before_cancel=False`` leaves the hold out.)
+- ``Deleted``: nothing to remove; nothing is run.
+
+scancel exits 0 whether or not it matched a job, so whether it *acted* is read from its
+verbose report: it prints ``Terminating job <id>`` before each kill it sends and
+``Kill job error on job id <id>: <reason>`` when slurmctld refused it (or, before filtering,
+when the job is unknown or finished). ``acted`` is True exactly when the kill was sent and
+not refused. When it did not act, one ``squeue`` says what the job is now, for ``detail``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from .sites import BOOTING, DELETED, ERROR, RUNNING, STOPPED, Drone, SiteError, Terminated
+
+log = logging.getLogger(__name__)
+
+SLURM_STATES: Mapping[str, str] = {
+    "PENDING": BOOTING,
+    "CONFIGURING": BOOTING,
+    "REQUEUED": BOOTING,
+    "REQUEUE_HOLD": BOOTING,
+    "REQUEUE_FED": BOOTING,
+    "SPECIAL_EXIT": BOOTING,
+    "RUNNING": RUNNING,
+    "COMPLETING": RUNNING,
+    "RESIZING": RUNNING,
+    "SIGNALING": RUNNING,
+    "STAGE_OUT": RUNNING,
+    "SUSPENDED": STOPPED,
+    "STOPPED": STOPPED,
+    "RESV_DEL_HOLD": STOPPED,
+    "COMPLETED": DELETED,
+    "CANCELLED": DELETED,
+    "PREEMPTED": DELETED,
+}
+"""Slurm job state (squeue ``%T``) → ResourceStatus; any other state is Error."""
+
+FENCE_STATES: Mapping[str, str] = {BOOTING: "PENDING", RUNNING: "RUNNING", STOPPED: "SUSPENDED"}
+"""The ``scancel --state`` that keeps a terminate to jobs still in the expected status."""
+
+INVALID_JOB = "Invalid job id specified"
+_NO_MATCH = "No active jobs match"
+_GONE = (INVALID_JOB, "already finished", "already completing or completed")
+
+Runner = Callable[[Sequence[str], float, Mapping[str, str] | None],
+                  subprocess.CompletedProcess[str]]
+"""Runs one command: (argv, timeout in seconds, environment or None) → its outcome. Raises
+what :func:`subprocess.run` raises (FileNotFoundError, TimeoutExpired)."""
+
+
+def run_command(argv: Sequence[str], timeout: float,
+                env: Mapping[str, str] | None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        list(argv), capture_output=True, text=True, timeout=timeout, check=False,
+        env=dict(env) if env is not None else None, stdin=subprocess.DEVNULL,
+    )
+
+
+def resource_status(slurm_state: str) -> str:
+    """The ResourceStatus of a Slurm job state as squeue prints it (``%T``)."""
+    return SLURM_STATES.get(slurm_state.strip().upper(), ERROR)
+
+
+@dataclass
+class SlurmSite:
+    """A site whose drones are Slurm batch jobs named after the drone.
+
+    ``script`` is the batch script and its arguments (``["/opt/drone/start.sh", "--pool",
+    "x"]``); or ``wrap`` is a command line for ``sbatch --wrap``. ``sbatch_options`` are added
+    before it (``["--partition=debug", "--time=12:00:00", "--output=/logs/{name}.out"]``);
+    ``{name}`` in an option, a script argument or ``wrap`` becomes the drone's name.
+
+    ``sbatch``, ``squeue``, ``scancel`` and ``scontrol`` are the commands (names looked up on
+    PATH, or paths); ``command_prefix`` goes before each (``["sudo", "-u", "pilot"]``), and
+    ``environment`` is added to the process environment (``{"SLURM_CONF": ...}``).
+    """
+
+    script: Sequence[str] = ()
+    wrap: str | None = None
+    sbatch_options: Sequence[str] = ()
+    sbatch: str = "sbatch"
+    squeue: str = "squeue"
+    scancel: str = "scancel"
+    scontrol: str = "scontrol"
+    command_prefix: Sequence[str] = ()
+    environment: Mapping[str, str] = field(default_factory=dict)
+    timeout: float = 30.0
+    max_ids_per_call: int = 1000
+    stop_signal: str | None = None
+    hold_before_cancel: bool = True
+    runner: Runner = run_command
+
+    def __post_init__(self) -> None:
+        if bool(self.script) == (self.wrap is not None):
+            raise ValueError("SlurmSite needs exactly one of script=[path, args...] or "
+                             "wrap='command line'")
+        if self.max_ids_per_call < 1:
+            raise ValueError(f"SlurmSite max_ids_per_call must be at least 1, "
+                             f"not {self.max_ids_per_call}")
+
+    # -- the Site protocol ---------------------------------------------------------------------
+
+    def deploy(self, drone: Drone) -> str:
+        """``sbatch --parsable --job-name=<name> [options] script|--wrap``; the job id."""
+        argv = [self.sbatch, "--parsable", f"--job-name={drone.name}",
+                *(_named(o, drone) for o in self.sbatch_options)]
+        if self.wrap is not None:
+            argv.append(f"--wrap={_named(self.wrap, drone)}")
+        else:
+            argv.extend(_named(a, drone) for a in self.script)
+        done = self._run(argv)
+        if done.returncode != 0:
+            raise self._failed(argv, done)
+        lines = [line.strip() for line in done.stdout.splitlines() if line.strip()]
+        match = re.fullmatch(r"(\d+)(;.*)?", lines[-1]) if lines else None
+        if match is None:
+            raise SiteError(f"{_show(argv)}: no job id in its output {done.stdout!r}")
+        log.info("drone %r deployed as Slurm job %s", drone.name, match.group(1))
+        return match.group(1)
+
+    def status(self, drones: Sequence[Drone]) -> dict[str, str]:
+        """The status of every drone from one ``squeue`` per ``max_ids_per_call`` drones; a
+        drone without a job id, or whose job squeue does not know, is Deleted."""
+        result = {d.name: DELETED for d in drones if not d.remote_id}
+        ids = list(dict.fromkeys(d.remote_id for d in drones if d.remote_id))
+        states: dict[str, str] = {}
+        for start in range(0, len(ids), self.max_ids_per_call):
+            states.update(self._squeue(ids[start:start + self.max_ids_per_call]))
+        for d in drones:
+            if d.remote_id:
+                result[d.name] = resource_status(states.get(d.remote_id, "COMPLETED"))
+        return result
+
+    def stop(self, drone: Drone) -> None:
+        """``scancel <id>`` (or, with ``stop_signal``, ``scancel --full --signal=<sig>``)."""
+        if not drone.remote_id:
+            return
+        argv = [self.scancel]
+        if self.stop_signal:
+            argv += ["--full", f"--signal={self.stop_signal}"]
+        argv.append(drone.remote_id)
+        done = self._run(argv)
+        if done.returncode != 0 and not _says_gone(done.stderr):
+            raise self._failed(argv, done)
+
+    def terminate(self, drone: Drone, expect: str | None) -> Terminated:
+        """Cancel the job only while it is in ``expect`` (see the module's docstring)."""
+        job = drone.remote_id
+        if not job:
+            return Terminated(False, "no Slurm job: the drone was never deployed")
+        if expect == DELETED:
+            return Terminated(False, f"job {job} was expected gone: nothing to remove")
+        if expect is not None and expect not in FENCE_STATES:
+            raise ValueError(f"cannot fence a terminate of drone {drone.name!r} on {expect!r}: "
+                             f"scancel filters on {', '.join(FENCE_STATES)} (or None)")
+        fence = FENCE_STATES.get(expect) if expect else None
+        held = False
+        if fence == "PENDING" and self.hold_before_cancel:
+            hold = [self.scontrol, "hold", job]
+            done = self._run(hold)
+            if done.returncode != 0:
+                if _says_gone(done.stderr):
+                    return Terminated(False, f"job {job} is not pending: "
+                                             f"{_first_line(done.stderr)}")
+                raise self._failed(hold, done)
+            held = True
+        argv = [self.scancel, "-v", *([f"--state={fence}"] if fence else []), job]
+        try:
+            done = self._run(argv)
+            refused = _kill_error(done.stderr, job)
+            if (done.returncode != 0
+                    and not (_says_gone(done.stderr) or _NO_MATCH in done.stderr)) or (
+                    refused is not None and not _says_gone(refused)):
+                raise self._failed(argv, done)
+        except SiteError as exc:
+            if held:
+                raise SiteError(f"{exc} (job {job} was held first: it cannot start until a "
+                                "retry of the terminate cancels it, or releases it if it "
+                                "was running)") from exc
+            raise
+        if refused is None and re.search(rf"Terminating job {re.escape(job)}\b", done.stderr):
+            log.info("drone %r: Slurm job %s cancelled (expected %s)", drone.name, job,
+                     fence or "any state")
+            return Terminated(True, f"job {job} cancelled" + (f" while {fence}" if fence else ""))
+        try:
+            now = self._squeue([job]).get(job)
+            why = f"job {job} is {now}" if now else f"job {job} is no longer known to Slurm"
+        except SiteError as exc:
+            now = None
+            why = f"job {job} was not cancelled (its state now is unknown: {exc})"
+        if held and now is not None and (resource_status(now) == RUNNING
+                                         or now == "CONFIGURING"):
+            self._release(job)  # it started before the hold: give it its priority back
+        if fence:
+            why += f", not {fence}: left alone"
+        log.info("drone %r: %s", drone.name, why)
+        return Terminated(False, why)
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    def _squeue(self, ids: Sequence[str]) -> dict[str, str]:
+        """Job id → Slurm state for the ids squeue knows, from one call (more only when squeue
+        refuses the list over an id it does not know: then the missing ones one by one)."""
+        argv = [self.squeue, "-o", "%A|%N|%T", "-h", "-t", "all", f"--job={','.join(ids)}"]
+        done = self._run(argv)
+        if done.returncode != 0 and INVALID_JOB not in done.stderr:
+            raise self._failed(argv, done)
+        states = _parse_squeue(done.stdout)
+        if done.returncode != 0 and len(ids) > 1:
+            for job in ids:
+                if job not in states:
+                    states.update(self._squeue([job]))
+        return states
+
+    def _release(self, job: str) -> None:
+        argv = [self.scontrol, "release", job]
+        try:
+            done = self._run(argv)
+        except SiteError as exc:
+            log.warning("could not undo the hold on Slurm job %s: %s", job, exc)
+            return
+        if done.returncode != 0 and not _says_gone(done.stderr):
+            log.warning("could not undo the hold on Slurm job %s: %s", job,
+                        done.stderr.strip())
+
+    def _run(self, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+        full = [*self.command_prefix, *argv]
+        env = {**os.environ, **self.environment} if self.environment else None
+        log.debug("running %s", _show(full))
+        try:
+            return self.runner(full, self.timeout, env)
+        except FileNotFoundError as exc:
+            raise SiteError(f"{_show(full)}: command not found ({exc.filename or full[0]}); "
+                            "install Slurm's client commands or configure their paths "
+                            "in SlurmSite") from exc
+        except subprocess.TimeoutExpired as exc:
+            raise SiteError(f"{_show(full)}: no answer within {self.timeout:g} s "
+                            "(slurmctld down or overloaded?)") from exc
+        except OSError as exc:
+            raise SiteError(f"{_show(full)}: could not run: {exc}") from exc
+
+    def _failed(self, argv: Sequence[str],
+                done: subprocess.CompletedProcess[str]) -> SiteError:
+        message = (done.stderr.strip() or done.stdout.strip() or "no message").splitlines()
+        return SiteError(
+            f"{_show([*self.command_prefix, *argv])} failed (exit {done.returncode}): "
+            + " / ".join(line for line in message if "select/" not in line))
+
+
+def _named(arg: str, drone: Drone) -> str:
+    return arg.replace("{name}", drone.name)
+
+
+def _parse_squeue(stdout: str) -> dict[str, str]:
+    states: dict[str, str] = {}
+    for line in stdout.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 3 and parts[0]:
+            states[parts[0].strip()] = parts[2].strip()
+    return states
+
+
+def _kill_error(stderr: str, job: str) -> str | None:
+    match = re.search(rf"Kill job error on job id {re.escape(job)}: (.*)", stderr)
+    return match.group(1).strip() if match else None
+
+
+def _says_gone(stderr: str) -> bool:
+    return any(marker in stderr for marker in _GONE)
+
+
+def _first_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[0] if lines else ""
+
+
+def _show(argv: Sequence[str]) -> str:
+    return " ".join(argv)
