@@ -27,6 +27,10 @@ test: $(STAMP)
 bench: $(VENV)/.bench-installed
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
 
+# every built-in machine's diagram: diagrams/<machine>.mmd, .dot, .svg (with Graphviz's dot)
+diagrams: $(STAMP)
+	$(BIN)/lifecycle diagrams --dir diagrams
+
 lint: $(STAMP)
 	$(BIN)/ruff check lifecycle tests benchmarks
 	$(BIN)/mypy lifecycle

@@ -1,0 +1,1 @@
+"""Helpers for the diagram tests: Mermaid in headless Chromium."""
