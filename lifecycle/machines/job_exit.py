@@ -342,7 +342,7 @@ class JobExitHandlers:
         end = job.termination(self._exited_at(job))
         subject, body = htcondor.notification_text(end)
         recipient = job.recipient()
-        sender = getattr(self.mailer, "sender", smtp.DEFAULT_FROM)
+        sender = self.mailer.sender
         try:
             message = smtp.build_message(
                 sender=sender, recipient=recipient, subject=subject, body=body,

@@ -1,0 +1,752 @@
+"""The built-in ``job_exit`` machine: an HTCondor local-universe job exit whose four steps
+(user log, output ad, job queue, email) happen exactly as promised across failures and
+crashes. What it writes is read back with the real HTCondor bindings (``htcondor2``,
+``classad2``); its mail is received by a real SMTP server (``aiosmtpd``) on loopback."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import classad2
+import htcondor2
+import pytest
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from procs.job_exit_faults import FaultyQueue, RecordingMailer
+from procs.mail_sink import MailSink
+
+from lifecycle import Engine, InvalidData, SimulatedClock, Store
+from lifecycle.adapters import htcondor, smtp
+from lifecycle.adapters.htcondor import JobId
+from lifecycle.adapters.job_queue import (
+    DatabaseJobQueue,
+    JobQueue,
+    queue_ad,
+    record_completion,
+    submit,
+)
+from lifecycle.cli import main
+from lifecycle.effects import Effect, Retry, Worker, effect_records, outbox_counts, retry_failed
+from lifecycle.machines import builtins, job_exit
+
+EXITED_AT = dt.datetime(2026, 12, 2, 10, 1, 0, tzinfo=dt.UTC)
+FAST = Retry(max_attempts=None, base=0.05, cap=0.2, jitter=0.5)
+WORKER = [sys.executable, str(Path(__file__).parent / "procs" / "run_job_exit_worker.py")]
+TRIGGERS = ["exited", "userlog_written", "output_ad_written", "queue_updated", "email_sent"]
+
+
+@pytest.fixture
+def clock() -> SimulatedClock:
+    return SimulatedClock("2026-12-02T10:00:00Z")
+
+
+def make_engine(store: Store, clock: SimulatedClock | None = None, *,
+                queue: JobQueue | None = None, mailer: Any = None, retry: Retry | None = None,
+                timeout: float | None = 30.0) -> Engine:
+    machine = job_exit.make(queue=queue, mailer=mailer or RecordingMailer(), retry=retry,
+                            timeout=timeout, clock=clock)
+    return Engine(store, [machine.spec], guards=machine.guards, effects=machine.effects,
+                  clock=clock)
+
+
+def job(cluster: int, proc: int, where: Path, **overrides: Any) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "cluster": cluster, "proc": proc, "owner": "alice", "cmd": "/home/alice/analyse",
+        "submit_host": "submit.example.org", "userlog": str(where / f"{cluster}.log"),
+        "output_ad": str(where / f"{cluster}.{proc}.ad"), "notification": "Never"}
+    data.update(overrides)
+    return data
+
+
+def exit_payload(**overrides: Any) -> dict[str, Any]:
+    payload: dict[str, Any] = {
+        "exit_code": 3, "remote_user_cpu": 61.5, "remote_sys_cpu": 2.25, "wall_clock": 3725.0,
+        "bytes_sent": 1234, "bytes_received": 56789, "exited_at": EXITED_AT.isoformat()}
+    payload.update(overrides)
+    return {k: v for k, v in payload.items() if v is not None}
+
+
+def events(path: Path) -> list[Any]:
+    return list(htcondor2.JobEventLog(str(path)).events(stop_after=0))
+
+
+def expected_ad(data: dict[str, Any], payload: dict[str, Any]) -> dict[str, Any]:
+    when = int(dt.datetime.fromisoformat(payload["exited_at"]).timestamp())
+    ad: dict[str, Any] = {
+        "ClusterId": data["cluster"], "ProcId": data["proc"], "Owner": data["owner"],
+        "Cmd": data["cmd"], "JobStatus": 4, "LastJobStatus": 2,
+        "ExitBySignal": "exit_signal" in payload,
+        "JobCoreDumped": "core_file" in payload, "CompletionDate": when,
+        "EnteredCurrentStatus": when, "RemoteUserCpu": payload["remote_user_cpu"],
+        "RemoteSysCpu": payload["remote_sys_cpu"], "RemoteWallClockTime": payload["wall_clock"],
+        "BytesSent": float(payload["bytes_sent"]), "BytesRecvd": float(payload["bytes_received"])}
+    if "exit_signal" in payload:
+        ad["ExitSignal"] = payload["exit_signal"]
+    else:
+        ad["ExitCode"] = payload["exit_code"]
+    return ad
+
+
+# -- the machine --------------------------------------------------------------------------------
+
+
+def test_the_steps_follow_the_seeds_order() -> None:
+    builtin = builtins()["job_exit"]
+    spec = builtin.spec
+    chain, state = [], spec.initial
+    for trigger in TRIGGERS:
+        edge = next(t for t in spec.transitions if t.trigger == trigger and state in t.sources
+                    and not t.unless)
+        chain.append((state, [e.name for e in edge.effects]))
+        state = edge.dest
+    assert chain == [("running", ["write_terminated_event"]),
+                     ("writing_userlog", ["write_output_ad"]),
+                     ("writing_output_ad", ["update_job_queue"]),
+                     ("updating_queue", ["send_job_notification"]),
+                     ("emailing", [])]
+    assert state == "done" and spec.final == ("done",)
+    # every step gives up into a visible stuck state, which the step's follow-up leaves
+    for step, stuck in zip(job_exit.STEPS, job_exit.STUCK, strict=False):
+        assert any(t.trigger == "gave_up" and t.sources == (step,) and t.dest == stuck
+                   for t in spec.transitions)
+    retry = builtin.effects["update_job_queue"].retry
+    assert (retry.max_attempts, retry.base, retry.cap) == (5, 30.0, 30.0)  # like HTCondor
+    described = json.loads(CliRunner().invoke(main, ["describe", "job_exit", "--json"]).output)
+    assert [s["name"] for s in described["states"]][:6] == ["running", *job_exit.STEPS]
+
+
+def test_a_job_exit_end_to_end(db_url: str, tmp_path: Path, clock: SimulatedClock) -> None:
+    store = Store(db_url, upgrade=True)
+    mailer = RecordingMailer()
+    engine = make_engine(store, clock, mailer=mailer)
+    submit(store, JobId(42, 0), {"Owner": "alice", "Cmd": "/home/alice/analyse",
+                                 "RequestCpus": 4}, now=clock.now())
+    data = job(42, 0, tmp_path, notification="Complete", notify_user="alice@example.org")
+    engine.create("job_exit", "42.0", data)
+    payload = exit_payload()
+    assert engine.fire("42.0", "exited", payload).dest == "writing_userlog"
+    stats = Worker(engine).run_until_idle()
+    assert (stats.done, stats.retried, stats.failed) == (4, 0, 0)
+    assert engine.get("42.0").state == "done"
+    history = engine.history("42.0")
+    assert [e.trigger for e in history[1:]] == TRIGGERS
+    assert [e.actor for e in history[2:]] == [
+        "effect:write_terminated_event", "effect:write_output_ad", "effect:update_job_queue",
+        "effect:send_job_notification"]
+    [event] = events(tmp_path / "42.log")
+    assert (event.type, event.cluster, event.proc) == (htcondor2.JobEventType.JOB_TERMINATED,
+                                                       42, 0)
+    assert event["ReturnValue"] == 3 and event.timestamp == int(EXITED_AT.timestamp())
+    ad = classad2.parseOne((tmp_path / "42.0.ad").read_text())
+    assert dict(ad) == expected_ad(data, payload)
+    found = queue_ad(store, JobId(42, 0))
+    assert found is not None
+    assert (found.job_status, found.updates) == (4, 1)
+    assert found.ad["RequestCpus"] == 4 and found.ad["LastJobStatus"] == 2
+    assert {k: found.ad[k] for k in htcondor.TERMINAL_ATTRIBUTES if k in found.ad} == {
+        k: v for k, v in expected_ad(data, payload).items() if k in htcondor.TERMINAL_ATTRIBUTES}
+    assert found.updated_by == "job_exit:42.0:4:0:update_job_queue"
+    [(recipient, message)] = mailer.sent
+    assert recipient == "alice@example.org" and message["Subject"] == "Condor Job 42.0"
+    assert engine.verify() == []
+    store.dispose()
+
+
+# -- formats, read back with the real HTCondor bindings -----------------------------------------
+
+HOSTILE_OWNER = 'mallory"\nJobStatus = 1\n'
+HOSTILE_CMD = ('/bin/sh -c "echo \\"hi\\" \\\\ ]; JobStatus = 1; x = \\"" \\\n'
+               'Owner = "root"\r\t ünïcødé 日本 \x1b[31m ends with a backslash \\')
+
+CASES = {
+    "normal exit": (job(42, 0, Path()), exit_payload()),
+    "signal with core": (job(43, 7, Path()), exit_payload(
+        exit_code=None, exit_signal=11, core_file="/scratch/alice/core dumps/core.4242 ü")),
+    "signal without core": (job(44, 0, Path()), exit_payload(exit_code=None, exit_signal=9)),
+    "large cluster numbers": (job(2147483647, 123456, Path()), exit_payload(exit_code=255)),
+    "hostile strings": (job(45, 0, Path(), owner=HOSTILE_OWNER, cmd=HOSTILE_CMD),
+                        exit_payload(exit_code=0, bytes_sent=0, remote_user_cpu=0.1)),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_user_log_and_output_ad_read_back_with_htcondor(case: str, sqlite_url: str,
+                                                        tmp_path: Path,
+                                                        clock: SimulatedClock) -> None:
+    template, payload = CASES[case]
+    data = {**template, "userlog": str(tmp_path / "shared.log"),
+            "output_ad": str(tmp_path / "job.ad")}
+    (tmp_path / "shared.log").write_text(  # the log already holds another job's events
+        "000 (007.000.000) 2026-12-02 09:00:00Z Job submitted from host: "
+        "<127.0.0.1:9618?addrs=127.0.0.1-9618>\n...\n")
+    engine = make_engine(Store(sqlite_url, upgrade=True), clock)
+    key = f"{data['cluster']}.{data['proc']}"
+    engine.create("job_exit", key, data)
+    engine.fire(key, "exited", payload)
+    Worker(engine).run_until_idle()
+    assert engine.get(key).state == "done"
+
+    submitted, event = events(tmp_path / "shared.log")
+    assert submitted.type == htcondor2.JobEventType.SUBMIT
+    assert event.type == htcondor2.JobEventType.JOB_TERMINATED
+    assert (event.cluster, event.proc) == (data["cluster"], data["proc"])
+    assert event.timestamp == int(EXITED_AT.timestamp())
+    if "exit_signal" in payload:
+        assert event["TerminatedNormally"] is False
+        assert event["TerminatedBySignal"] == payload["exit_signal"]
+        assert event.get("CoreFile") == payload.get("core_file")
+    else:
+        assert event["TerminatedNormally"] is True
+        assert event["ReturnValue"] == payload["exit_code"]
+    assert event["SentBytes"] == payload["bytes_sent"]
+    assert event["ReceivedBytes"] == payload["bytes_received"]
+    user = htcondor.usage(payload["remote_user_cpu"])
+    assert event["RunRemoteUsage"] == f"Usr {user}, Sys {htcondor.usage(payload['remote_sys_cpu'])}"
+
+    ad = classad2.parseOne((tmp_path / "job.ad").read_text(encoding="utf-8"))
+    assert dict(ad) == expected_ad(data, payload)  # every value unchanged, nothing added
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\x00")))
+def test_no_string_can_inject_an_attribute(value: str) -> None:
+    text = htcondor.format_ad({"ClusterId": 1, "Owner": value, "JobStatus": 2}).decode()
+    ad = classad2.parseOne(text)
+    assert dict(ad) == {"ClusterId": 1, "Owner": value, "JobStatus": 2}
+
+
+def test_the_event_text_is_htcondors(tmp_path: Path) -> None:
+    end = htcondor.JobTermination(cluster=42, proc=0, owner="a", cmd="b", submit_host="h",
+                                  exited_at=EXITED_AT, exit_signal=11,
+                                  core_file="/tmp/core.1", remote_user_cpu=90061,
+                                  bytes_sent=12)
+    assert htcondor.terminated_event(end).decode() == (
+        "005 (042.000.000) 2026-12-02 10:01:00Z Job terminated.\n"
+        "\t(0) Abnormal termination (signal 11)\n"
+        "\t(1) Corefile in: /tmp/core.1\n"
+        "\t\tUsr 1 01:01:01, Sys 0 00:00:00  -  Run Remote Usage\n"
+        "\t\tUsr 0 00:00:00, Sys 0 00:00:00  -  Run Local Usage\n"
+        "\t\tUsr 1 01:01:01, Sys 0 00:00:00  -  Total Remote Usage\n"
+        "\t\tUsr 0 00:00:00, Sys 0 00:00:00  -  Total Local Usage\n"
+        "\t12  -  Run Bytes Sent By Job\n"
+        "\t0  -  Run Bytes Received By Job\n"
+        "\t12  -  Total Bytes Sent By Job\n"
+        "\t0  -  Total Bytes Received By Job\n"
+        "...\n")
+    with pytest.raises(ValueError, match="control character"):
+        htcondor.terminated_event(htcondor.JobTermination(
+            cluster=1, proc=0, owner="a", cmd="b", submit_host="h", exited_at=EXITED_AT,
+            exit_signal=6, core_file="/tmp/core\n...\n005 (001.000.000)"))
+
+
+# -- the data a job exit takes ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"notification": "Sometimes"}, "notification: Input should be 'Never', 'Always'"),
+    ({"userlog": "relative/job.log"}, "is not an absolute path"),
+    ({"output_ad": "/tmp/a\nb.ad"}, "contains a control character"),
+    ({"notify_user": "alice@example.org\r\nBcc: all@example.org"}, "notify_user"),
+    ({"notify_user": "Alice <alice@example.org>"}, "is not a plain dot-atom"),
+    ({"cluster": -1}, "cluster: Input should be greater than or equal to 0"),
+    ({"cmd": "a\x00b"}, "cmd contains a NUL character"),
+    ({"exit_code": 1, "exit_signal": 9}, "not both"),
+    ({"exit_code": 1, "core_file": "/tmp/core"}, "core_file goes with exit_signal"),
+    ({"JobStatus": 4}, "JobStatus: Extra inputs are not permitted"),
+])
+def test_bad_data_is_refused_with_a_clear_error(sqlite_url: str, tmp_path: Path,
+                                                change: dict[str, Any], message: str) -> None:
+    engine = make_engine(Store(sqlite_url, upgrade=True))
+    with pytest.raises(InvalidData, match=message.replace("(", r"\(")):
+        engine.create("job_exit", "42.0", {**job(42, 0, tmp_path), **change})
+    assert engine.resources() == []
+
+
+def test_an_exit_without_status_or_for_another_job_is_refused(sqlite_url: str,
+                                                             tmp_path: Path) -> None:
+    engine = make_engine(Store(sqlite_url, upgrade=True))
+    engine.create("job_exit", "42.0", job(42, 0, tmp_path))
+    refused = engine.fire("42.0", "exited", {"wall_clock": 5})
+    assert refused.reason == "guard 'exit_status_given' is false"
+    with pytest.raises(InvalidData, match="not both"):
+        engine.fire("42.0", "exited", {"exit_code": 0, "exit_signal": 9})
+    engine.create("job_exit", "43.0", job(42, 1, tmp_path))
+    assert engine.fire("43.0", "exited", {"exit_code": 0}).reason == (
+        "guard 'key_is_job_id' is false")
+    assert outbox_counts(engine) == {}
+
+
+# -- notification and mail ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("notification", "exit", "mailed"), [
+    ("Never", {"exit_code": 1}, False),
+    ("Always", {"exit_code": 0}, True),
+    ("Complete", {"exit_code": 0}, True),
+    ("complete", {"exit_signal": 9}, True),
+    ("Error", {"exit_code": 0}, False),
+    ("Error", {"exit_code": 1}, True),
+    ("Error", {"exit_signal": 15}, True),
+    ("Error", {"exit_signal": 11, "core_file": "/tmp/core.11"}, True),
+])
+def test_notification_decides_whether_mail_is_sent(sqlite_url: str, tmp_path: Path,
+                                                   notification: str, exit: dict[str, Any],
+                                                   mailed: bool) -> None:
+    mailer = RecordingMailer()
+    engine = make_engine(Store(sqlite_url, upgrade=True), mailer=mailer)
+    engine.create("job_exit", "42.0", job(42, 0, tmp_path, notification=notification))
+    engine.fire("42.0", "exited", exit)
+    Worker(engine).run_until_idle()
+    assert engine.get("42.0").state == "done"
+    assert len(mailer.sent) == int(mailed)
+    decision = engine.history("42.0")[-2 if mailed else -1]
+    assert decision.trigger == "queue_updated"  # the journal shows why mail was (not) sent
+    assert decision.guards == {"notification_wanted": mailed}
+    assert decision.dest == ("emailing" if mailed else "done")
+
+
+def test_error_notification_respects_the_success_exit_code(sqlite_url: str,
+                                                           tmp_path: Path) -> None:
+    mailer = RecordingMailer()
+    engine = make_engine(Store(sqlite_url, upgrade=True), mailer=mailer)
+    engine.create("job_exit", "42.0", job(42, 0, tmp_path, notification="Error",
+                                          success_exit_code=2))
+    engine.fire("42.0", "exited", {"exit_code": 2})
+    Worker(engine).run_until_idle()
+    assert engine.get("42.0").state == "done" and mailer.sent == []
+
+
+def test_mail_received_by_a_real_smtp_server(sqlite_url: str, tmp_path: Path,
+                                             clock: SimulatedClock) -> None:
+    with MailSink() as sink:
+        mailer = smtp.SmtpMailer(sink.url, sender="condor@submit.example.org")
+        engine = make_engine(Store(sqlite_url, upgrade=True), clock, mailer=mailer)
+        data = job(42, 0, tmp_path, notification="Complete", notify_user="alice@example.org",
+                   cmd=HOSTILE_CMD + "\r\nBcc: everyone@example.org\r\n\r\n.\r\n")
+        engine.create("job_exit", "42.0", data)
+        engine.fire("42.0", "exited", exit_payload())
+        Worker(engine).run_until_idle()
+        assert engine.get("42.0").state == "done"
+        [mail] = sink.received
+    assert (mail.mail_from, mail.rcpt_tos) == ("condor@submit.example.org",
+                                               ("alice@example.org",))
+    headers = mail.message
+    assert sorted(headers.keys()) == sorted([
+        "From", "To", "Subject", "Date", "Message-ID", "Auto-Submitted", "Content-Type",
+        "Content-Transfer-Encoding", "MIME-Version"])  # nothing injected
+    assert headers["Subject"] == "Condor Job 42.0"
+    [effect] = [e for e in effect_records(engine) if e.name == "send_job_notification"]
+    assert mail.message_id == smtp.message_id(effect.idempotency_key, "submit.example.org")
+    body = mail.body
+    assert "Condor job 42.0\n\t/bin/sh -c" in body
+    assert "exited normally with status 3\n" in body
+    assert "Remote User CPU Time:    0 00:01:01\n" in body
+    assert "Real Time:           0 01:02:05\n" in body
+    assert "ünïcødé 日本" in body and "\\r\\nBcc: everyone@example.org\\r\\n" in body
+    assert "\nBcc:" not in body and "\x1b" not in body
+
+
+def test_a_server_that_refuses_the_first_attempts(sqlite_url: str, tmp_path: Path,
+                                                  clock: SimulatedClock) -> None:
+    with MailSink(refuse=2) as sink:
+        mailer = smtp.SmtpMailer(sink.url)
+        engine = make_engine(Store(sqlite_url, upgrade=True), clock, mailer=mailer,
+                             retry=Retry(max_attempts=5, base=30, cap=30, jitter=0))
+        engine.create("job_exit", "42.0", job(42, 0, tmp_path, notification="Always"))
+        engine.fire("42.0", "exited", {"exit_signal": 9})
+        worker = Worker(engine)
+        worker.run_until_idle()
+        [mail_effect] = [e for e in effect_records(engine) if e.name == "send_job_notification"]
+        assert (mail_effect.status, mail_effect.attempts) == ("pending", 1)
+        assert "451 4.3.0 Try again later" in (mail_effect.last_error or "")
+        assert engine.get("42.0").state == "emailing"
+        for _ in range(2):
+            clock.advance(30)
+            worker.run_until_idle()
+        assert engine.get("42.0").state == "done"
+        assert sink.refused == 2
+        [mail] = sink.received
+        assert mail.rcpt_tos == ("alice@submit.example.org",)  # owner@submit_host
+        assert "died on signal 9\n" in mail.body
+
+
+def test_a_permanent_refusal_or_a_bad_address_leaves_the_job_visibly_stuck(
+        sqlite_url: str, tmp_path: Path, clock: SimulatedClock) -> None:
+    with MailSink(refuse=1, reply="550 5.1.1 No such user") as sink:
+        engine = make_engine(Store(sqlite_url, upgrade=True), clock,
+                             mailer=smtp.SmtpMailer(sink.url))
+        engine.create("job_exit", "42.0", job(42, 0, tmp_path, notification="Always"))
+        engine.create("job_exit", "43.0", job(43, 0, tmp_path, notification="Always",
+                                              owner="eve\r\nBcc: all@example.org"))
+        for key in ("42.0", "43.0"):
+            engine.fire(key, "exited", {"exit_code": 0})
+        Worker(engine).run_until_idle()
+        assert [engine.get(k).state for k in ("42.0", "43.0")] == ["stuck_email"] * 2
+        stuck = {e.key: e for e in effect_records(engine, statuses=("failed",))}
+        assert "550 5.1.1 No such user" in (stuck["42.0"].last_error or "")
+        assert "no mail sent: recipient 'eve\\r\\nBcc: all@example.org" in (
+            stuck["43.0"].last_error or "")
+        assert stuck["42.0"].attempts == 1  # a 5xx is not retried
+        assert sink.received == []
+        assert retry_failed(engine, "42.0") == 1  # the server takes it now
+        Worker(engine).run_until_idle()
+        assert engine.get("42.0").state == "done" and len(sink.received) == 1
+
+
+def test_without_an_smtp_server_mail_is_stuck_not_lost(sqlite_url: str, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(smtp.URL_VARIABLE, raising=False)
+    engine = make_engine(Store(sqlite_url, upgrade=True), mailer=smtp.SmtpMailer())
+    engine.create("job_exit", "42.0", job(42, 0, tmp_path, notification="Always"))
+    engine.fire("42.0", "exited", {"exit_code": 0})
+    Worker(engine).run_until_idle()
+    assert engine.get("42.0").state == "stuck_email"
+    [failed] = effect_records(engine, statuses=("failed",))
+    assert "no SMTP server: set LIFECYCLE_SMTP_URL" in (failed.last_error or "")
+
+
+# -- the job queue ------------------------------------------------------------------------------
+
+
+def test_the_queue_update_is_exactly_once_and_a_no_op_when_final(db_url: str,
+                                                                 tmp_path: Path) -> None:
+    store = Store(db_url, upgrade=True)
+    ad = {"ClusterId": 7, "ProcId": 0, "Owner": "a", "Cmd": "b", "JobStatus": 4,
+          "ExitCode": 0}
+    submit(store, JobId(7, 0), {"Owner": "a", "Cmd": "b", "JobStatus": 5})  # held
+    with store.write() as cursor:
+        assert record_completion(cursor, job=JobId(7, 0), ad=ad, key="k1",
+                                 now=EXITED_AT) is True
+    with store.write() as cursor:
+        assert record_completion(cursor, job=JobId(7, 0), ad={**ad, "ExitCode": 9},
+                                 key="k2", now=EXITED_AT) is False
+    found = queue_ad(store, JobId(7, 0))
+    assert found is not None
+    assert (found.updates, found.updated_by, found.ad["ExitCode"]) == (1, "k1", 0)
+    assert found.ad["LastJobStatus"] == 5
+    # a job the queue already holds as Completed: the machine goes on, the ad is untouched
+    submit(store, JobId(8, 0), {"Owner": "alice", "JobStatus": 4, "ExitCode": 0})
+    engine = make_engine(store)
+    engine.create("job_exit", "8.0", job(8, 0, tmp_path))
+    engine.fire("8.0", "exited", {"exit_code": 1})
+    Worker(engine).run_until_idle()
+    assert engine.get("8.0").state == "done"
+    found = queue_ad(store, JobId(8, 0))
+    assert found is not None and (found.updates, found.ad["ExitCode"]) == (0, 0)
+    store.dispose()
+
+
+class BrokenWrites(JobQueue):
+    """The database queue whose writes, in the effect's transaction, fail the first time."""
+
+    def __init__(self) -> None:
+        self.inner = DatabaseJobQueue()
+        self.broken = 1
+
+    def complete(self, job: JobId, ad: Any, *, key: str, now: dt.datetime) -> Any:
+        writes = self.inner.complete(job, ad, key=key, now=now)
+        if not self.broken:
+            return writes
+        self.broken -= 1
+
+        def failing(cursor: Any) -> None:
+            writes(cursor)  # written, then rolled back with the effect's completion
+            raise RuntimeError("the database refused the update")
+
+        return failing
+
+
+def test_writes_that_fail_roll_back_with_the_completion_and_are_retried(
+        db_url: str, tmp_path: Path, clock: SimulatedClock) -> None:
+    store = Store(db_url, upgrade=True)
+    engine = make_engine(store, clock, queue=BrokenWrites(),
+                         retry=Retry(max_attempts=5, base=30, cap=30, jitter=0))
+    engine.create("job_exit", "42.0", job(42, 0, tmp_path))
+    engine.fire("42.0", "exited", {"exit_code": 0})
+    worker = Worker(engine)
+    worker.run_until_idle()  # the worker lives on: the failure is the attempt's
+    [update] = [e for e in effect_records(engine) if e.name == "update_job_queue"]
+    assert (update.status, update.attempts, update.last_error) == (
+        "pending", 1, "RuntimeError: the database refused the update")
+    assert engine.get("42.0").state == "updating_queue"
+    assert queue_ad(store, JobId(42, 0)) is None  # nothing of it was committed
+    clock.advance(30)
+    worker.run_until_idle()
+    assert engine.get("42.0").state == "done"
+    found = queue_ad(store, JobId(42, 0))
+    assert found is not None and found.updates == 1
+    store.dispose()
+
+
+def test_a_failing_queue_is_retried_then_stuck_and_retry_resumes_at_that_step(
+        db_url: str, tmp_path: Path, clock: SimulatedClock,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    store = Store(db_url, upgrade=True)
+    queue = FaultyQueue(fail_times=5)
+    engine = make_engine(store, clock, queue=queue, retry=None)  # the default: 5 x 30 s
+    engine.create("job_exit", "42.0", job(42, 0, tmp_path, notification="Complete"))
+    engine.fire("42.0", "exited", exit_payload())
+    worker = Worker(engine)
+    worker.run_until_idle()
+    for attempt in range(2, 6):
+        assert engine.get("42.0").state == "updating_queue", attempt
+        clock.advance(30)  # nobody slept: the next attempt is due 30 s later
+        worker.run_until_idle()
+    assert engine.get("42.0").state == "stuck_queue"
+    assert queue.calls == 5
+    gave_up = engine.history("42.0")[-1]
+    assert (gave_up.trigger, gave_up.payload) == ("gave_up", {
+        "effect": "update_job_queue",
+        "error": "QueueDown: schedd at <127.0.0.1:9618> does not answer"})
+
+    # `lifecycle stuck` shows it; `lifecycle retry` and `lifecycle worker` finish it, with
+    # the built-in machine's own handlers (the job queue in this database, SMTP)
+    with MailSink() as sink:
+        monkeypatch.setenv(smtp.URL_VARIABLE, sink.url)
+        runner = CliRunner()
+
+        def run(*args: str) -> str:
+            result = runner.invoke(main, [*args, "--db", db_url], catch_exceptions=False)
+            assert result.exit_code == 0, result.output
+            return result.output
+
+        stuck = json.loads(run("stuck", "--json"))
+        assert [(s["key"], s["name"], s["attempts"]) for s in stuck] == [
+            ("42.0", "update_job_queue", 5)]
+        assert "stuck_queue" in run("list", "job_exit")
+        assert "1 failed effects queued again" in run("retry", "42.0")
+        report = json.loads(run("worker", "--until-idle", "--json"))
+        assert (report["done"], report["failed"]) == (2, 0)
+        assert len(sink.received) == 1
+        shown = json.loads(run("queue", "show", "42.0", "--json"))
+    assert (shown["job_status"], shown["updates"]) == (4, 1)
+    assert engine.get("42.0").state == "done"
+    assert [e.trigger for e in engine.history("42.0")][-3:] == [
+        "gave_up", "queue_updated", "email_sent"]
+    records = {e.name: e for e in effect_records(engine)}
+    assert records["write_terminated_event"].attempts == 1  # (a) and (b) were not repeated
+    assert records["write_output_ad"].attempts == 1
+    assert len(events(tmp_path / "42.log")) == 1
+    store.dispose()
+
+
+def test_the_command_line(db_url: str, tmp_path: Path,
+                          monkeypatch: pytest.MonkeyPatch) -> None:
+    runner = CliRunner()
+
+    def run(*args: str, code: int = 0) -> str:
+        result = runner.invoke(main, [*args, "--db", db_url], catch_exceptions=False)
+        assert result.exit_code == code, result.output
+        return result.output
+
+    run("db", "upgrade")
+    data = job(42, 0, tmp_path, notification="Error", notify_user="alice@example.org")
+    assert "created job_exit:42.0 in running" in run("create", "job_exit", "42.0", "--data",
+                                                     json.dumps(data))
+    assert "running -> writing_userlog" in run(
+        "fire", "42.0", "exited", "--payload", '{"exit_signal": 11, "core_file": "/tmp/c"}')
+    with MailSink() as sink:
+        monkeypatch.setenv(smtp.URL_VARIABLE, sink.url)
+        assert "effects: 4 done" in run("worker", "--until-idle")
+        [mail] = sink.received
+    assert "died on signal 11" in mail.body and "Core file is: /tmp/c" in mail.body
+    assert json.loads(run("show", "42.0", "--json"))["state"] == "done"
+    shown = run("queue", "show", "42.0")
+    assert "4 (Completed)" in shown and "1 (times its completion was recorded)" in shown
+    assert "ExitSignal" in shown and "JobCoreDumped" in shown and "true" in shown
+    parsed = json.loads(run("queue", "show", "42.0", "--json"))
+    assert (parsed["job"], parsed["updates"], parsed["ad"]["ExitSignal"]) == ("42.0", 1, 11)
+    assert "job 43.0 is not in the job queue" in run("queue", "show", "43.0", code=1)
+    assert "is not a job id" in run("queue", "show", "forty-two", code=2)
+
+
+# -- a queue outage -----------------------------------------------------------------------------
+
+
+def _wait(condition: Any, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def _work_off(engine: Engine, seconds: float = 30) -> None:
+    """Run workers until the outbox is empty (effects backing off come due meanwhile)."""
+    deadline = time.monotonic() + seconds
+    while outbox_counts(engine).keys() - {"done"}:
+        assert time.monotonic() < deadline, f"not idle: {outbox_counts(engine)}"
+        Worker(engine, concurrency=2, poll=0.02).run_until_idle()
+        time.sleep(0.02)
+
+
+def test_a_queue_outage_holds_up_nothing_else(sqlite_url: str, tmp_path: Path) -> None:
+    """The queue fails (and one call hangs) for a while: the worker keeps serving other jobs'
+    steps and stops on request within a second; once the queue is back, it finishes
+    everything, each job's queue ad updated once."""
+    store = Store(sqlite_url, upgrade=True)
+    down = threading.Event()
+    down.set()
+    queue = FaultyQueue(down=down, hang=3.0, hang_times=1)
+    machine = job_exit.make(queue=queue, mailer=RecordingMailer(), retry=FAST, timeout=30)
+    effects = dict(machine.effects)
+    effects["update_job_queue"] = Effect(effects["update_job_queue"].handler, FAST, timeout=0.3)
+    engine = Engine(store, [machine.spec], guards=machine.guards, effects=effects)
+
+    def exits(clusters: range) -> None:
+        for cluster in clusters:
+            engine.create("job_exit", f"{cluster}.0", job(cluster, 0, tmp_path))
+            engine.fire(f"{cluster}.0", "exited", {"exit_code": 0})
+
+    def states(clusters: range) -> set[str]:
+        return {engine.get(f"{c}.0").state for c in clusters}
+
+    exits(range(100, 108))
+    worker = Worker(engine, concurrency=2, poll=0.02)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        _wait(lambda: states(range(100, 108)) == {"updating_queue"}, 20, "steps (a), (b)")
+        exits(range(200, 208))  # new exits during the outage are served all the same
+        _wait(lambda: states(range(200, 208)) == {"updating_queue"}, 20, "the new exits")
+        _wait(lambda: queue.calls >= 20, 20, "retries of the queue update")
+        assert queue.hangs == 1
+    finally:
+        asked = time.monotonic()
+        worker.stop(fast=True)
+        thread.join(5)
+    assert not thread.is_alive() and time.monotonic() - asked < 1.0
+    left = outbox_counts(engine)
+    assert set(left) <= {"done", "pending"} and left["pending"] == 16  # nothing lost
+    down.clear()
+    _work_off(engine)
+    assert states(range(100, 108)) | states(range(200, 208)) == {"done"}
+    for cluster in [*range(100, 108), *range(200, 208)]:
+        found = queue_ad(store, JobId(cluster, 0))
+        assert found is not None and (found.job_status, found.updates) == (4, 1)
+    print(f"queue outage: {queue.calls} calls to the queue for 16 jobs")
+    store.dispose()
+
+
+def test_fast_shutdown_while_the_queue_hangs(sqlite_url: str, tmp_path: Path) -> None:
+    store = Store(sqlite_url, upgrade=True)
+    hang_file = tmp_path / "hang"
+    hang_file.touch()
+    engine = make_engine(store, mailer=RecordingMailer())
+    engine.create("job_exit", "42.0", job(42, 0, tmp_path))
+    engine.fire("42.0", "exited", {"exit_code": 0})
+    process = subprocess.Popen([*WORKER, "hang", sqlite_url, str(hang_file)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None and process.stdout.readline().strip() == "ready"
+
+        def hanging() -> bool:
+            return any(e.name == "update_job_queue" and e.status == "running"
+                       for e in effect_records(engine))
+
+        _wait(hanging, 30, "the queue update to hang")
+        time.sleep(0.2)
+        process.send_signal(signal.SIGTERM)  # graceful: waits for the running handler
+        time.sleep(0.3)
+        assert process.poll() is None
+        asked = time.monotonic()
+        process.send_signal(signal.SIGTERM)  # fast: gives it back at once
+        assert process.wait(timeout=10) == 0
+        assert time.monotonic() - asked < 1.0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    [update] = [e for e in effect_records(engine) if e.name == "update_job_queue"]
+    assert (update.status, update.attempts) == ("pending", 0)  # given back, not lost
+    hang_file.unlink()
+    Worker(engine).run_until_idle()
+    assert engine.get("42.0").state == "done"
+    store.dispose()
+
+
+# -- crashes ------------------------------------------------------------------------------------
+
+WINDOW = ("email:accepted", "send_job_notification:after", "email:claim_lost")
+
+
+def _crash_run(url: str, tmp_path: Path, jobs: int, probability: float) -> None:
+    """Job exits worked off by worker processes that kill themselves with SIGKILL at random
+    points, two at a time, restarted until nothing is left to do."""
+    store = Store(url, upgrade=True)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    crash_log = tmp_path / "crashes.txt"
+    crash_log.touch()
+    engine = make_engine(store)
+    wants_mail: dict[str, bool] = {}
+    payloads: dict[str, dict[str, Any]] = {}
+    for i in range(jobs):
+        cluster = 1000 + i
+        key = f"{cluster}.0"
+        notification = ("Complete", "Always", "Error", "Never")[i % 4]
+        data = job(cluster, 0, logs, notification=notification, notify_user="u@example.org",
+                   userlog=str(logs / f"shared{i % 10}.log"))  # ten logs, shared
+        if i % 2:
+            submit(store, JobId(cluster, 0), {"Owner": "alice", "Cmd": data["cmd"]})
+        payload = exit_payload(exit_code=i % 3) if i % 5 else exit_payload(
+            exit_code=None, exit_signal=9)
+        engine.create("job_exit", key, data)
+        engine.fire(key, "exited", payload)
+        payloads[key] = payload
+        wants_mail[key] = job_exit.JobExitData.model_validate({**data, **payload}).wants_mail()
+    started = time.monotonic()
+    with MailSink() as sink:
+        done = subprocess.run([*WORKER, "crash-loop", url, str(crash_log), str(probability),
+                               sink.url, "2", "200"], capture_output=True, text=True,
+                              timeout=260)
+        assert done.returncode == 0, done.stderr[-3000:]
+        mails = Counter(mail.subject.removeprefix("Condor Job ") for mail in sink.received)
+    summary = json.loads(done.stdout.splitlines()[-1])
+    runs, crashes = summary["runs"], summary["crashes"]
+    elapsed = time.monotonic() - started
+    points = [line.split() for line in crash_log.read_text().splitlines()]
+    window = Counter(key for point, key in points if point in WINDOW)
+    print(f"{jobs} job exits on {store.dialect}: {runs} worker runs, {crashes} killed with "
+          f"SIGKILL in {elapsed:.1f} s; crash points hit: "
+          f"{dict(Counter(point for point, _ in points))}; the window between the SMTP "
+          f"reply and the commit was hit {sum(window.values())} times")
+    killed = [point for point, _ in points if point != "email:claim_lost"]
+    assert crashes == len(killed) and crashes >= 10, "too few crashes to show anything"
+
+    assert {e.status for e in effect_records(engine)} == {"done"}
+    terminated: Counter[str] = Counter()
+    for i in range(10):
+        text = (logs / f"shared{i}.log").read_text()
+        found = events(logs / f"shared{i}.log")
+        assert text.count("\n...\n") == len(found)  # no torn or unreadable event
+        for event in found:
+            assert event.type == htcondor2.JobEventType.JOB_TERMINATED
+            terminated[f"{event.cluster}.{event.proc}"] += 1
+    assert terminated == Counter(dict.fromkeys(payloads, 1))  # exactly one 005 event each
+    for key, payload in payloads.items():
+        assert engine.get(key).state == "done"
+        ad = classad2.parseOne((logs / f"{key}.ad").read_text())
+        assert ad["ClusterId"] == int(key.split(".")[0]) and ad["JobStatus"] == 4
+        assert ad.get("ExitCode") == payload.get("exit_code")
+        found_ad = queue_ad(store, JobId.parse(key))
+        assert found_ad is not None and (found_ad.job_status, found_ad.updates) == (4, 1)
+        expected = 1 + window[key] if wants_mail[key] else 0
+        assert mails[key] == expected, (key, mails[key], window[key])
+    assert not [p for p in logs.iterdir() if p.name.startswith(".")]  # no temporary files
+    assert engine.verify() == []
+    store.dispose()
+
+
+def test_crashes_at_random_points_across_200_exits(db_url: str, tmp_path: Path) -> None:
+    _crash_run(db_url, tmp_path, jobs=200, probability=0.015)
