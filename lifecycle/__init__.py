@@ -1,5 +1,7 @@
 """lifecycle: explicit, persisted finite-state machines of computing resources."""
 
+import logging
+
 from .clock import Clock, SimulatedClock, SystemClock
 from .engine import Engine
 from .errors import (
@@ -31,6 +33,9 @@ from .spec import (
     load_spec,
 )
 from .store import Store
+
+# a library logs, the application decides where to: nothing is printed unless it configures
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __all__ = [
     "AmbiguousKey",

@@ -28,9 +28,9 @@ class Simulation:
 
 def simulations() -> dict[str, Simulation]:
     """Every simulation, by name."""
-    from . import drone_race
+    from . import drone_race, job_exit_crash
 
-    found: list[Simulation] = [drone_race.SIMULATION]
+    found: list[Simulation] = [drone_race.SIMULATION, job_exit_crash.SIMULATION]
     return {s.name: s for s in found}
 
 
