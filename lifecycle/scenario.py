@@ -16,6 +16,7 @@ steps:
   - expect_last: {fired: false, error: StaleObservation}
   - run_effects: {}
   - expect_actions: {key: d1, actions: [deploy, terminate]}  # what simulated effects did
+  - retry: d1                   # put a stuck resource's failed effects back in the queue
 ```
 """
 
@@ -39,7 +40,7 @@ from .spec import MachineSpec, load_spec
 from .store import Store
 
 STEP_KINDS = ("create", "advance", "observe", "world", "update", "step", "fire", "expect",
-              "expect_last", "run_effects", "expect_actions")
+              "expect_last", "run_effects", "expect_actions", "retry")
 
 
 class ScenarioError(LifecycleError):
@@ -81,6 +82,8 @@ class World:
 
     status: dict[str, dict[str, Any]] = field(default_factory=dict)
     actions: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
+    clock: SimulatedClock | None = None
+    """The scenario's clock, for simulated adapters that need the time."""
 
 
 @dataclass
@@ -219,9 +222,9 @@ def _machine(scenario: Scenario, world: World) -> tuple[MachineSpec, dict[str, A
 
 
 def _run(scenario: Scenario, store: Store) -> ScenarioResult:
-    world = World()
-    spec, options = _machine(scenario, world)
     clock = SimulatedClock(scenario.start)
+    world = World(clock=clock)
+    spec, options = _machine(scenario, world)
     try:
         engine = Engine(store, [spec], clock=clock, **options)
     except LifecycleError as exc:
@@ -328,6 +331,11 @@ def _do(step: Step, engine: Engine, clock: SimulatedClock, world: World, worker:
         actions = [action for action, key, _ in world.actions if key == a["key"]]
         if actions != list(a["actions"]):
             raise _StepFailed(list(a["actions"]), actions)
+    elif kind == "retry":
+        from .effects import retry_failed
+
+        a = _args(step, ("key",))
+        retry_failed(engine, a["key"])
     elif kind == "run_effects":
         if step.args not in (None, {}):
             raise ValueError("run_effects takes no arguments ({})")

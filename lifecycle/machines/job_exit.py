@@ -27,6 +27,7 @@ import logging
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -405,4 +406,44 @@ def make(*, queue: JobQueue | None = None, mailer: smtp.Mailer | None = None,
                 "each exactly once across failures and crashes")
 
 
-BUILTIN = make()
+class _ScenarioQueue(JobQueue):
+    """The job queue in the scenario's database, down while the world says so."""
+
+    def __init__(self, world: Any) -> None:
+        self.world = world
+        self.inner = DatabaseJobQueue()
+
+    def complete(self, job: Any, ad: Mapping[str, Any], *, key: str,
+                 now: dt.datetime) -> Any:
+        name = f"{job.cluster}.{job.proc}"
+        down = self.world.status.get(name, {}).get("queue") == "down"
+        self.world.actions.append(("queue", name, {"down": down}))
+        if down:
+            raise ConnectionError("schedd at <127.0.0.1:9618> does not answer")
+        return self.inner.complete(job, ad, key=key, now=now)
+
+
+class _ScenarioMailer:
+    """Keeps the mail in the world's actions; refuses while the world says so."""
+
+    sender = "condor@submit.example.org"
+
+    def __init__(self, world: Any) -> None:
+        self.world = world
+
+    def send(self, message: Any, recipient: str) -> None:
+        name = str(message["Subject"]).rpartition(" ")[2]
+        refused = self.world.status.get(name, {}).get("mail") == "refuse"
+        self.world.actions.append(("mail", name, {"to": recipient, "refused": refused}))
+        if refused:
+            raise ConnectionError("451 try again later")
+
+
+def _simulation(world: Any) -> tuple[Any, Any, Any]:
+    """For scenario files: the queue in the scenario's database and a mailer that records."""
+    machine = make(queue=_ScenarioQueue(world), mailer=_ScenarioMailer(world),
+                   retry=Retry(max_attempts=5, base=30, cap=30, jitter=0), clock=world.clock)
+    return machine.guards, machine.effects, {}
+
+
+BUILTIN = replace(make(), simulation=_simulation)
