@@ -8,7 +8,9 @@ compare like with like:
 2. the same persisted transition with what a user would pick instead: django-fsm-2 with
    django-fsm-log, and sqlalchemy-fsm with a hand-written log row;
 3. the in-memory decision alone against a bare ``transitions.Machine`` and
-   python-statemachine.
+   python-statemachine;
+4. effects drained from the outbox on PostgreSQL by 1, 2 and 4 ``Worker`` processes against
+   the floor: the same claim-run-mark statements through raw psycopg in as many processes.
 
 ``python -m benchmarks --help`` lists the options (``--quick`` for a smoke run of a few
 seconds, ``--json`` for machines, ``--profile CASE`` for a cProfile breakdown).

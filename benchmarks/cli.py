@@ -10,6 +10,7 @@ import os
 import platform
 import pstats
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -25,7 +26,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from . import in_memory, persisted, postgres, vs_django, vs_sqlalchemy
+from . import effects, in_memory, persisted, postgres, vs_django, vs_sqlalchemy
 from .harness import Case, Measurement, Settings, Workspace, run_group, warm_up
 
 GROUPS: dict[str, list[Case]] = {
@@ -33,6 +34,7 @@ GROUPS: dict[str, list[Case]] = {
                persisted.SQLITE_LIFECYCLE_GUARD, vs_django.DJANGO, vs_sqlalchemy.SQLALCHEMY_FSM],
     "pg": [persisted.PG_FLOOR, persisted.PG_LIFECYCLE, persisted.PG_LIFECYCLE_GUARD],
     "memory": [in_memory.DECIDE, in_memory.TRANSITIONS, in_memory.STATEMACHINE],
+    "effects": effects.CASES,
 }
 CASES: dict[str, Case] = {case.id: case for cases in GROUPS.values() for case in cases}
 
@@ -53,7 +55,8 @@ class Goal:
 class Comparison:
     subject: str
     reference: str
-    goal: Goal
+    goal: Goal | None
+    """None: no goal set, the ratio is reported only."""
 
 
 SECTIONS: list[tuple[str, list[Comparison]]] = [
@@ -73,6 +76,10 @@ SECTIONS: list[tuple[str, list[Comparison]]] = [
         Comparison("memory.lifecycle", "memory.transitions", Goal(2)),
         Comparison("memory.lifecycle", "memory.statemachine", Goal(1, strict=True)),
     ]),
+    ("4 · effects drained from the outbox: PostgreSQL, µs per effect", [
+        Comparison(f"effects.lifecycle.{n}p", f"effects.floor.{n}p", None)
+        for n in effects.PROCESSES
+    ]),
 ]
 
 PACKAGES = ["lifecycle-fsm", "transitions", "SQLAlchemy", "psycopg", "django", "django-fsm-2",
@@ -89,11 +96,17 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="a smoke run of a few seconds (numbers are rough)")
     parser.add_argument("--json", action="store_true",
                         help="print machine-readable results instead of the table")
-    parser.add_argument("--rounds", type=int, help="rounds per case (default 7, quick 2)")
+    parser.add_argument("--rounds", type=int, help="rounds per case (default 7, quick 2; "
+                        f"the effects group starts no new round after {effects.BUDGET:g} s "
+                        f"once it ran {effects.MIN_ROUNDS}, quick "
+                        f"{effects.QUICK_ROUNDS}, unless --rounds is given)")
     parser.add_argument("--seconds", type=float,
                         help="target seconds per case and round (default 0.6, quick 0.04)")
     parser.add_argument("--ops", type=int,
                         help="a fixed number of operations per round instead of calibrating")
+    parser.add_argument("--effects", type=int, metavar="N",
+                        help=f"effects the effects group drains per round, ten per resource "
+                        f"(default {effects.COUNT:,}, quick {effects.QUICK_COUNT})")
     parser.add_argument("--only", metavar="NAMES",
                         help="comma-separated groups or case ids: " + ", ".join(
                             [*GROUPS, *CASES]))
@@ -104,11 +117,16 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--profile", nargs="?", const="sqlite.lifecycle", metavar="CASE",
                         help="instead of the table, a cProfile breakdown of one case "
                         "(default %(const)s)")
+    parser.add_argument("--profile-clock", choices=("wall", "cpu"), default="wall",
+                        help="what --profile measures: wall-clock time, waits for the "
+                        "database included (default), or this process's CPU time")
     parser.add_argument("--top", type=int, default=25,
                         help="functions listed per ordering with --profile (default 25)")
     args = parser.parse_args(argv)
     if args.profile is not None and args.profile not in CASES:
         parser.error(f"--profile: unknown case {args.profile!r}; cases: {', '.join(CASES)}")
+    if args.effects is not None and (args.effects < 10 or args.effects % 10):
+        parser.error("--effects: a positive multiple of 10 (ten effects per resource)")
     if args.only:
         unknown = [n for n in args.only.split(",") if n and n not in GROUPS and n not in CASES]
         if unknown:
@@ -200,6 +218,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     started = time.perf_counter()
     results: dict[str, Measurement] = {}
+    summary: effects.Summary | None = None
+    count, resources = effects.sizes(args.quick, args.effects)
     with ExitStack() as stack:
         directory = Path(stack.enter_context(tempfile.TemporaryDirectory(
             prefix="lifecycle-bench-")))
@@ -210,23 +230,39 @@ def main(argv: Sequence[str] | None = None) -> int:
                 err.print(f"{case.id}: {skipped[case.id]}", style="red", markup=False)
                 return 1
             try:
+                if case.id in effects.SPECS:
+                    with err.status("profiling") as status:
+                        profiler, header = effects.profile(
+                            case, workspace, count, resources, _profiler(args),
+                            lambda message: status.update(message))
+                    return _print_profile(profiler, header, args)
                 return _profile(case, workspace, settings, args)
             except ImportError as exc:
                 err.print(f"{case.id}: {exc.name or exc} is not installed: "
                           "pip install -e '.[bench]'", style="red", markup=False)
                 return 1
         with err.status("benchmarking") as status:
-            for cases in groups.values():
+            for group, cases in groups.items():
                 runnable = [c for c in cases if c.id not in skipped]
+                if group == "effects":
+                    measured, summary = effects.run_group(
+                        runnable, workspace, settings, lambda message: status.update(message),
+                        rounds=args.rounds or (effects.QUICK_ROUNDS if args.quick
+                                               else settings.rounds),
+                        budget=None if args.rounds or args.quick else effects.BUDGET,
+                        count=count, resources=resources)
+                    results.update(measured)
+                    continue
                 results.update(run_group(runnable, workspace, settings, skipped,
                                          lambda message: status.update(message)))
     elapsed = time.perf_counter() - started
 
     if args.json:
-        print(json.dumps(_to_json(results, skipped, settings, environment, elapsed), indent=2))
+        print(json.dumps(_to_json(results, skipped, settings, environment, elapsed, summary),
+                         indent=2))
     else:
         console = Console() if sys.stdout.isatty() else Console(width=130)
-        console.print(_table(results, skipped, settings, environment, elapsed))
+        console.print(_table(results, skipped, settings, environment, elapsed, summary))
     return 0
 
 
@@ -255,7 +291,8 @@ def _cell(results: dict[str, Measurement], skipped: dict[str, str], case_id: str
 
 
 def _table(results: dict[str, Measurement], skipped: dict[str, str], settings: Settings,
-           environment: dict[str, str], elapsed: float) -> Table:
+           environment: dict[str, str], elapsed: float,
+           summary: effects.Summary | None = None) -> Table:
     table = Table(title="lifecycle benchmarks: µs per operation (median of rounds)",
                   title_justify="left", caption_justify="left")
     table.add_column("lifecycle")
@@ -274,6 +311,8 @@ def _table(results: dict[str, Measurement], skipped: dict[str, str], settings: S
             section = title
         if ratio is None:
             ratio_cell, met = Text("—", style="dim"), Text("—", style="dim")
+        elif c.goal is None:
+            ratio_cell, met = Text(f"{ratio:.2f}x"), Text("—", style="dim")
         else:
             ok = c.goal.met(ratio)
             ratio_cell = Text(f"{ratio:.2f}x", style="green" if ok else "red")
@@ -283,7 +322,7 @@ def _table(results: dict[str, Measurement], skipped: dict[str, str], settings: S
             _cell(results, skipped, c.subject),
             CASES[c.reference].label,
             _cell(results, skipped, c.reference),
-            ratio_cell, str(c.goal), met,
+            ratio_cell, str(c.goal) if c.goal else Text("none", style="dim"), met,
         )
     notes = sorted({reason for reason in skipped.values()})
     noisy = _noisy(results)
@@ -291,16 +330,19 @@ def _table(results: dict[str, Measurement], skipped: dict[str, str], settings: S
         notes.append(f"Noisy: rounds differed by more than ±{NOISY:.0%} ({', '.join(noisy)}). "
                      "Was the machine busy? Per-round ratios absorb some of it; rerun on a "
                      "quiet machine for firm numbers.")
-    counts = sorted({m.ops_per_round for m in results.values()}) or [0]
+    counts = sorted({m.ops_per_round for m in results.values()
+                     if m.case.id not in effects.SPECS}) or [0]
     span = f"{counts[0]:,}" if len(counts) == 1 else f"{counts[0]:,} to {counts[-1]:,}"
     ops = (f"{settings.ops:,} ops per round" if settings.ops else
            f"~{settings.round_seconds:g} s per case and round ({span} ops, calibrated in "
            "warm-up)")
+    timed = [m for m in results.values() if m.case.id not in effects.SPECS]
     versions = ", ".join(f"{k} {v}" for k, v in environment.items() if k != "machine")
     table.caption = Text("\n".join([
-        f"ratio = lifecycle / reference, the median of the per-round ratios; µs/op: median of "
-        f"{settings.rounds} interleaved rounds, "
-        f"{ops}; ± is half the range of the rounds. Whole run {elapsed:.1f} s.",
+        "ratio = lifecycle / reference, the median of the per-round ratios; "
+        + (f"µs/op: median of {settings.rounds} interleaved rounds, {ops}; " if timed else "")
+        + f"± is half the range of the rounds. Whole run {elapsed:.1f} s.",
+        *([_effects_note(summary, results)] if summary and summary.throughput else []),
         f"{environment['machine']}; {versions}",
         *notes,
     ]))
@@ -310,12 +352,35 @@ def _table(results: dict[str, Measurement], skipped: dict[str, str], settings: S
 NOISY = 0.15
 
 
+def _effects_note(summary: effects.Summary, results: dict[str, Measurement]) -> str:
+    """Section 4 in effects per second, and how it scales with processes."""
+    lines = []
+    for kind, name in (("lifecycle", "lifecycle Worker"), ("floor", "raw psycopg")):
+        scaling = summary.scaling(kind)
+        steps = []
+        for n in effects.PROCESSES:
+            case_id = f"effects.{kind}.{n}p"
+            if case_id in summary.throughput:
+                factor = f" (x{scaling[n]:.2f})" if n in scaling and n > 1 else ""
+                cpu = statistics.median(results[case_id].cpu_samples_us)
+                steps.append(f"{n}p {summary.throughput[case_id]:,.0f}{factor}, "
+                             f"{cpu:,.0f} µs CPU")
+        if steps:
+            lines.append(f"{name}: " + " → ".join(steps))
+    return (f"Section 4: wall time per effect of draining {summary.count:,} no-op effects over "
+            f"{summary.resources} resources, median of {summary.rounds} rounds (each round "
+            "drains once per case; rotating order). Effects/s by worker processes (x: over "
+            "1 process; CPU: the workers' own per effect, all processes, without the "
+            "server's): " + "; ".join(lines) + ".")
+
+
 def _noisy(results: dict[str, Measurement]) -> list[str]:
     return [case_id for case_id, m in results.items() if m.spread > NOISY]
 
 
 def _to_json(results: dict[str, Measurement], skipped: dict[str, str], settings: Settings,
-             environment: dict[str, str], elapsed: float) -> dict[str, Any]:
+             environment: dict[str, str], elapsed: float,
+             summary: effects.Summary | None = None) -> dict[str, Any]:
     return {
         "unit": "microseconds per operation",
         "settings": {"rounds": settings.rounds, "round_seconds": settings.round_seconds,
@@ -328,10 +393,13 @@ def _to_json(results: dict[str, Measurement], skipped: dict[str, str], settings:
         "comparisons": [
             {"section": title, "subject": c.subject, "reference": c.reference,
              "ratio": None if ratio is None else round(ratio, 4),
-             "goal": str(c.goal), "goal_limit": c.goal.limit, "goal_strict": c.goal.strict,
-             "met": None if ratio is None else c.goal.met(ratio)}
+             "goal": str(c.goal) if c.goal else None,
+             "goal_limit": c.goal.limit if c.goal else None,
+             "goal_strict": c.goal.strict if c.goal else None,
+             "met": None if ratio is None or c.goal is None else c.goal.met(ratio)}
             for title, c, ratio in _comparisons(results, skipped)
         ],
+        "effects": summary.to_json() if summary and summary.throughput else None,
     }
 
 
@@ -344,7 +412,7 @@ def _profile(case: Case, workspace: Workspace, settings: Settings,
     with case.open(workspace) as bench:
         warm, per_op = warm_up(bench, settings)
         n = args.ops or max(200, round(settings.round_seconds * settings.rounds / per_op))
-        profiler = cProfile.Profile()
+        profiler = _profiler(args)
         op = bench.op
         start = time.perf_counter()
         profiler.enable()
@@ -354,13 +422,26 @@ def _profile(case: Case, workspace: Workspace, settings: Settings,
         profiled = time.perf_counter() - start
         if bench.verify is not None:
             bench.verify(warm + n)
+    header = (f"{case.id} ({case.label}): {n:,} operations; {per_op * 1e6:.1f} µs/op in "
+              f"warm-up without the profiler, {profiled / n * 1e6:.1f} µs/op under it.\n"
+              f"Times in the listing are totals over all operations; divide by {n:,} for one "
+              "operation.\n")
+    return _print_profile(profiler, header, args)
+
+
+def _profiler(args: argparse.Namespace) -> cProfile.Profile:
+    if args.profile_clock == "cpu":
+        return cProfile.Profile(time.process_time)
+    return cProfile.Profile()
+
+
+def _print_profile(profiler: cProfile.Profile, header: str, args: argparse.Namespace) -> int:
     out = io.StringIO()
     stats = pstats.Stats(profiler, stream=out)
     stats.strip_dirs()
-    print(f"{case.id} ({case.label}): {n:,} operations; {per_op * 1e6:.1f} µs/op in warm-up "
-          f"without the profiler, {profiled / n * 1e6:.1f} µs/op under it.")
-    print("Times in the listing are totals over all operations; divide by "
-          f"{n:,} for one operation.\n")
+    clock = ("this process's CPU time" if args.profile_clock == "cpu" else
+             "wall-clock time, waits for the database included (--profile-clock cpu for CPU)")
+    print(header + f"The profile measures {clock}.\n")
     for order in ("tottime", "cumulative"):
         out.seek(0)
         out.truncate()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
+import queue
 import random
 import signal
 import socket
@@ -42,6 +43,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
+IDLE_THREAD_SECONDS = 5.0
+TIMER_LOOK = 0.5
+"""Seconds between looks for due timers while effects keep the worker busy."""
 
 
 class EffectError(Exception):
@@ -179,8 +183,13 @@ class Worker:
         self.stats = WorkerStats()
         self._stop = threading.Event()
         self._fast = threading.Event()
-        self._running: dict[int, tuple[EffectCall, threading.Thread, float]] = {}
+        self._running: dict[int, tuple[EffectCall, threading.Thread | None, float]] = {}
+        self._inbox: queue.SimpleQueue[EffectCall] = queue.SimpleQueue()
+        self._idle = 0
+        self._written_off: set[tuple[int, int]] = set()
+        """(effect, attempt) of handlers that ran out of time: their threads are replaced."""
         self._queue: deque[EffectCall] = deque()
+        self._timers_seen = 0.0
         self._results: dict[int, tuple[str, Any]] = {}
         self._lock = threading.Condition()
         self._sigterms = 0
@@ -193,7 +202,8 @@ class Worker:
         while not self._stop.is_set():
             busy = self._cycle()
             if not (self._running or self._queue):
-                if not busy:
+                # nothing claimed or running: before calling it idle, every timer due now
+                if not busy and not self._fire_due_timers():
                     break
             elif not busy:
                 self._wait(self.poll)
@@ -230,13 +240,17 @@ class Worker:
         return self.stats
 
     def _cycle(self) -> bool:
-        """One round: fire the due timers, claim a batch when the queue ran dry, start what
+        """One round: claim a batch when the queue ran dry, fire the due timers (when the
+        claim found nothing, or half a second after the last look: a timeout is measured in
+        seconds, and looking on every round cost as much as running an effect), start what
         the concurrency allows, record what finished. Whether anything happened."""
-        busy = self._fire_due_timers() > 0
+        busy = found_none = False
         if not self._queue and not self._stop.is_set():
             claimed = self._claim(self.batch)
             self._queue.extend(claimed)
-            busy = busy or bool(claimed)
+            busy, found_none = bool(claimed), not claimed
+        if found_none or time.monotonic() - self._timers_seen >= TIMER_LOOK:
+            busy = self._fire_due_timers() > 0 or busy
         while self._queue and len(self._running) < self.concurrency and not self._stop.is_set():
             self._start(self._queue.popleft())
             busy = True
@@ -288,20 +302,46 @@ class Worker:
                 f"no handler for effect {call.name!r} is registered in this worker"))
             return
 
-        def work() -> None:
+        deadline = time.monotonic() + effect.timeout if effect.timeout else float("inf")
+        self._running[call.id] = (call, None, deadline)
+        with self._lock:
+            if self._idle == 0:
+                self._spawn()
+            else:
+                self._idle -= 1
+        self._inbox.put(call)
+
+    def _spawn(self) -> None:
+        """A handler thread (under the lock). Threads are kept for the next effects (starting
+        one per effect cost a fifth of an effect's time) and leave after a while idle."""
+        thread = threading.Thread(target=self._serve, name=f"lifecycle-effects-{self.name}",
+                                  daemon=True)
+        thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                call = self._inbox.get(timeout=IDLE_THREAD_SECONDS)
+            except queue.Empty:
+                with self._lock:
+                    if self._inbox.empty() and self._idle > 0:
+                        self._idle -= 1
+                        return
+                continue
+            effect = self.engine.effects[call.name]
             try:
                 outcome: tuple[str, Any] = ("ok", effect.handler(call))
             except BaseException as exc:  # the handler's failure is recorded, not raised
                 outcome = ("error", exc)
             with self._lock:
+                if (call.id, call.attempt) in self._written_off:
+                    # this thread ran out of time and was replaced; its late answer is not
+                    # recorded (another attempt may hold the effect by now), and it leaves
+                    self._written_off.discard((call.id, call.attempt))
+                    return
                 self._results[call.id] = outcome
+                self._idle += 1
                 self._lock.notify_all()
-
-        thread = threading.Thread(target=work, name=f"effect-{call.name}-{call.id}",
-                                  daemon=True)
-        deadline = time.monotonic() + effect.timeout if effect.timeout else float("inf")
-        self._running[call.id] = (call, thread, deadline)
-        thread.start()
 
     def _reap(self) -> int:
         """Record the outcome of every handler that finished or ran out of time; how many."""
@@ -313,6 +353,8 @@ class Worker:
         for effect_id, outcome in ready:
             call, _thread, _deadline = self._running.pop(effect_id)
             if outcome is None:
+                with self._lock:  # its thread hangs: written off, and replaced when needed
+                    self._written_off.add((effect_id, call.attempt))
                 timeout = self.engine.effects[call.name].timeout or 0.0
                 outcome = ("error", RetryableError(f"handler timed out after {timeout:g} s"))
             self._finish(call, *outcome)
@@ -471,6 +513,7 @@ class Worker:
     # -- timers ----------------------------------------------------------------------
 
     def _fire_due_timers(self) -> int:
+        self._timers_seen = time.monotonic()
         now = self.engine.clock.now()
         with self.store.read() as db:
             due = db.execute(_DUE_TIMERS, {"now": now, "limit": self.batch}).all()
