@@ -630,20 +630,25 @@ class TimerRecord:
                 "status": self.status, "outcome": self.outcome}
 
 
-def effect_records(engine: Engine, key: str | None = None,
-                   statuses: tuple[str, ...] | None = None) -> list[EffectRecord]:
-    t = effects_table.c
-    query = (select(effects_table, resources.c.machine, resources.c.key)
-             .join(resources, resources.c.id == t.resource_id).order_by(t.id))
+def _rows_of(engine: Engine, table: Any, order: tuple[Any, ...], key: str | None,
+             statuses: tuple[str, ...] | None) -> list[Any]:
+    """Rows of the outbox (effects or timers) with their resource's machine and key."""
+    query = (select(table, resources.c.machine, resources.c.key)
+             .join(resources, resources.c.id == table.c.resource_id).order_by(*order))
     if statuses is not None:
-        query = query.where(t.status.in_(statuses))
+        query = query.where(table.c.status.in_(statuses))
     with engine.store.read() as db:
         if key is not None:
             from .queries import resource_id
 
             rid, _ = resource_id(db, key)
-            query = query.where(t.resource_id == rid)
-        rows = db.execute(query).all()
+            query = query.where(table.c.resource_id == rid)
+        return list(db.execute(query).all())
+
+
+def effect_records(engine: Engine, key: str | None = None,
+                   statuses: tuple[str, ...] | None = None) -> list[EffectRecord]:
+    rows = _rows_of(engine, effects_table, (effects_table.c.id,), key, statuses)
     return [EffectRecord(r.id, r.machine, r.key, r.seq, r.position, r.name, r.status,
                          r.attempts, r.next_attempt_at, r.last_error, r.idempotency_key)
             for r in rows]
@@ -651,18 +656,7 @@ def effect_records(engine: Engine, key: str | None = None,
 
 def timer_records(engine: Engine, key: str | None = None,
                   statuses: tuple[str, ...] | None = None) -> list[TimerRecord]:
-    t = timers.c
-    query = (select(timers, resources.c.machine, resources.c.key)
-             .join(resources, resources.c.id == t.resource_id).order_by(t.due_at, t.id))
-    if statuses is not None:
-        query = query.where(t.status.in_(statuses))
-    with engine.store.read() as db:
-        if key is not None:
-            from .queries import resource_id
-
-            rid, _ = resource_id(db, key)
-            query = query.where(t.resource_id == rid)
-        rows = db.execute(query).all()
+    rows = _rows_of(engine, timers, (timers.c.due_at, timers.c.id), key, statuses)
     return [TimerRecord(r.id, r.machine, r.key, r.seq, r.state, r.trigger, r.due_at, r.status,
                         r.outcome) for r in rows]
 
