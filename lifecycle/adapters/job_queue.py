@@ -22,8 +22,9 @@ from sqlalchemy import bindparam, insert, literal_column, select, update
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.dialects.postgresql import psycopg as postgres_psycopg
 
+from ..clock import SystemClock
 from ..store import Store
-from ..store.schema import UTC, job_queue, sqlite_time
+from ..store.schema import job_queue, sqlite_time
 from .htcondor import COMPLETED, IDENTITY_ATTRIBUTES, RUNNING, ClassAdValue, JobId
 
 Writes = Callable[[Any], None]
@@ -174,7 +175,7 @@ def submit(store: Store, job: JobId, ad: Mapping[str, ClassAdValue],
     status = document.setdefault("JobStatus", RUNNING)
     if not isinstance(status, int) or isinstance(status, bool):
         raise ValueError(f"JobStatus of job {job} must be an integer, not {status!r}")
-    when = now or dt.datetime.now(UTC)
+    when = now or SystemClock().now()
     with store.begin() as db:
         db.execute(insert(job_queue).values(
             cluster=job.cluster, proc=job.proc, ad=document, job_status=status, updates=0,
