@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import and_, bindparam, exists, func, or_, select, update
+from sqlalchemy import and_, bindparam, exists, func, literal, or_, select, update
 
 from .errors import DatabaseError, LifecycleError, UnknownResource
 from .records import FireResult
@@ -190,6 +190,8 @@ class Worker:
         """(effect, attempt) of handlers that ran out of time: their threads are replaced."""
         self._queue: deque[EffectCall] = deque()
         self._timers_seen = 0.0
+        self._claim_compiled: tuple[tuple[str, dict[str, Any]],
+                                    tuple[str, dict[str, Any]]] | None = None
         self._results: dict[int, tuple[str, Any]] = {}
         self._lock = threading.Condition()
         self._sigterms = 0
@@ -274,24 +276,44 @@ class Worker:
     # -- claiming --------------------------------------------------------------------
 
     def _claim(self, limit: int) -> list[EffectCall]:
-        if limit <= 0:
+        if limit <= 0 or not self.engine.effects:  # no handlers: nothing this worker can do
             return []
         now = self.engine.clock.now()
-        statements = _claim_statements(self.store.dialect == "postgresql")
-        lease_until = now + dt.timedelta(seconds=self.lease)
-        with self.store.begin() as db:
-            # a worker claims only what it has handlers for: others may serve the rest
-            ids = list(db.execute(statements.claimable, {
-                "now": now, "names": sorted(self.engine.effects),
-                "limit": min(limit, self.batch)}).scalars())
+        store = self.store
+        (claim, claim_params), (claimed, claimed_params) = self._claim_sql()
+        lease_until = store.time_param(now + dt.timedelta(seconds=self.lease))
+        with store.write() as cursor:
+            cursor.execute(claim, {**claim_params, "now": store.time_param(now),
+                                   "limit": min(limit, self.batch), "claimed_by": self.name,
+                                   "lease_until": lease_until})
+            ids = {row[0] for row in cursor.fetchall()}
             if not ids:
                 return []
-            db.execute(statements.claim, {"ids": ids, "claimed_by": self.name,
-                                          "lease_until": lease_until})
-            rows = db.execute(statements.claimed, {"ids": ids}).all()
-        return [EffectCall(r.id, r.name, r.machine, r.key, dict(r.args), r.idempotency_key,
-                           r.fence, r.attempts, r.seq, r.j_trigger, dict(r.j_payload or {}),
-                           dict(r.data), dict(r.progress or {}), now, self) for r in rows]
+            cursor.execute(claimed, {**claimed_params, "claimed_by": self.name,
+                                     "low": min(ids), "high": max(ids)})
+            rows = [row for row in cursor.fetchall() if row[0] in ids]
+        value = store.json_value
+        return [EffectCall(id_, name, machine, key, dict(value(args)), idempotency_key,
+                           value(fence) if fence is not None else None, attempts, seq, trigger,
+                           dict(value(payload) or {}), dict(value(data)),
+                           dict(value(progress) or {}), now, self)
+                for (id_, name, args, idempotency_key, fence, attempts, seq, progress, machine,
+                     key, data, trigger, payload) in rows]
+
+    def _claim_sql(self) -> tuple[tuple[str, dict[str, Any]], tuple[str, dict[str, Any]]]:
+        """The claim as two statements on the held connection, compiled once per worker
+        (the names of its handlers are part of them): an UPDATE of the effects it picks,
+        RETURNING their ids, then what the handlers need of them."""
+        if self._claim_compiled is None:
+            statements = _claim_statements(self.store.dialect == "postgresql",
+                                           sorted(self.engine.effects))
+            dialect = self.store.sql.dialect
+            claim, claimed = (s.compile(dialect=dialect)
+                              for s in (statements.claim, statements.claimed))
+            # each with the values of its constants (statuses, names)
+            self._claim_compiled = ((str(claim), dict(claim.params)),
+                                    (str(claimed), dict(claimed.params)))
+        return self._claim_compiled
 
     # -- running ---------------------------------------------------------------------
 
@@ -541,44 +563,39 @@ class Worker:
 
 @dataclass(frozen=True, slots=True)
 class _ClaimStatements:
-    claimable: Any
     claim: Any
     claimed: Any
 
 
-_CLAIM: dict[bool, _ClaimStatements] = {}
-
-
-def _claim_statements(postgresql: bool) -> _ClaimStatements:
-    found = _CLAIM.get(postgresql)
-    if found is None:
-        e = effects_table.alias("e")
-        p = effects_table.alias("p")
-        now: Any = bindparam("now")
-        # effects of one resource run in order: not while an earlier one is unfinished
-        blocked = exists().where(p.c.resource_id == e.c.resource_id, p.c.id < e.c.id,
-                                 p.c.status.in_([PENDING, RUNNING, FAILED]))
-        due = or_(and_(e.c.status == PENDING, e.c.next_attempt_at <= now),
-                  and_(e.c.status == RUNNING, e.c.lease_until < now))
-        claimable = (select(e.c.id)
-                     .where(due, ~blocked, e.c.name.in_(bindparam("names", expanding=True)))
-                     .order_by(e.c.next_attempt_at, e.c.id).limit(bindparam("limit")))
-        if postgresql:
-            claimable = claimable.with_for_update(skip_locked=True, of=e)
-        t = effects_table.c
-        claim = (update(effects_table).where(t.id.in_(bindparam("ids", expanding=True)))
-                 .values(status=RUNNING, claimed_by=bindparam("claimed_by"),
-                         lease_until=bindparam("lease_until"), attempts=t.attempts + 1))
-        claimed = (
-            select(effects_table, resources.c.machine, resources.c.key, resources.c.data,
-                   journal.c.trigger.label("j_trigger"), journal.c.payload.label("j_payload"))
-            .join(resources, resources.c.id == t.resource_id)
-            .join(journal, and_(journal.c.resource_id == t.resource_id,
-                                journal.c.seq == t.seq))
-            .where(t.id.in_(bindparam("ids", expanding=True)))
-            .order_by(t.id))
-        found = _CLAIM[postgresql] = _ClaimStatements(claimable, claim, claimed)
-    return found
+def _claim_statements(postgresql: bool, names: list[str]) -> _ClaimStatements:
+    e = effects_table.alias("e")
+    p = effects_table.alias("p")
+    now: Any = bindparam("now")
+    # effects of one resource run in order: not while an earlier one is unfinished
+    blocked = exists().where(p.c.resource_id == e.c.resource_id, p.c.id < e.c.id,
+                             p.c.status.in_([literal(s) for s in (PENDING, RUNNING, FAILED)]))
+    due = or_(and_(e.c.status == PENDING, e.c.next_attempt_at <= now),
+              and_(e.c.status == RUNNING, e.c.lease_until < now))
+    # a worker claims only what it has handlers for: others may serve the rest
+    picked = (select(e.c.id).where(due, ~blocked, e.c.name.in_([literal(n) for n in names]))
+              .order_by(e.c.next_attempt_at, e.c.id).limit(bindparam("limit")))
+    if postgresql:
+        picked = picked.with_for_update(skip_locked=True, of=e)
+    t = effects_table.c
+    claim = (update(effects_table).where(t.id.in_(picked))
+             .values(status=RUNNING, claimed_by=bindparam("claimed_by"),
+                     lease_until=bindparam("lease_until"), attempts=t.attempts + 1)
+             .returning(t.id))
+    claimed = (
+        select(t.id, t.name, t.args, t.idempotency_key, t.fence, t.attempts, t.seq, t.progress,
+               resources.c.machine, resources.c.key, resources.c.data, journal.c.trigger,
+               journal.c.payload)
+        .join(resources, resources.c.id == t.resource_id)
+        .join(journal, and_(journal.c.resource_id == t.resource_id, journal.c.seq == t.seq))
+        .where(t.claimed_by == bindparam("claimed_by"), t.status == RUNNING,
+               t.id.between(bindparam("low"), bindparam("high")))
+        .order_by(t.id))
+    return _ClaimStatements(claim, claimed)
 
 
 _DUE_TIMERS = (
