@@ -385,7 +385,8 @@ class Engine:
             if isinstance(outcome, StaleObservation):
                 if on_stale == "raise":
                     raise outcome
-                return outcome.result  # type: ignore[attr-defined, no-any-return]
+                result: FireResult = outcome.result
+                return result
             return outcome
         raise ConcurrencyError(
             f"{key}: {_shown(trigger)} lost the race {self.max_attempts} times in a row; "
@@ -467,7 +468,7 @@ class Engine:
             stale = self._refuse_stale(cursor, runner, row, trigger, payload, actor,
                                        context, decision, probe_error, probed)
             if within is not None:
-                within.after(cursor, stale.result)  # type: ignore[attr-defined]
+                within.after(cursor, stale.result)
             return stale
         edge = decision.edge
         assert edge is not None and decision.dest is not None
@@ -606,13 +607,12 @@ class Engine:
             message += f" ({probe_error})"
         elif edge.fresh.probe is None:
             message += " (no probe is named to ask for a fresh one)"
-        stale = StaleObservation(message, machine=row.machine, key=row.key,
-                                 trigger=_shown(trigger), source=row.state, dest=dest,
-                                 probe_error=probe_error)
-        stale.result = FireResult(  # type: ignore[attr-defined]
-            False, row.machine, row.key, _shown(trigger), row.state, None, row.version,
-            message, decision.guards, error="StaleObservation", probed=probed)
-        return stale
+        return StaleObservation(
+            message, machine=row.machine, key=row.key, trigger=_shown(trigger),
+            source=row.state, dest=dest, probe_error=probe_error,
+            result=FireResult(False, row.machine, row.key, _shown(trigger), row.state, None,
+                              row.version, message, decision.guards, error="StaleObservation",
+                              probed=probed))
 
     def _locate(self, cursor: Any, key: str) -> _Row:
         machine, plain = queries.split_key(key)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 class LifecycleError(Exception):
@@ -138,7 +139,9 @@ class StaleObservation(LifecycleError):
     no probe (or a failed one) could give a fresher one. The refusal is journaled."""
 
     def __init__(self, message: str, *, machine: str, key: str, trigger: str, source: str,
-                 dest: str, probe_error: str | None = None) -> None:
+                 dest: str, probe_error: str | None = None, result: Any = None) -> None:
+        self.result = result
+        """The refusal as a FireResult (what ``fire(..., on_stale="return")`` returns)."""
         self.machine = machine
         self.key = key
         self.trigger = trigger
