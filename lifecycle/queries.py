@@ -41,7 +41,7 @@ def _resource(r: Any) -> Resource:
                     r.created_at, r.updated_at, _observation(r))
 
 
-def get(db: Any, key: str) -> Resource:
+def _row(db: Any, key: str) -> Any:
     machine, plain = split_key(key)
     query = _resource_query().where(resources.c.key == plain)
     if machine is not None:
@@ -51,14 +51,17 @@ def get(db: Any, key: str) -> Resource:
         raise UnknownResource(plain, machine)
     if len(rows) > 1:
         raise AmbiguousKey(plain, [r.machine for r in rows])
-    return _resource(rows[0])
+    return rows[0]
+
+
+def get(db: Any, key: str) -> Resource:
+    return _resource(_row(db, key))
 
 
 def resource_id(db: Any, key: str) -> tuple[int, Resource]:
-    resource = get(db, key)
-    rid = db.execute(select(resources.c.id).where(
-        resources.c.machine == resource.machine, resources.c.key == resource.key)).scalar_one()
-    return int(rid), resource
+    """The resource's row id (for joins), read in the same query as the resource."""
+    row = _row(db, key)
+    return int(row.id), _resource(row)
 
 
 def history(store: Store, key: str) -> list[JournalEntry]:

@@ -42,6 +42,7 @@ from ..fresh import ProbeRequest
 from ..runner import GuardContext
 from ..spec import MachineSpec
 from . import Builtin
+from .drone_sim import ScenarioBatch, ScenarioSite
 
 REF = "shared/domain/tardis-drones.md"
 LIVE_STATES = ("request", "booting", "integrate", "integrating", "available", "drain",
@@ -293,8 +294,6 @@ def release_order(drones: Sequence[Any], policy: str = "established_first") -> l
 def _simulation(world: Any) -> tuple[Any, Any, Any]:
     """For scenario files: a site that answers what the scenario's world says and records
     what it was asked to do."""
-    from .drone_sim import ScenarioBatch, ScenarioSite  # imported late: it imports this
-
     site, batch = ScenarioSite(world), ScenarioBatch(world)
     return GUARDS, effects(site, batch), {"site": probe(site, batch)}
 
