@@ -425,20 +425,19 @@ class Worker:
             log.warning("effect %s of %s:%s: the claim was lost; its new owner records it",
                         call.name, call.machine, call.key)
 
-    def _claimed(self, call: EffectCall) -> Any:
-        t = effects_table.c
-        return and_(t.id == call.id, t.claimed_by == self.name, t.attempts == call.attempt,
-                    t.status == RUNNING)
+    def _held(self, cursor: Any, statement: str, call: EffectCall, **values: Any) -> None:
+        """Write to the effect, if this worker still holds its claim (the fence is in the
+        store's statements, once)."""
+        cursor.execute(statement, {"id_": call.id, "claimed_by_": self.name,
+                                   "attempts_": call.attempt, **values})
+        if cursor.rowcount != 1:
+            raise LostClaim(call.idempotency_key)
 
     def _mark(self, cursor: Any, call: EffectCall, status: str, error: str | None) -> None:
         """Record the effect's outcome, if this worker still holds its claim."""
         store = self.store
-        cursor.execute(store.sql.finish_effect, {
-            "id_": call.id, "claimed_by_": self.name, "attempts_": call.attempt,
-            "new_status": status, "now": store.time_param(self.engine.clock.now()),
-            "error": error})
-        if cursor.rowcount != 1:
-            raise LostClaim(call.idempotency_key)
+        self._held(cursor, store.sql.finish_effect, call, new_status=status,
+                   now=store.time_param(self.engine.clock.now()), error=error)
 
     def _done(self, call: EffectCall, follow_up: FollowUp | None) -> None:
         if follow_up is None:
@@ -456,13 +455,11 @@ class Worker:
 
     def _reschedule(self, call: EffectCall, message: str, retry: Retry) -> None:
         delay = retry.delay(call.attempt, self.rng)
-        now = self.engine.clock.now()
-        with self.store.begin() as db:
-            moved = db.execute(update(effects_table).where(self._claimed(call)).values(
-                status=PENDING, next_attempt_at=now + dt.timedelta(seconds=delay),
-                last_error=message[:2000], lease_until=None, claimed_by=None))
-            if moved.rowcount != 1:
-                raise LostClaim(call.idempotency_key)
+        store = self.store
+        due = self.engine.clock.now() + dt.timedelta(seconds=delay)
+        with store.write() as cursor:
+            self._held(cursor, store.sql.reschedule_effect, call,
+                       next_attempt_at=store.time_param(due), error=message[:2000])
         self.stats.retried += 1
         log.info("effect %s of %s:%s failed (attempt %d: %s); next attempt in %.1f s",
                  call.name, call.machine, call.key, call.attempt, message, delay)
@@ -509,11 +506,10 @@ class Worker:
             within=Mark())
 
     def _save_progress(self, call: EffectCall) -> None:
-        with self.store.begin() as db:
-            saved = db.execute(update(effects_table).where(self._claimed(call)).values(
-                progress=dict(call.progress)))
-            if saved.rowcount != 1:
-                raise LostClaim(call.idempotency_key)
+        store = self.store
+        with store.write(held=False) as cursor:  # from a handler's thread: no connection kept
+            self._held(cursor, store.sql.save_progress, call,
+                       progress=store.json_param(dict(call.progress)))
 
     def _give_back(self, calls: list[EffectCall]) -> None:
         """Return claimed effects to the queue at once, instead of waiting for their leases

@@ -286,3 +286,19 @@ def test_update_changes_data_not_state(engine: Engine, clock: SimulatedClock) ->
         "update", "unclaimed", "unclaimed", 2, {"memory": 2, "owner": "alice"}, "admin")
     assert engine.fire("s", "claim", {"claim_id": "c"}).version == 3
     assert engine.verify() == []
+
+
+def test_a_threads_connection_goes_back_to_the_pool_when_the_thread_ends(
+        engine: Engine, store: Store) -> None:
+    import gc
+    import threading
+
+    engine.create("slot", "s")
+    # more threads than the pool holds (5 + 10 overflow): each fires once and ends
+    for round_ in range(20):
+        thread = threading.Thread(target=lambda: engine.fire("s", "retire"))
+        thread.start()
+        thread.join()
+        gc.collect()
+        assert store.engine.pool.checkedout() <= 1, f"round {round_}"
+    assert len(store._held._held) <= 1  # the main thread's, from create()

@@ -108,10 +108,12 @@ class Store:
             raise DatabaseError(f"database {self.display_url}: {exc.orig}") from None
 
     @contextmanager
-    def write(self) -> Iterator[Any]:
-        """A raw DBAPI cursor inside one write transaction, for ``self.sql`` statements."""
+    def write(self, *, held: bool = True) -> Iterator[Any]:
+        """A raw DBAPI cursor inside one write transaction, for ``self.sql`` statements, on
+        the calling thread's own connection (``held=False``: one from the pool, given back
+        after)."""
         try:
-            with self._held.transaction() as cursor:
+            with self._held.transaction(held=held) as cursor:
                 yield cursor
         except DBAPIError as exc:  # raised when the pool cannot connect
             raise DatabaseError(f"database {self.display_url}: {exc.orig}") from None
@@ -239,6 +241,11 @@ class Statements:
         self.finish_effect = sql(update(effects).where(*claimed).values(
             status=bindparam("new_status"), finished_at=bindparam("now"),
             last_error=bindparam("error"), lease_until=null()))
+        self.reschedule_effect = sql(update(effects).where(*claimed).values(
+            status=literal_column("'pending'"), next_attempt_at=bindparam("next_attempt_at"),
+            last_error=bindparam("error"), lease_until=null(), claimed_by=null()))
+        self.save_progress = sql(update(effects).where(*claimed).values(
+            progress=bindparam("progress")))
         self.fire_timer = sql(
             update(timers).where(t.id == bindparam("id_"), t.status == literal_column("'pending'"))
             .values(status=literal_column("'fired'"), finished_at=bindparam("now")))

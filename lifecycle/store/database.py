@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -90,11 +91,21 @@ def _sqlite_engine(url: str) -> SAEngine:
     return engine
 
 
+class _Holder:
+    """A thread's connection; when the thread ends, its thread-local dies with it, and the
+    connection goes back to the pool (see HeldConnections._connection)."""
+
+    __slots__ = ("__weakref__", "connection")
+
+    def __init__(self, connection: Any) -> None:
+        self.connection = connection
+
+
 class HeldConnections:
-    """One DBAPI connection per thread, taken from the pool once and kept: checking a
-    connection out of the pool and back for every transaction cost more than half of the
-    database's own work on SQLite (see benchmarks/). A connection that broke is thrown away,
-    and the next transaction of that thread opens a new one."""
+    """One DBAPI connection per thread, taken from the pool once and kept while the thread
+    lives: checking a connection out of the pool and back for every transaction cost more
+    than half of the database's own work on SQLite (see benchmarks/). A connection that broke
+    is thrown away, and the next transaction of that thread opens a new one."""
 
     def __init__(self, engine: SAEngine) -> None:
         self.engine = engine
@@ -104,31 +115,39 @@ class HeldConnections:
         self._lock = threading.Lock()
 
     def _connection(self) -> Any:
-        held = getattr(self._local, "held", None)
-        if held is None:
-            held = self.engine.raw_connection()
-            self._local.held = held
+        holder = getattr(self._local, "holder", None)
+        if holder is None:
+            holder = _Holder(self.engine.raw_connection())
+            self._local.holder = holder
             with self._lock:
-                self._held.append(held)
-        return held
+                self._held.append(holder.connection)
+            weakref.finalize(holder, self._release, holder.connection)
+        return holder.connection
+
+    def _release(self, connection: Any, *, broken: bool = False) -> None:
+        """Give a held connection back (or throw it away), once."""
+        with self._lock:
+            if connection not in self._held:
+                return
+            self._held.remove(connection)
+        try:
+            connection.invalidate() if broken else connection.close()
+        except Exception as exc:  # it is being given back; nothing else to do
+            log.debug("releasing a held connection: %s", exc)
 
     def _discard(self) -> None:
-        held = getattr(self._local, "held", None)
-        self._local.held = None
-        if held is not None:
-            with self._lock:
-                if held in self._held:
-                    self._held.remove(held)
-            try:
-                held.invalidate()
-            except Exception as exc:  # it is being thrown away
-                log.debug("discarding a broken connection: %s", exc)
+        holder = getattr(self._local, "holder", None)
+        self._local.holder = None
+        if holder is not None:
+            self._release(holder.connection, broken=True)
 
     @contextmanager
-    def transaction(self) -> Iterator[Any]:
+    def transaction(self, *, held: bool = True) -> Iterator[Any]:
         """A DBAPI cursor inside one write transaction: committed on success, rolled back on
-        any exception. The engine's hot path runs its pre-compiled statements here."""
-        connection = self._connection()
+        any exception. The engine's hot path runs its pre-compiled statements here. With
+        ``held=False`` the connection comes from the pool and goes back after (for threads
+        that write rarely, such as effect handlers)."""
+        connection: Any = self._connection() if held else self.engine.raw_connection()
         dbapi = connection.dbapi_connection
         try:
             cursor = dbapi.cursor()
@@ -141,18 +160,18 @@ class HeldConnections:
                 raise
             dbapi.commit()
         except self.engine.dialect.dbapi.Error:  # type: ignore[union-attr]
-            if _broken(dbapi):
+            if held and _broken(dbapi):
                 self._discard()
             raise
+        finally:
+            if not held:
+                connection.close()
 
     def close(self) -> None:
         with self._lock:
-            held, self._held = self._held, []
+            held = list(self._held)
         for connection in held:
-            try:
-                connection.close()
-            except Exception as exc:  # closing is best effort
-                log.debug("closing a held connection: %s", exc)
+            self._release(connection)
         self._local = threading.local()
 
 
