@@ -43,8 +43,7 @@ from typing import Any
 
 import psycopg
 
-from lifecycle import Engine, Store
-from lifecycle.effects import Worker
+from lifecycle import Engine, Store, Worker
 
 from . import postgres
 from .harness import Bench, BenchError, Case, Measurement, Settings, Workspace

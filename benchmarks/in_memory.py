@@ -1,8 +1,9 @@
 """Case 3: deciding a guarded transition in memory, no database.
 
-lifecycle's decision alone (``Runner(spec, guards).decide(state, trigger, GuardContext(...))``,
-a fresh context per decision as the engine makes one) against a bare ``transitions.Machine``
-trigger with one condition on one kept model, and python-statemachine with one guard. Every
+lifecycle's decision alone
+(``CompiledMachine(spec, guards).decide(state, trigger, GuardContext(...))``, a fresh context
+per decision as the engine makes one) against a bare ``transitions.Machine`` trigger with one
+condition on one kept model, and python-statemachine with one guard. Every
 guard is as cheap as a guard gets, so the numbers show the machinery around it.
 """
 
@@ -14,7 +15,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from lifecycle import GuardContext, load_spec
-from lifecycle.runner import Runner
+from lifecycle.compiled import CompiledMachine
 
 from . import toggle
 from .harness import Bench, BenchError, Case
@@ -24,8 +25,9 @@ UTC = dt.UTC
 
 @contextmanager
 def lifecycle_decide() -> Iterator[Bench]:
-    runner = Runner(load_spec(toggle.spec(guarded=True)), {toggle.GUARD: toggle.enabled})
-    decide, machine, key, trigger = runner.decide, toggle.MACHINE, toggle.KEY, toggle.TRIGGER
+    compiled = CompiledMachine(load_spec(toggle.spec(guarded=True)),
+                               {toggle.GUARD: toggle.enabled})
+    decide, machine, key, trigger = compiled.decide, toggle.MACHINE, toggle.KEY, toggle.TRIGGER
     data: dict[str, Any] = {}
     payload: dict[str, Any] = {}
     now = dt.datetime.now(UTC)
@@ -100,7 +102,7 @@ def statemachine_send() -> Iterator[Bench]:
     yield Bench(op, verify)
 
 
-DECIDE = Case("memory.lifecycle", "lifecycle Runner.decide, 1 guard",
+DECIDE = Case("memory.lifecycle", "lifecycle CompiledMachine.decide, 1 guard",
               lambda _ws: lifecycle_decide())
 TRANSITIONS = Case("memory.transitions", "transitions.Machine, 1 condition",
                    lambda _ws: transitions_trigger())

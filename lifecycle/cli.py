@@ -13,12 +13,14 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from .effects import Worker, effect_records, outbox_counts, retry_failed, timer_records
-from .engine import Engine, FireResult, JournalEntry
+from .engine import Engine
 from .errors import LifecycleError, UnknownMachine
 from .machines import builtins
+from .outbox import effect_records, outbox_counts, retry_failed, timer_records
+from .records import FireResult, JournalEntry
 from .spec import MachineSpec, load_spec
 from .store import Store, migrate
+from .worker import Worker
 
 F = TypeVar("F", bound=Callable[..., Any])
 out = Console(highlight=False, soft_wrap=True)
@@ -90,8 +92,8 @@ def _engine(db_url: str | None, *, upgrade: bool = False) -> Engine:
             site, batch = provider.drone_site, provider.drone_batch_system
             effects.update(drone.effects(site, batch))
             probes["site"] = drone.probe(site, batch)
-    return _BuiltinAwareEngine(_store(db_url, upgrade=upgrade), guards=guards, effects=effects,
-                               probes=probes)
+    return Engine(_store(db_url, upgrade=upgrade), guards=guards, effects=effects,
+                  probes=probes, spec_for=_builtin_spec)
 
 
 PLUGINS_VARIABLE = "LIFECYCLE_PLUGINS"
@@ -113,15 +115,10 @@ def _plugins() -> list[Any]:
     return modules
 
 
-class _BuiltinAwareEngine(Engine):
-    """Runs a built-in machine with the code's spec, not the copy stored in the database."""
-
-    def _load_stored(self, machine: str) -> Any:
-        builtin = builtins().get(machine)
-        if builtin is not None:
-            self.register(builtin.spec)
-            return self._runners[machine]
-        return super()._load_stored(machine)
+def _builtin_spec(machine: str) -> MachineSpec | None:
+    """A built-in machine runs with the code's spec, not the copy stored in the database."""
+    builtin = builtins().get(machine)
+    return builtin.spec if builtin is not None else None
 
 
 def _machine(engine: Engine, name_or_path: str) -> MachineSpec:
@@ -326,8 +323,8 @@ def _print_result(result: FireResult, as_json: bool) -> None:
         out.print(f"{result.machine}:{result.key}: {result.trigger}: {result.source} -> "
                   f"[bold]{result.dest}[/] (version {result.version})")
     else:
-        out.print(f"{result.machine}:{result.key}: [yellow]not fired[/]: "
-                  f"{_escape(result.reason or '')}")
+        why = f"{result.error}: {result.reason}" if result.error else (result.reason or "")
+        out.print(f"{result.machine}:{result.key}: [yellow]not fired[/]: {_escape(why)}")
     if not result.fired:
         sys.exit(3)
 
@@ -501,7 +498,7 @@ def replay(files: tuple[str, ...], as_json: bool) -> None:
             paths += sorted(p for p in path.rglob("*") if p.suffix in (".yaml", ".yml", ".json"))
         else:
             paths.append(path)
-    results = [replay_one(path) for path in paths]
+    results = [replay_one(path, builtins()) for path in paths]
     failed = [r for r in results if not r.passed]
     if as_json:
         print(json.dumps([r.to_json() for r in results], indent=2))
@@ -670,7 +667,7 @@ def worker(until_idle: bool, concurrency: int, lease: float, poll: float, db_url
     engine = _engine(db_url)
     for name, builtin in builtins().items():
         spec = builtin.spec
-        missing = sorted((spec.effect_names() - set(engine.effects))
+        missing = sorted((spec.effect_names() - set(engine.handlers))
                          | (spec.probe_names() - set(engine.probes)))
         if missing:  # a machine whose adapters this process does not have (e.g. a site)
             logging.getLogger(__name__).info(

@@ -1,10 +1,12 @@
-"""The Engine: create, fire, step, observe, history. One fire is one database transaction.
+"""The Engine: create, fire, step, observe, update, history. One write is one transaction.
 
-The hot path reads the resource with its newest observation, decides with the
-``transitions`` machine compiled once per spec, and writes the new state with a
-compare-and-swap on the version, the journal row in the same transaction. If the version
-moved underneath, it re-reads and decides again. A risky edge whose observation is stale
-calls its probe first, outside any transaction, then decides on the answer.
+Every write goes the same way: read the resource (with its newest observation) on the held
+connection, decide with the machine compiled once per spec, and write the new row with a
+compare-and-swap on its version and sequence number, the journal row (and the effects and
+timers asked for) in the same transaction. An attempt that cannot finish is rolled back and
+made again by one retry loop: when the resource moved underneath, when its machine must be
+loaded first, or when a risky edge needs a fresh observation, which a probe is asked for
+outside any transaction.
 """
 
 from __future__ import annotations
@@ -12,70 +14,47 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar, cast
 
 from pydantic import ValidationError
 
 from . import queries, registry
 from .clock import Clock, SystemClock
-from .effects import Effect, Handler, as_effect
+from .compiled import CompiledMachine, Decision, GuardContext
+from .effects import PENDING, Effect, Handler, as_effect
 from .errors import (
+    AmbiguousKey,
     ConcurrencyError,
     InvalidData,
     LifecycleError,
-    Problem,
+    ProbeFailed,
     ResourceExists,
     SpecError,
     StaleObservation,
+    UnknownResource,
     UnknownState,
     UnknownTrigger,
 )
-from .fresh import Probe, ProbeFailed, ProbeRequest, call_probe, clock_time, rule_text
+from .fresh import Probe, ProbeRequest, call_probe, clock_time, rule_text
 from .records import FireResult, JournalEntry, Mismatch, Observation, Resource
-from .runner import Decision, GuardContext, Runner
-from .spec import EVENTLESS, EffectSpec, MachineSpec, SpecSource, _Edge, load_spec
+from .spec import EVENTLESS, Edge, EffectSpec, MachineSpec, SpecSource, load_spec
 from .store import Store
+from .transaction import Within
+from .verify import verify
 
 log = logging.getLogger(__name__)
 
 Guard = Callable[[GuardContext], bool]
 OnStale = Literal["raise", "return"]
+SpecFor = Callable[[str], MachineSpec | None]
+"""Given a machine's name, the spec to register for it, or None to run the stored one."""
+
+T = TypeVar("T")
 
 _KEY_MAX = 255
 _STALE_TIMER = "the timer is no longer pending"
 _MAX_PROBES = 3
-
-__all__ = ["Engine", "FireResult", "Guard", "JournalEntry", "Mismatch", "Observation",
-           "Resource"]
-
-
-class _Conflict(Exception):
-    """The compare-and-swap lost: somebody else moved the resource first."""
-
-
-class _NeedMachine(Exception):
-    """The resource's machine must be loaded first, outside the write transaction (loading
-    may register a spec, which takes a transaction of its own)."""
-
-
-@dataclass(slots=True)
-class _NeedProbe(Exception):
-    """A risky edge needs a fresher observation: leave the transaction, ask the probe."""
-
-    name: str
-    request: ProbeRequest
-
-
-class Within:
-    """Writes a caller adds to a fire's transaction: ``before`` may withhold the fire (its
-    reason, or None to go on); ``after`` sees the outcome, fired or refused."""
-
-    def before(self, cursor: Any, resource_id: int) -> str | None:
-        return None
-
-    def after(self, cursor: Any, result: FireResult) -> None:
-        return None
 
 
 @dataclass(slots=True)
@@ -90,7 +69,57 @@ class _Row:
     seq: int
     data: dict[str, Any]
     last_transition_at: dt.datetime
+    created_at: dt.datetime
     observation: Observation | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Again:
+    """Why an attempt was rolled back and is made again: load ``machine`` first, ask
+    ``probe`` first, or (neither) the resource moved underneath."""
+
+    machine: str | None = None
+    probe: tuple[str, ProbeRequest] | None = None
+
+
+_MOVED = _Again()
+
+
+@dataclass(frozen=True, slots=True)
+class _Stale:
+    """A refusal of a risky edge, journaled: raised as :class:`StaleObservation` or returned,
+    as the caller asked."""
+
+    result: FireResult
+    dest: str
+    probe_error: str | None
+
+
+@dataclass(slots=True)
+class _Tries:
+    """What the retry loop learnt from the probes it asked."""
+
+    probes: int = 0
+    probed_version: int | None = None
+    probe_error: str | None = None
+
+    @property
+    def may_probe(self) -> bool:
+        return self.probe_error is None and self.probes < _MAX_PROBES
+
+
+@dataclass(slots=True)
+class _Entry:
+    """What crossing into a state asks for, in the transition's transaction."""
+
+    row: _Row
+    seq: int
+    data: Mapping[str, Any]
+    fence: dict[str, Any] | None
+    now: dt.datetime
+    effects: tuple[EffectSpec, ...] = ()
+    exited: list[str] = field(default_factory=list)
+    entered: list[str] = field(default_factory=list)
 
 
 class Engine:
@@ -100,8 +129,12 @@ class Engine:
     I/O. ``probes`` maps probe names to functions that ask the outside world for a resource's
     status (called outside any transaction, given up after ``probe_timeout`` seconds).
     ``effects`` maps effect names to handlers (or :class:`Effect` with a retry policy), which
-    a :class:`Worker` runs after the transitions that asked for them committed. Time comes
-    from ``clock``.
+    a :class:`~lifecycle.worker.Worker` runs after the transitions that asked for them
+    committed; the engine keeps them as :attr:`handlers`. Time comes from ``clock``.
+
+    A machine the engine was not given is loaded when first met: ``spec_for(name)`` may give
+    the spec to register (an application's built-in machines, as its code declares them);
+    otherwise the spec the database last registered under that name is run.
     """
 
     def __init__(
@@ -115,16 +148,18 @@ class Engine:
         clock: Clock | None = None,
         probe_timeout: float = 10.0,
         max_attempts: int = 50,
+        spec_for: SpecFor | None = None,
     ) -> None:
         self.store = store
         self.clock: Clock = clock or SystemClock()
         self.guards: dict[str, Guard] = dict(guards or {})
-        self.effects: dict[str, Effect] = {name: as_effect(handler)
-                                           for name, handler in (effects or {}).items()}
+        self.handlers: dict[str, Effect] = {name: as_effect(handler)
+                                            for name, handler in (effects or {}).items()}
         self.probes: dict[str, Probe] = dict(probes or {})
         self.probe_timeout = probe_timeout
         self.max_attempts = max_attempts
-        self._runners: dict[str, Runner] = {}
+        self.spec_for = spec_for
+        self._compiled: dict[str, CompiledMachine] = {}
         for spec in machines:
             self.register(spec)
 
@@ -132,56 +167,93 @@ class Engine:
 
     @property
     def machines(self) -> dict[str, MachineSpec]:
-        return {name: runner.spec for name, runner in self._runners.items()}
+        return {name: compiled.spec for name, compiled in self._compiled.items()}
 
     def register(self, source: SpecSource) -> MachineSpec:
         """Validate a spec, store it if it is new, and make it the machine's current version.
 
         A changed spec is refused when live resources are in states it no longer has."""
         spec = load_spec(source)
-        self._check_names(spec)
+        self.check_names(spec)
         registry.store_spec(self.store, spec, self.clock.now())
-        self._runners[spec.name] = Runner(spec, self.guards)
+        self._compiled[spec.name] = CompiledMachine(spec, self.guards)
         return spec
 
-    def _check_names(self, spec: MachineSpec) -> None:
-        problems = []
-        for kind, registered in (("guard", self.guards), ("effect", self.effects),
-                                 ("probe", self.probes)):
-            for name in sorted(_names(spec, kind) - set(registered)):
-                where = [loc for loc, edge in _located_edges(spec) if name in _edge_names(
-                    edge, kind)]
-                if kind == "effect":
-                    where += [spec.graph.effect_locations[state]
-                              for state, effects in spec.graph.entry_effects.items()
-                              if name in (e.name for e in effects)]
-                problems.append(Problem(
-                    ", ".join(where), f"{kind} {name!r} is not registered with this engine",
-                    f"pass it in Engine({kind}s={{{name!r}: ...}})"))
+    def check_names(self, spec: MachineSpec) -> None:
+        """Refuse a spec that names a guard, an effect or a probe this engine lacks."""
+        problems = spec.unregistered(guards=self.guards, effects=self.handlers,
+                                     probes=self.probes)
         if problems:
             raise SpecError(spec.name, problems)
 
-    def _runner(self, machine: str) -> Runner:
-        runner = self._runners.get(machine)
-        if runner is None:
-            runner = self._load_stored(machine)
-        return runner
-
-    def _load_stored(self, machine: str) -> Runner:
-        """A machine this engine was not given, as the database last registered it."""
-        spec = registry.stored_spec(self.store, machine, list(self._runners))
-        self._check_names(spec)
-        runner = self._runners[machine] = Runner(spec, self.guards)
-        return runner
+    def compiled(self, machine: str) -> CompiledMachine:
+        """The machine, compiled; loaded (see ``spec_for``) when this engine has not met it."""
+        compiled = self._compiled.get(machine)
+        if compiled is not None:
+            return compiled
+        given = self.spec_for(machine) if self.spec_for is not None else None
+        if given is not None:
+            self.register(given)
+        else:
+            spec = registry.stored_spec(self.store, machine, list(self._compiled))
+            self.check_names(spec)
+            self._compiled[machine] = CompiledMachine(spec, self.guards)
+        return self._compiled[machine]
 
     def machine_names(self) -> list[str]:
         """Every machine registered with this engine or stored in the database."""
-        return sorted({*self._runners, *registry.stored_names(self.store)})
+        return sorted({*self._compiled, *registry.stored_names(self.store)})
 
     def spec(self, machine: str) -> MachineSpec:
-        return self._runner(machine).spec
+        return self.compiled(machine).spec
 
-    # -- creating ----------------------------------------------------------------------
+    # -- the one retry loop --------------------------------------------------------------
+
+    def _retrying(self, key: str, what: str,
+                  attempt: Callable[[Any, _Tries], T | _Again]) -> T:
+        """Run ``attempt`` in a write transaction until it finishes; roll back and go again
+        when it says why it cannot (see :class:`_Again`)."""
+        tries = _Tries()
+        for _ in range(self.max_attempts):
+            with self.store.write() as cursor:
+                outcome = attempt(cursor, tries)
+                if isinstance(outcome, _Again):
+                    self.store.rollback(cursor)
+            if not isinstance(outcome, _Again):
+                return outcome
+            if outcome.machine is not None:
+                self.compiled(outcome.machine)  # outside the transaction: it may register
+            elif outcome.probe is not None:
+                self._probe(tries, *outcome.probe)
+            else:
+                log.debug("%s: the resource moved during %s; deciding again", key, what)
+        raise ConcurrencyError(
+            f"{key}: {what} lost the race {self.max_attempts} times in a row; nothing was "
+            "written. Try again, or look for a process that moves it in a loop")
+
+    def _probe(self, tries: _Tries, name: str, request: ProbeRequest) -> None:
+        """Ask the probe and record its answer as an observation; remember a failure."""
+        if request.version == tries.probed_version:
+            # the probe's answer did not make it fresh, and nothing moved: refuse
+            tries.probe_error = "the probe's answer was not fresh either"
+            return
+        tries.probes += 1
+        tries.probed_version = request.version
+        asked_at = self.clock.now()
+        try:
+            status, observed_at = call_probe(name, self.probes[name], request,
+                                             self.probe_timeout)
+        except ProbeFailed as failure:
+            log.warning("%s:%s: %s", request.machine, request.key, failure)
+            tries.probe_error = str(failure)
+            return
+        try:
+            self.observe(f"{request.machine}:{request.key}", status, observed_at or asked_at,
+                         source=name)
+        except InvalidData as exc:
+            tries.probe_error = f"probe {name} answered a status that cannot be stored: {exc}"
+
+    # -- creating and updating ---------------------------------------------------------
 
     def create(
         self,
@@ -194,8 +266,8 @@ class Engine:
     ) -> Resource:
         """A new resource in the machine's initial state, or adopted in ``state``: how a
         resource that already exists outside is brought under management."""
-        runner = self._runner(machine)
-        spec = runner.spec
+        compiled = self.compiled(machine)
+        spec = compiled.spec
         _check_key(key)
         if state is None:
             dest, kind = spec.graph.enter(spec.initial), "create"
@@ -214,62 +286,54 @@ class Engine:
                     "data": store.json_param(document), "now": store.time_param(now),
                 })
                 resource_id = cursor.fetchone()[0]
-                cursor.execute(store.sql.insert_journal, {
-                    "resource_id": resource_id, "seq": 1, "kind": kind, "trigger": None,
-                    "source": None, "dest": dest, "version": 1, "spec_version": spec.version,
-                    "actor": actor, "at": store.time_param(now),
-                    "payload": store.json_param(document) if document else None,
-                    "guards": None, "observation_id": None, "fence": None,
-                })
-                if runner.on_entry:
-                    row = _Row(resource_id, machine, key, dest, 1, 1, document, now, None)
-                    entered = list(reversed(spec.graph.ancestors(dest)))
-                    self._enter(cursor, runner, row, 1, (), [], entered, document, None, now)
+                self._journal(cursor, resource_id, 1, kind, source=None, dest=dest, version=1,
+                              spec_version=spec.version, actor=actor, at=now,
+                              payload=document or None)
+                if compiled.on_entry:
+                    row = _Row(resource_id, machine, key, dest, 1, 1, document, now, now, None)
+                    self._enter(cursor, compiled, _Entry(
+                        row, 1, document, None, now,
+                        entered=list(reversed(spec.graph.ancestors(dest)))))
         except store.integrity_error:
             raise ResourceExists(machine, key) from None
         except (TypeError, ValueError) as exc:
             raise InvalidData(machine, key, f"data is not JSON: {exc}") from None
-        return Resource(machine, key, dest, 1, 1, document, spec.version, now, now)
+        return Resource(machine=machine, key=key, state=dest, version=1, seq=1, data=document,
+                        spec_version=spec.version, created_at=now, updated_at=now)
 
     def update(self, key: str, data: Mapping[str, Any], *, actor: str | None = None) -> Resource:
         """Merge ``data`` into the resource's data: a new version and a journal row of kind
         ``update``, no change of state (so no risky edge's observation goes stale by it)."""
+        changes = dict(data)
+        return self._retrying(key, "update", lambda cursor, _tries: self._update(
+            cursor, key, changes, actor))
+
+    def _update(self, cursor: Any, key: str, changes: dict[str, Any],
+                actor: str | None) -> Resource | _Again:
+        row = self._locate(cursor, key)
+        compiled = self._compiled.get(row.machine)
+        if compiled is None:
+            return _Again(machine=row.machine)
+        spec = compiled.spec
+        merged = self._validated(spec, row.key, {**row.data, **changes})
+        now = self.clock.now()
         store = self.store
-        for _attempt in range(self.max_attempts):
-            try:
-                with store.write() as cursor:
-                    row = self._locate(cursor, key)
-                    runner = self._runners.get(row.machine)
-                    if runner is None:
-                        raise _NeedMachine(row.machine)
-                    merged = self._validated(runner.spec, row.key, {**row.data, **data})
-                    now = self.clock.now()
-                    when = store.time_param(now)
-                    try:
-                        cursor.execute(store.sql.change_data, {
-                            "id_": row.id, "version_": row.version, "seq_": row.seq,
-                            "new_data": store.json_param(merged),
-                            "new_version": row.version + 1, "new_seq": row.seq + 1,
-                            "now": when})
-                        if cursor.rowcount != 1:
-                            raise _Conflict
-                        cursor.execute(store.sql.insert_journal, {
-                            "resource_id": row.id, "seq": row.seq + 1, "kind": "update",
-                            "trigger": None, "source": row.state, "dest": row.state,
-                            "version": row.version + 1, "spec_version": runner.spec.version,
-                            "actor": actor, "at": when, "payload": store.json_param(dict(data)),
-                            "guards": None, "observation_id": None, "fence": None})
-                    except (TypeError, ValueError) as exc:
-                        raise InvalidData(row.machine, row.key,
-                                          f"data is not JSON: {exc}") from None
-            except _NeedMachine as need:
-                self._runner(str(need))
-                continue
-            except _Conflict:
-                continue
-            return Resource(row.machine, row.key, row.state, row.version + 1, row.seq + 1,
-                            merged, runner.spec.version, now, now, row.observation)
-        raise ConcurrencyError(f"{key}: update lost the race {self.max_attempts} times")
+        try:
+            cursor.execute(store.sql.change_data, {
+                "id_": row.id, "version_": row.version, "seq_": row.seq,
+                "new_data": store.json_param(merged), "new_version": row.version + 1,
+                "new_seq": row.seq + 1, "now": store.time_param(now)})
+            if cursor.rowcount != 1:
+                return _MOVED
+            self._journal(cursor, row.id, row.seq + 1, "update", source=row.state,
+                          dest=row.state, version=row.version + 1, spec_version=spec.version,
+                          actor=actor, at=now, payload=changes)
+        except (TypeError, ValueError) as exc:
+            raise InvalidData(row.machine, row.key, f"data is not JSON: {exc}") from None
+        return Resource(machine=row.machine, key=row.key, state=row.state,
+                        version=row.version + 1, seq=row.seq + 1, data=merged,
+                        spec_version=spec.version, created_at=row.created_at, updated_at=now,
+                        observation=row.observation)
 
     # -- observing ---------------------------------------------------------------------
 
@@ -297,28 +361,22 @@ class Engine:
             log.warning("%s: observation from %s is ahead of the clock (%s); taken as now",
                         key, observed_at.isoformat(), recorded_at.isoformat())
             observed_at = recorded_at
+        document = dict(status)
         try:
             with store.write() as cursor:
                 row = self._locate(cursor, key)
-                observation_id = self._record(cursor, row.id, dict(status), observed_at,
-                                              recorded_at, source)
+                when = store.time_param(observed_at)
+                cursor.execute(store.sql.insert_observation, {
+                    "resource_id": row.id, "status": store.json_param(document),
+                    "observed_at": when, "recorded_at": store.time_param(recorded_at),
+                    "source": source})
+                observation_id = int(cursor.fetchone()[0])
+                cursor.execute(store.sql.newest_observation, {
+                    "id_": row.id, "observation_id": observation_id, "observed_at_": when})
         except (TypeError, ValueError) as exc:
             raise InvalidData("?", key, f"status is not JSON: {exc}") from None
-        return Observation(observation_id, dict(status), observed_at, recorded_at, source)
-
-    def _record(self, cursor: Any, resource_id: int, status: dict[str, Any],
-                observed_at: dt.datetime, recorded_at: dt.datetime, source: str) -> int:
-        store = self.store
-        when = store.time_param(observed_at)
-        cursor.execute(store.sql.insert_observation, {
-            "resource_id": resource_id, "status": store.json_param(status),
-            "observed_at": when, "recorded_at": store.time_param(recorded_at),
-            "source": source,
-        })
-        observation_id = int(cursor.fetchone()[0])
-        cursor.execute(store.sql.newest_observation, {
-            "id_": resource_id, "observation_id": observation_id, "observed_at_": when})
-        return observation_id
+        return Observation(id=observation_id, status=document, observed_at=observed_at,
+                           recorded_at=recorded_at, source=source)
 
     # -- firing ------------------------------------------------------------------------
 
@@ -330,6 +388,7 @@ class Engine:
         *,
         actor: str | None = None,
         on_stale: OnStale = "raise",
+        within: Within | None = None,
     ) -> FireResult:
         """Fire ``trigger`` on the resource ``key`` (``MACHINE:KEY`` or a plain key).
 
@@ -337,282 +396,224 @@ class Engine:
         not fire, why (and nothing was written). A trigger the machine does not have at all
         raises :class:`UnknownTrigger`. A risky edge refused for want of a fresh observation
         is journaled, then raises :class:`StaleObservation` (or, with ``on_stale="return"``,
-        comes back as a result whose ``error`` is ``"StaleObservation"``)."""
+        comes back as a result whose ``error`` is ``"StaleObservation"``). ``within`` adds
+        writes of the caller's own to the same transaction (see :class:`Within`)."""
         if trigger == EVENTLESS:  # not a trigger of any machine: eventless edges need step()
             machine = queries.split_key(key)[0] or "?"
             raise UnknownTrigger(machine, trigger, [])
-        return self._decide_and_commit(key, trigger, dict(payload or {}), actor, on_stale)
+        return self._fire(key, trigger, dict(payload or {}), actor, on_stale, within)
 
     def step(self, key: str, *, actor: str | None = None,
              on_stale: OnStale = "raise") -> FireResult:
         """Take the first eventless transition from the resource's state whose guards hold
         (in the order of :attr:`MachineSpec.transitions`: edges from the resource's own
         state before edges from its parent states)."""
-        return self._decide_and_commit(key, EVENTLESS, {}, actor, on_stale)
-
-    def _decide_and_commit(self, key: str, trigger: str, payload: dict[str, Any],
-                           actor: str | None, on_stale: OnStale,
-                           within: Within | None = None) -> FireResult:
-        """Decide and commit, trying again when the resource moved underneath. ``within``
-        adds writes of the caller (a timer's or an effect's bookkeeping) to the same
-        transaction."""
-        probed_version: int | None = None
-        probes = 0
-        probe_error: str | None = None
-        for _attempt in range(self.max_attempts):
-            try:
-                with self.store.write() as cursor:
-                    outcome = self._attempt(
-                        cursor, key, trigger, payload, actor, within=within,
-                        may_probe=probe_error is None and probes < _MAX_PROBES,
-                        probe_error=probe_error, probed=probes > 0)
-            except _NeedMachine as need:
-                self._runner(str(need))
-                continue
-            except _Conflict:
-                log.debug("%s: the resource moved while firing %s; deciding again", key,
-                          trigger)
-                continue
-            except _NeedProbe as need:
-                if need.request.version == probed_version:
-                    # the probe's answer did not make it fresh, and nothing moved: refuse
-                    probe_error = "the probe's answer was not fresh either"
-                    continue
-                probes += 1
-                probed_version = need.request.version
-                probe_error = self._probe(need)
-                continue
-            if isinstance(outcome, StaleObservation):
-                if on_stale == "raise":
-                    raise outcome
-                result: FireResult = outcome.result
-                return result
-            return outcome
-        raise ConcurrencyError(
-            f"{key}: {_shown(trigger)} lost the race {self.max_attempts} times in a row; "
-            "nothing was written. Try again, or look for a process that moves it in a loop")
+        return self._fire(key, EVENTLESS, {}, actor, on_stale, None)
 
     def fire_timer(self, timer_id: int, key: str, trigger: str) -> FireResult | None:
         """Fire a due timer's trigger, in one transaction with marking the timer fired; None
         when the timer is no longer pending (its state was left, or another worker fired
         it)."""
-        store = self.store
-
-        class Timer(Within):
-            def before(self, cursor: Any, resource_id: int) -> str | None:
-                cursor.execute(store.sql.fire_timer, {
-                    "id_": timer_id, "now": store.time_param(engine.clock.now())})
-                return None if cursor.rowcount == 1 else _STALE_TIMER
-
-            def after(self, cursor: Any, result: FireResult) -> None:
-                if not result.fired:
-                    cursor.execute(store.sql.refuse_timer, {
-                        "id_": timer_id, "outcome": result.reason})
-
-        engine = self
-        result = self._decide_and_commit(key, trigger, {}, "timer", "return", within=Timer())
+        result = self._fire(key, trigger, {}, "timer", "return", _TimerFired(self, timer_id))
         return None if result.reason == _STALE_TIMER else result
 
-    def _probe(self, need: _NeedProbe) -> str | None:
-        """Ask the probe and record its answer; the failure, if it failed."""
-        request = need.request
-        probe = self.probes[need.name]
-        asked_at = self.clock.now()
-        try:
-            status, observed_at = call_probe(need.name, probe, request, self.probe_timeout)
-        except ProbeFailed as failure:
-            log.warning("%s:%s: %s", request.machine, request.key, failure)
-            return str(failure)
-        try:
-            self.observe(f"{request.machine}:{request.key}", status,
-                         observed_at or asked_at, source=need.name)
-        except InvalidData as exc:
-            return f"probe {need.name} answered a status that cannot be stored: {exc}"
-        return None
+    def _fire(self, key: str, trigger: str, payload: dict[str, Any], actor: str | None,
+              on_stale: OnStale, within: Within | None) -> FireResult:
+        def attempt(cursor: Any, tries: _Tries) -> FireResult | _Stale | _Again:
+            return self._attempt(cursor, key, trigger, payload, actor, within, tries)
+
+        # (mypy cannot solve T from ``T | _Again`` when T is itself a union: say it)
+        outcome = cast(FireResult | _Stale, self._retrying(key, _shown(trigger), attempt))
+        if isinstance(outcome, _Stale):
+            if on_stale == "raise":
+                raise StaleObservation(outcome.result, dest=outcome.dest,
+                                       probe_error=outcome.probe_error)
+            return outcome.result
+        return outcome
 
     def _attempt(self, cursor: Any, key: str, trigger: str, payload: dict[str, Any],
-                 actor: str | None, *, within: Within | None, may_probe: bool,
-                 probe_error: str | None, probed: bool) -> FireResult | StaleObservation:
-        store = self.store
-        sql = store.sql
+                 actor: str | None, within: Within | None,
+                 tries: _Tries) -> FireResult | _Stale | _Again:
+        """Read, decide and write one fire, in the transaction of ``cursor``."""
         row = self._locate(cursor, key)
-        runner = self._runners.get(row.machine)
-        if runner is None:
-            raise _NeedMachine(row.machine)
-        if trigger != EVENTLESS and trigger not in runner.triggers:
-            raise UnknownTrigger(row.machine, trigger, sorted(runner.triggers))
-        if within is not None:
-            withheld = within.before(cursor, row.id)
-            if withheld is not None:
-                return FireResult(False, row.machine, row.key, _shown(trigger), row.state, None,
-                                  row.version, withheld)
-        now = self.clock.now()
+        compiled = self._compiled.get(row.machine)
+        if compiled is None:
+            return _Again(machine=row.machine)
+        if trigger != EVENTLESS and trigger not in compiled.triggers:
+            raise UnknownTrigger(row.machine, trigger, sorted(compiled.triggers))
+        withheld = within.before(cursor, row.id) if within is not None else None
+        if withheld is not None:
+            return _not_fired(row, trigger, withheld)
         context = GuardContext(row.machine, row.key, row.state, row.version, row.data,
-                               payload, now, row.observation, row.last_transition_at)
-        decision = runner.decide(row.state, trigger, context)
-        if context.stale and may_probe:
+                               payload, self.clock.now(), row.observation,
+                               row.last_transition_at)
+        decision = compiled.decide(row.state, trigger, context)
+        if context.stale and tries.may_probe:
             # a risky edge whose guards held was stopped by its freshness rule alone: ask
-            # for a fresh observation and decide again (nothing was written)
+            # for a fresh observation and decide again (nothing is written)
             for blocked, _ in context.stale:
                 if blocked.fresh is not None and blocked.fresh.probe is not None:
-                    raise _NeedProbe(blocked.fresh.probe, ProbeRequest(
+                    return _Again(probe=(blocked.fresh.probe, ProbeRequest(
                         row.machine, row.key, row.state, row.version, row.data,
-                        row.observation))
-        observation_id = row.observation.id if row.observation else None
-        if not decision.fired:
-            if not context.stale:
-                result = _refused(row, trigger, decision)
-                if within is not None:
-                    within.after(cursor, result)
-                return result
-            stale = self._refuse_stale(cursor, runner, row, trigger, payload, actor,
-                                       context, decision, probe_error, probed)
-            if within is not None:
-                within.after(cursor, stale.result)
-            return stale
-        edge = decision.edge
-        assert edge is not None and decision.dest is not None
+                        row.observation)))
+        outcome: FireResult | _Stale | _Again
+        if decision.fired:
+            outcome = self._transition(cursor, compiled, row, trigger, payload, actor,
+                                       decision, context.now, probed=tries.probes > 0)
+        elif context.stale:
+            outcome = self._refuse_stale(cursor, compiled, row, trigger, payload, actor,
+                                         context, decision, tries)
+        else:
+            outcome = _not_fired(row, trigger, decision.reason, decision.guards)
+        if within is not None and not isinstance(outcome, _Again):
+            within.after(cursor, outcome.result if isinstance(outcome, _Stale) else outcome)
+        return outcome
+
+    def _transition(self, cursor: Any, compiled: CompiledMachine, row: _Row, trigger: str,
+                    payload: dict[str, Any], actor: str | None, decision: Decision,
+                    now: dt.datetime, *, probed: bool) -> FireResult | _Again:
+        """Write the transition decided: the compare-and-swap, its journal row, what its
+        effects and the states it enters ask for."""
+        store = self.store
+        edge, dest = decision.edge, decision.dest
+        assert edge is not None and dest is not None
         risky = edge.fresh is not None
         seq = row.seq + 1
         params: dict[str, Any] = {
             "id_": row.id, "version_": row.version, "seq_": row.seq,
-            "observation_id_": observation_id,
-            "new_state": decision.dest, "new_version": row.version + 1,
-            "new_seq": seq, "new_spec_version": runner.spec.version,
-            "now": store.time_param(now),
+            "observation_id_": row.observation.id if row.observation else None,
+            "new_state": dest, "new_version": row.version + 1, "new_seq": seq,
+            "new_spec_version": compiled.spec.version, "now": store.time_param(now),
         }
         with_data = bool(payload) and edge.merge_payload
         data = row.data
         try:
             if with_data:
-                data = self._validated(runner.spec, row.key, {**row.data, **payload})
+                data = self._validated(compiled.spec, row.key, {**row.data, **payload})
                 params["new_data"] = store.json_param(data)
-            cursor.execute(sql.move[with_data, risky], params)
+            cursor.execute(store.sql.move[with_data, risky], params)
             if cursor.rowcount != 1:
-                raise _Conflict
+                return _MOVED
             fence = _fence(edge, row.observation) if risky else None
-            cursor.execute(sql.insert_journal, {
-                "resource_id": row.id, "seq": seq, "kind": "transition",
-                "trigger": None if trigger == EVENTLESS else trigger,
-                "source": row.state, "dest": decision.dest, "version": row.version + 1,
-                "spec_version": runner.spec.version, "actor": actor, "at": params["now"],
-                "payload": store.json_param(payload) if payload else None,
-                "guards": store.json_param(decision.guards) if decision.guards else None,
-                "observation_id": observation_id if risky else None,
-                "fence": store.json_param(fence) if fence else None,
-            })
+            self._journal(cursor, row.id, seq, "transition", trigger=trigger, source=row.state,
+                          dest=dest, version=row.version + 1,
+                          spec_version=compiled.spec.version, actor=actor, at=now,
+                          payload=payload or None, guards=decision.guards or None,
+                          observation_id=params["observation_id_"] if risky else None,
+                          fence=fence)
         except (TypeError, ValueError) as exc:  # a payload that JSON cannot hold
             raise InvalidData(row.machine, row.key, f"payload is not JSON: {exc}") from None
-        asked = len(edge.effects)
-        if runner.on_entry:
-            exited, entered = runner.crossed(row.state, decision.dest, edge.dest)
-            asked = self._enter(cursor, runner, row, seq, edge.effects, exited, entered, data,
-                                fence, now)
-        elif edge.effects:
-            self._ask_effects(cursor, row, seq, edge.effects, fence, now)
-        result = FireResult(True, row.machine, row.key, _shown(trigger), row.state,
-                            decision.dest, row.version + 1, None, decision.guards,
-                            fence=fence, probed=probed, seq=seq, effects=asked)
-        if within is not None:
-            within.after(cursor, result)
-        return result
+        entry = _Entry(row, seq, data, fence, now, edge.effects)
+        if compiled.on_entry:
+            entry.exited, entry.entered = compiled.crossed(row.state, dest, edge.dest)
+        asked = self._enter(cursor, compiled, entry)
+        return FireResult(fired=True, machine=row.machine, key=row.key,
+                          trigger=_shown(trigger), source=row.state, dest=dest,
+                          version=row.version + 1, guards=decision.guards, fence=fence,
+                          probed=probed, seq=seq, effects=asked)
 
-    def _enter(self, cursor: Any, runner: Runner, row: _Row, seq: int,
-               effects: tuple[EffectSpec, ...], exited: list[str], entered: list[str],
-               data: Mapping[str, Any], fence: dict[str, Any] | None, now: dt.datetime) -> int:
+    def _refuse_stale(self, cursor: Any, compiled: CompiledMachine, row: _Row, trigger: str,
+                      payload: dict[str, Any], actor: str | None, context: GuardContext,
+                      decision: Decision, tries: _Tries) -> _Stale | _Again:
+        """Journal the refusal of a risky edge (state and version unchanged)."""
+        store = self.store
+        edge, problem = context.stale[0]
+        assert edge.fresh is not None
+        dest = compiled.spec.graph.enter(edge.dest)
+        observation_id = row.observation.id if row.observation else None
+        cursor.execute(store.sql.refuse, {
+            "id_": row.id, "version_": row.version, "seq_": row.seq,
+            "observation_id_": observation_id, "new_seq": row.seq + 1})
+        if cursor.rowcount != 1:
+            return _MOVED
+        self._journal(cursor, row.id, row.seq + 1, "refusal", trigger=trigger,
+                      source=row.state, dest=dest, version=row.version,
+                      spec_version=compiled.spec.version, actor=actor, at=context.now,
+                      payload=payload or None, guards=decision.guards or None,
+                      observation_id=observation_id)
+        message = (
+            f"{row.machine} {row.key!r} edge {row.state}->{dest} ({_shown(trigger)}, "
+            f"{rule_text(edge.fresh)}) needs an observation newer than its last transition at "
+            f"{clock_time(row.last_transition_at)} and at most {edge.fresh.max_age:g} s old; "
+            f"{problem}")
+        if tries.probe_error:
+            message += f" ({tries.probe_error})"
+        elif edge.fresh.probe is None:
+            message += " (no probe is named to ask for a fresh one)"
+        result = _not_fired(row, trigger, message, decision.guards, error="StaleObservation",
+                            probed=tries.probes > 0)
+        return _Stale(result, dest, tries.probe_error)
+
+    # -- what a write asks for besides the row ---------------------------------------------
+
+    def _journal(self, cursor: Any, resource_id: int, seq: int, kind: str, *,
+                 source: str | None, dest: str, version: int, spec_version: str,
+                 actor: str | None, at: dt.datetime, trigger: str | None = None,
+                 payload: Mapping[str, Any] | None = None,
+                 guards: Mapping[str, bool] | None = None, observation_id: int | None = None,
+                 fence: Mapping[str, Any] | None = None) -> None:
+        """The journal row of a write: the one place it is made."""
+        store = self.store
+        cursor.execute(store.sql.insert_journal, {
+            "resource_id": resource_id, "seq": seq, "kind": kind,
+            "trigger": None if trigger in (None, EVENTLESS) else trigger,
+            "source": source, "dest": dest, "version": version, "spec_version": spec_version,
+            "actor": actor, "at": store.time_param(at),
+            "payload": store.json_param(payload) if payload else None,
+            "guards": store.json_param(guards) if guards else None,
+            "observation_id": observation_id,
+            "fence": store.json_param(fence) if fence else None,
+        })
+
+    def _enter(self, cursor: Any, compiled: CompiledMachine, entry: _Entry) -> int:
         """What crossing state boundaries asks for: the transition's effects, then those of
         the states entered (outermost first); timers cancelled and set. How many effects."""
-        effects = (*effects, *(e for state in entered for e in runner.entry_effects.get(
-            state, ())))
-        if effects:
-            self._ask_effects(cursor, row, seq, effects, fence, now)
-        if runner.timeouts:
-            self._set_timers(cursor, runner, row, seq, exited, entered, data, now)
-        return len(effects)
-
-    def _ask_effects(self, cursor: Any, row: _Row, seq: int, effects: tuple[EffectSpec, ...],
-                     fence: dict[str, Any] | None, now: dt.datetime) -> None:
-        """The outbox: one row per effect, in the transition's own transaction."""
+        effects = (*entry.effects, *(effect for state in entry.entered
+                                     for effect in compiled.entry_effects.get(state, ())))
         store = self.store
-        when = store.time_param(now)
-        for position, effect in enumerate(effects):
+        row, when = entry.row, store.time_param(entry.now)
+        for position, effect in enumerate(effects):  # the outbox: one row per effect
             cursor.execute(store.sql.insert_effect, {
-                "resource_id": row.id, "seq": seq, "position": position, "name": effect.name,
-                "args": store.json_param(effect.args), "status": "pending", "attempts": 0,
-                "next_attempt_at": when,
-                "idempotency_key": f"{row.machine}:{row.key}:{seq}:{position}:{effect.name}",
-                "fence": store.json_param(fence) if fence else None,
+                "resource_id": row.id, "seq": entry.seq, "position": position,
+                "name": effect.name, "args": store.json_param(effect.args), "status": PENDING,
+                "attempts": 0, "next_attempt_at": when,
+                "idempotency_key": f"{row.machine}:{row.key}:{entry.seq}:{position}:"
+                                   f"{effect.name}",
+                "fence": store.json_param(entry.fence) if entry.fence else None,
                 "on_failure": effect.on_failure, "created_at": when,
             })
+        if compiled.timeouts:
+            self._set_timers(cursor, compiled, entry)
+        return len(effects)
 
-    def _set_timers(self, cursor: Any, runner: Runner, row: _Row, seq: int,
-                    exited: Iterable[str], entered: Iterable[str], data: Mapping[str, Any],
-                    now: dt.datetime) -> None:
+    def _set_timers(self, cursor: Any, compiled: CompiledMachine, entry: _Entry) -> None:
         """Cancel the timers of the states left; schedule those of the states entered."""
         store = self.store
-        when = store.time_param(now)
-        for state in exited:
-            if state in runner.timeouts:
+        row, when = entry.row, store.time_param(entry.now)
+        for state in entry.exited:
+            if state in compiled.timeouts:
                 cursor.execute(store.sql.cancel_timers, {
                     "resource_id": row.id, "state_": state, "now": when})
-        for state in entered:
-            timeout = runner.timeouts.get(state)
+        for state in entry.entered:
+            timeout = compiled.timeouts.get(state)
             if timeout is None:
                 continue
             after = timeout.after
             if isinstance(after, str):
-                value = data.get(after)
+                value = entry.data.get(after)
                 if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
                     raise InvalidData(row.machine, row.key, f"the timeout of {state!r} reads "
                                       f"data field {after!r}, which is {value!r}, not a "
                                       "number of seconds")
                 after = float(value)
             cursor.execute(store.sql.insert_timer, {
-                "resource_id": row.id, "seq": seq, "state": state, "trigger": timeout.trigger,
-                "due_at": store.time_param(now + dt.timedelta(seconds=after)),
-                "status": "pending", "created_at": when,
+                "resource_id": row.id, "seq": entry.seq, "state": state,
+                "trigger": timeout.trigger,
+                "due_at": store.time_param(entry.now + dt.timedelta(seconds=after)),
+                "status": PENDING, "created_at": when,
             })
 
-    def _refuse_stale(self, cursor: Any, runner: Runner, row: _Row, trigger: str,
-                      payload: dict[str, Any], actor: str | None, context: GuardContext,
-                      decision: Decision, probe_error: str | None,
-                      probed: bool) -> StaleObservation:
-        """Journal the refusal of a risky edge (state and version unchanged)."""
-        store = self.store
-        edge, problem = context.stale[0]
-        dest = runner.spec.graph.enter(edge.dest)
-        observation_id = row.observation.id if row.observation else None
-        cursor.execute(store.sql.refuse, {
-            "id_": row.id, "version_": row.version, "seq_": row.seq,
-            "observation_id_": observation_id, "new_seq": row.seq + 1})
-        if cursor.rowcount != 1:
-            raise _Conflict
-        cursor.execute(store.sql.insert_journal, {
-            "resource_id": row.id, "seq": row.seq + 1, "kind": "refusal",
-            "trigger": None if trigger == EVENTLESS else trigger, "source": row.state,
-            "dest": dest, "version": row.version, "spec_version": runner.spec.version,
-            "actor": actor, "at": store.time_param(context.now),
-            "payload": store.json_param(payload) if payload else None,
-            "guards": store.json_param(decision.guards) if decision.guards else None,
-            "observation_id": observation_id, "fence": None,
-        })
-        assert edge.fresh is not None
-        message = (
-            f"StaleObservation: {row.machine} {row.key!r} edge {row.state}->{dest} "
-            f"({_shown(trigger)}, {rule_text(edge.fresh)}) needs an observation newer than its "
-            f"last transition at {clock_time(row.last_transition_at)} and at most "
-            f"{edge.fresh.max_age:g} s old; {problem}"
-        )
-        if probe_error:
-            message += f" ({probe_error})"
-        elif edge.fresh.probe is None:
-            message += " (no probe is named to ask for a fresh one)"
-        return StaleObservation(
-            message, machine=row.machine, key=row.key, trigger=_shown(trigger),
-            source=row.state, dest=dest, probe_error=probe_error,
-            result=FireResult(False, row.machine, row.key, _shown(trigger), row.state, None,
-                              row.version, message, decision.guards, error="StaleObservation",
-                              probed=probed))
+    # -- reading inside a write --------------------------------------------------------
 
     def _locate(self, cursor: Any, key: str) -> _Row:
         machine, plain = queries.split_key(key)
@@ -622,21 +623,20 @@ class Engine:
         else:
             cursor.execute(store.sql.resource_by_key, {"key": plain})
         rows = cursor.fetchall()
-        if len(rows) != 1:
-            from .errors import AmbiguousKey, UnknownResource
-
-            if not rows:
-                raise UnknownResource(plain, machine)
+        if not rows:
+            raise UnknownResource(plain, machine)
+        if len(rows) > 1:
             raise AmbiguousKey(plain, [row[1] for row in rows])
         (rid, rmachine, rkey, state, version, seq, data, _spec_version, last_transition_at,
-         oid, status, observed_at, recorded_at, source) = rows[0]
+         created_at, oid, status, observed_at, recorded_at, source) = rows[0]
         observation = None
         if oid is not None:
             observation = Observation(oid, store.json_value(status),
                                       store.time_value(observed_at),
                                       store.time_value(recorded_at), source)
         return _Row(rid, rmachine, rkey, state, version, seq, store.json_value(data),
-                    store.time_value(last_transition_at), observation)
+                    store.time_value(last_transition_at), store.time_value(created_at),
+                    observation)
 
     def _validated(self, spec: MachineSpec, key: str, data: dict[str, Any]) -> dict[str, Any]:
         if spec.data_model is None:
@@ -661,7 +661,7 @@ class Engine:
         """The triggers that have a transition from the resource's current state (guards,
         which may depend on the payload, are not evaluated)."""
         resource = self.get(key)
-        return sorted(self._runner(resource.machine).triggers_from(resource.state))
+        return sorted(self.compiled(resource.machine).triggers_from(resource.state))
 
     def history(self, key: str) -> list[JournalEntry]:
         """The resource's journal, oldest first, each row with the observation it rested on."""
@@ -672,6 +672,8 @@ class Engine:
         return queries.observations_of(self.store, key)
 
     def resources(self, machine: str | None = None, state: str | None = None) -> list[Resource]:
+        """Resources, by machine and key; ``state`` may be a composite state, which takes in
+        every state inside it."""
         return queries.listing(self.store, machine, state)
 
     def counts(self, machine: str | None = None) -> dict[str, dict[str, int]]:
@@ -680,12 +682,29 @@ class Engine:
 
     def verify(self) -> list[Mismatch]:
         """Replay every resource's journal and compare it with the resource's row."""
-        from .verify import verify
-
         return verify(self.store)
 
 
-def _fence(edge: _Edge, observation: Observation | None) -> dict[str, Any]:
+class _TimerFired(Within):
+    """Marks a timer fired in the transaction of the trigger it fires; withholds the fire
+    when the timer is no longer pending."""
+
+    def __init__(self, engine: Engine, timer_id: int) -> None:
+        self.engine, self.timer_id = engine, timer_id
+
+    def before(self, cursor: Any, resource_id: int) -> str | None:
+        store = self.engine.store
+        cursor.execute(store.sql.fire_timer, {
+            "id_": self.timer_id, "now": store.time_param(self.engine.clock.now())})
+        return None if cursor.rowcount == 1 else _STALE_TIMER
+
+    def after(self, cursor: Any, result: FireResult) -> None:
+        if not result.fired:
+            cursor.execute(self.engine.store.sql.refuse_timer, {
+                "id_": self.timer_id, "outcome": result.reason})
+
+
+def _fence(edge: Edge, observation: Observation | None) -> dict[str, Any]:
     assert observation is not None
     return {
         "observation_id": observation.id,
@@ -694,24 +713,6 @@ def _fence(edge: _Edge, observation: Observation | None) -> dict[str, Any]:
         "status": observation.status,
         "expect": dict(edge.fence) if edge.fence is not None else dict(observation.status),
     }
-
-
-def _names(spec: MachineSpec, kind: str) -> set[str]:
-    return {"guard": spec.guard_names, "effect": spec.effect_names,
-            "probe": spec.probe_names}[kind]()
-
-
-def _edge_names(edge: _Edge, kind: str) -> tuple[str, ...]:
-    if kind == "guard":
-        return (*edge.guards, *edge.unless)
-    if kind == "effect":
-        return tuple(effect.name for effect in edge.effects)
-    return (edge.fresh.probe,) if edge.fresh and edge.fresh.probe else ()
-
-
-def _located_edges(spec: MachineSpec) -> list[tuple[str, _Edge]]:
-    return [*((f"transitions[{i}]", t) for i, t in enumerate(spec.transitions)),
-            *((f"eventless[{i}]", e) for i, e in enumerate(spec.eventless))]
 
 
 def _check_key(key: str) -> None:
@@ -729,6 +730,12 @@ def _shown(trigger: str) -> str:
     return "(step)" if trigger == EVENTLESS else trigger
 
 
-def _refused(row: _Row, trigger: str, decision: Decision) -> FireResult:
-    return FireResult(False, row.machine, row.key, _shown(trigger), row.state, None,
-                      row.version, decision.reason, decision.guards)
+def _not_fired(row: _Row, trigger: str, reason: str | None,
+               guards: Mapping[str, bool] | None = None, *, error: str | None = None,
+               probed: bool = False) -> FireResult:
+    return FireResult(fired=False, machine=row.machine, key=row.key, trigger=_shown(trigger),
+                      source=row.state, dest=None, version=row.version, reason=reason,
+                      guards=dict(guards or {}), error=error, probed=probed)
+
+
+__all__ = ["Engine", "Guard", "OnStale", "SpecFor"]

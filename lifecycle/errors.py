@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+
+from .records import FireResult
 
 
 class LifecycleError(Exception):
@@ -136,16 +137,77 @@ class DatabaseError(LifecycleError):
 
 class StaleObservation(LifecycleError):
     """A risky edge was refused: the resource's newest observation was not fresh enough, and
-    no probe (or a failed one) could give a fresher one. The refusal is journaled."""
+    no probe (or a failed one) could give a fresher one. The refusal is journaled.
 
-    def __init__(self, message: str, *, machine: str, key: str, trigger: str, source: str,
-                 dest: str, probe_error: str | None = None, result: Any = None) -> None:
+    ``result`` is the refusal as a :class:`FireResult` (what ``fire(..., on_stale="return")``
+    returns); its ``reason`` is this exception's message."""
+
+    def __init__(self, result: FireResult, *, dest: str, probe_error: str | None = None) -> None:
         self.result = result
-        """The refusal as a FireResult (what ``fire(..., on_stale="return")`` returns)."""
-        self.machine = machine
-        self.key = key
-        self.trigger = trigger
-        self.source = source
+        self.machine = result.machine
+        self.key = result.key
+        self.trigger = result.trigger
+        self.source = result.source
         self.dest = dest
         self.probe_error = probe_error
-        super().__init__(message)
+        super().__init__(result.reason)
+
+
+class GuardError(LifecycleError):
+    """A guard raised instead of answering, or is not registered in this process."""
+
+
+class ProbeFailed(LifecycleError):
+    """A probe raised, timed out, or answered something that is not a status."""
+
+
+class LostClaim(LifecycleError):
+    """The worker's claim on an effect expired and another worker took it over."""
+
+
+# -- raised by effect handlers ---------------------------------------------------------------
+
+
+class EffectError(LifecycleError):
+    """Raised by a handler: the effect did not happen this time."""
+
+
+class RetryableError(EffectError):
+    """Try again later, with backoff. Any exception a handler raises that is not a
+    :class:`PermanentError` counts as retryable."""
+
+
+class PermanentError(EffectError):
+    """Trying again cannot help: the effect fails for good now."""
+
+
+# -- tools around the engine -----------------------------------------------------------------
+
+
+class ScenarioError(LifecycleError):
+    """A scenario file that cannot be read: it names the file and the line."""
+
+
+class RendererMissing(LifecycleError):
+    """A program a renderer needs is not installed."""
+
+    def __init__(self, program: str, hint: str) -> None:
+        self.program = program
+        self.hint = hint
+        super().__init__(f"cannot draw SVG: Graphviz's {program!r} is not on PATH; {hint}")
+
+
+class RenderFailed(LifecycleError):
+    """A renderer program ran and failed."""
+
+
+# -- adapters --------------------------------------------------------------------------------
+
+
+class SiteError(LifecycleError):
+    """A drone's site could not be asked or refused (timeout, authentication, quota).
+    Retryable."""
+
+
+class MailConfigError(LifecycleError):
+    """The SMTP settings are missing or wrong."""

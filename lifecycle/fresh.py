@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import ProbeFailed
 from .records import Observation
 from .spec import Freshness
 
@@ -43,10 +44,6 @@ Probe = Callable[[ProbeRequest], ProbeAnswer]
 """A function that asks the outside world for a resource's status now. It returns the status
 (a JSON object), or the status and the time it was true at the source. It must not touch the
 engine's database; it is called outside any transaction."""
-
-
-class ProbeFailed(Exception):
-    """The probe raised, timed out, or answered something that is not a status."""
 
 
 def staleness(rule: Freshness, observation: Observation | None,

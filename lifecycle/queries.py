@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 
 from .errors import AmbiguousKey, UnknownResource
 from .records import JournalEntry, Observation, Resource
+from .spec import SEPARATOR
 from .store import Store, journal, observations, resources
 
 
@@ -92,8 +93,10 @@ def listing(store: Store, machine: str | None, state: str | None) -> list[Resour
     query = _resource_query().order_by(resources.c.machine, resources.c.key)
     if machine is not None:
         query = query.where(resources.c.machine == machine)
-    if state is not None:
-        query = query.where(resources.c.state == state)
+    if state is not None:  # a composite state takes in the states inside it
+        query = query.where(or_(resources.c.state == state,
+                                resources.c.state.startswith(state + SEPARATOR,
+                                                             autoescape=True)))
     with store.read() as db:
         return [_resource(r) for r in db.execute(query)]
 

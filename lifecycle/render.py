@@ -25,8 +25,8 @@ import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from .errors import LifecycleError
-from .spec import ANY, SEPARATOR, EffectSpec, Freshness, MachineSpec, StateSpec, Timeout, _Edge
+from .errors import RendererMissing, RenderFailed
+from .spec import ANY, SEPARATOR, Edge, EffectSpec, Freshness, MachineSpec, StateSpec, Timeout
 
 FORMATS = ("mermaid", "dot", "svg")
 SUFFIXES = {"mermaid": ".mmd", "dot": ".dot", "svg": ".svg"}
@@ -44,19 +44,6 @@ GRAPHVIZ_INSTALL = (
     "install Graphviz: `apt-get install graphviz` (Debian, Ubuntu), `dnf install graphviz` "
     "(Fedora), `brew install graphviz` (macOS), or see https://graphviz.org/download/"
 )
-
-
-class RendererMissing(LifecycleError):
-    """A program a renderer needs is not installed."""
-
-    def __init__(self, program: str, hint: str) -> None:
-        self.program = program
-        self.hint = hint
-        super().__init__(f"cannot draw SVG: Graphviz's {program!r} is not on PATH; {hint}")
-
-
-class RenderFailed(LifecycleError):
-    """A renderer program ran and failed."""
 
 
 # -- the intermediate graph ----------------------------------------------------------------
@@ -214,7 +201,7 @@ class Diagram:
             add(root)
 
         edges: list[DiagramEdge] = []
-        declared: list[tuple[str | None, _Edge]] = [(t.trigger, t) for t in spec.transitions]
+        declared: list[tuple[str | None, Edge]] = [(t.trigger, t) for t in spec.transitions]
         declared += [(None, e) for e in spec.eventless]
         for trigger, edge in declared:
             for source in dict.fromkeys(edge.sources):
@@ -377,25 +364,29 @@ def mermaid(diagram: Diagram, *, guards: bool = True, effects: bool = True) -> s
     for state in diagram.finals:
         if not state.composite:
             arrow(f"{ids[state.name]} --> [*]", body)
-    finals = [ids[s.name] for s in diagram.finals if not s.composite]
-    occupied = [ids[s.name] for s in diagram.states if not s.composite and s.count]
-    lines.append(f"{body}classDef final stroke-width:3px")
-    if ANY in ids:
-        lines.append(f"{body}classDef any stroke-dasharray:5 4,font-style:italic")
-        lines.append(f"{body}class {ids[ANY]} any")
-    if diagram.counted:
-        lines.append(f"{body}classDef occupied fill:{OCCUPIED_FILL}")
-    if finals:
-        lines.append(f"{body}class {','.join(finals)} final")
-    if occupied:
-        lines.append(f"{body}class {','.join(occupied)} occupied")
-
+    lines += [f"{body}{line}" for line in _mermaid_classes(diagram, ids)]
     css = _mermaid_css(risky, eventless)
     head = ["---", f"title: {json.dumps(diagram.machine)}"]
     if css:
         head += ["config:", f"  themeCSS: {json.dumps(css)}"]
     head += ["---", "stateDiagram-v2"]
     return "\n".join([*head, *lines]) + "\n"
+
+
+def _mermaid_classes(diagram: Diagram, ids: Mapping[str, str]) -> list[str]:
+    """The style classes of final, any-state and occupied states, and who has them."""
+    finals = [ids[s.name] for s in diagram.finals if not s.composite]
+    occupied = [ids[s.name] for s in diagram.states if not s.composite and s.count]
+    lines = ["classDef final stroke-width:3px"]
+    if ANY in ids:
+        lines += ["classDef any stroke-dasharray:5 4,font-style:italic", f"class {ids[ANY]} any"]
+    if diagram.counted:
+        lines.append(f"classDef occupied fill:{OCCUPIED_FILL}")
+    if finals:
+        lines.append(f"class {','.join(finals)} final")
+    if occupied:
+        lines.append(f"class {','.join(occupied)} occupied")
+    return lines
 
 
 def _mermaid_css(risky: list[int], eventless: list[int]) -> str:
@@ -484,19 +475,24 @@ def dot(diagram: Diagram, *, guards: bool = True, effects: bool = True) -> str:
         out.append(f"    {_dot_string(ANY)} [label=<<i>{ANY_STATE_LABEL}</i>>, "
                    'style="rounded,dashed", fillcolor=white];')
     for edge in diagram.edges:
-        attrs = {"label": _dot_string("\n".join(edge.label_lines(guards=guards,
-                                                                   effects=effects)))}
-        if edge.risky:
-            attrs.update(color=f'"{RISKY_COLOR}"', fontcolor=f'"{RISKY_COLOR}"',
-                         style="dashed", penwidth="1.8")
-        elif edge.eventless:
-            attrs.update(color=f'"{EVENTLESS_COLOR}"', fontcolor=f'"{EVENTLESS_COLOR}"',
-                         style="dotted", penwidth="1.6")
-        if edge.tooltip():
-            attrs["tooltip"] = _dot_string(edge.tooltip())
-        out.append("    " + _dot_edge(by_name, edge.source, edge.dest, attrs))
+        out.append("    " + _dot_edge(by_name, edge.source, edge.dest,
+                                      _dot_edge_style(edge, guards=guards, effects=effects)))
     out.append("}")
     return "\n".join(out) + "\n"
+
+
+def _dot_edge_style(edge: DiagramEdge, *, guards: bool, effects: bool) -> dict[str, str]:
+    """An edge's label and look: risky ones red and dashed, eventless ones blue and dotted."""
+    attrs = {"label": _dot_string("\n".join(edge.label_lines(guards=guards, effects=effects)))}
+    if edge.risky:
+        attrs.update(color=f'"{RISKY_COLOR}"', fontcolor=f'"{RISKY_COLOR}"', style="dashed",
+                     penwidth="1.8")
+    elif edge.eventless:
+        attrs.update(color=f'"{EVENTLESS_COLOR}"', fontcolor=f'"{EVENTLESS_COLOR}"',
+                     style="dotted", penwidth="1.6")
+    if edge.tooltip():
+        attrs["tooltip"] = _dot_string(edge.tooltip())
+    return attrs
 
 
 def _dot_label(name: str, notes: list[str]) -> str:

@@ -28,23 +28,20 @@ import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
 from .clock import SimulatedClock
-from .effects import Worker
 from .engine import Engine
-from .errors import LifecycleError
-from .spec import MachineSpec, load_spec
+from .errors import LifecycleError, ScenarioError
+from .outbox import retry_failed
+from .spec import MachineSpec, load_spec, suggest
 from .store import Store
+from .worker import Worker
 
 STEP_KINDS = ("create", "advance", "observe", "world", "update", "step", "fire", "expect",
               "expect_last", "run_effects", "expect_actions", "retry")
-
-
-class ScenarioError(LifecycleError):
-    """A scenario file that cannot be read: it names the file and the line."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,9 +146,7 @@ def load(path: str | Path) -> Scenario:
                                 f"{', '.join(STEP_KINDS)} with its arguments")
         (kind, args), = raw.items()
         if kind not in STEP_KINDS:
-            from .spec import _suggest
-
-            hint = _suggest(str(kind), STEP_KINDS)
+            hint = suggest(str(kind), STEP_KINDS)
             raise ScenarioError(f"{path}:{line}: step {number}: unknown step {kind!r}"
                                 + (f"; {hint}" if hint else ""))
         steps.append(Step(number, line, kind, args))
@@ -193,38 +188,53 @@ class _StepFailed(Exception):
         self.found = found
 
 
-def replay(path: str | Path) -> ScenarioResult:
-    """Replay one scenario file on a fresh temporary database."""
+class Playable(Protocol):
+    """A machine a scenario may name instead of a spec file (an application's built-in):
+    its spec, its guards, and how it runs with simulated adapters."""
+
+    @property
+    def spec(self) -> MachineSpec: ...
+
+    @property
+    def guards(self) -> Mapping[str, Any]: ...
+
+    @property
+    def simulation(self) -> Simulated | None: ...
+
+
+def replay(path: str | Path, machines: Mapping[str, Playable] | None = None) -> ScenarioResult:
+    """Replay one scenario file on a fresh temporary database. Its ``machine`` is one of
+    ``machines`` by name, or a spec file beside the scenario."""
     scenario = load(path)
     with tempfile.TemporaryDirectory(prefix="lifecycle-scenario-") as directory:
         store = Store(f"sqlite:///{Path(directory) / 'scenario.db'}", upgrade=True)
         try:
-            return _run(scenario, store)
+            return _run(scenario, store, machines or {})
         finally:
             store.dispose()
 
 
-def _machine(scenario: Scenario, world: World) -> tuple[MachineSpec, dict[str, Any]]:
+def _machine(scenario: Scenario, world: World,
+             machines: Mapping[str, Playable]) -> tuple[MachineSpec, dict[str, Any]]:
     """The spec and the engine options (guards, simulated effects and probes)."""
-    from .machines import builtins
-
-    builtin = builtins().get(scenario.machine)
-    if builtin is not None:
-        guards, effects, probes = (builtin.simulation(world) if builtin.simulation
-                                   else (builtin.guards, {}, {}))
-        return builtin.spec, {"guards": guards, "effects": effects, "probes": probes}
+    playable = machines.get(scenario.machine)
+    if playable is not None:
+        simulation = playable.simulation
+        guards, effects, probes = (simulation(world) if simulation is not None
+                                   else (playable.guards, {}, {}))
+        return playable.spec, {"guards": guards, "effects": effects, "probes": probes}
     path = scenario.base / scenario.machine
     if not path.exists():
-        known = ", ".join(sorted(builtins()))
+        known = ", ".join(sorted(machines)) or "none given"
         raise ScenarioError(f"{scenario.file}: machine {scenario.machine!r} is neither a "
                             f"built-in machine ({known}) nor a spec file")
     return load_spec(path), {}
 
 
-def _run(scenario: Scenario, store: Store) -> ScenarioResult:
+def _run(scenario: Scenario, store: Store, machines: Mapping[str, Playable]) -> ScenarioResult:
     clock = SimulatedClock(scenario.start)
     world = World(clock=clock)
-    spec, options = _machine(scenario, world)
+    spec, options = _machine(scenario, world, machines)
     try:
         engine = Engine(store, [spec], clock=clock, **options)
     except LifecycleError as exc:
@@ -268,6 +278,7 @@ def _args(step: Step, required: tuple[str, ...], optional: tuple[str, ...] = ())
 
 def _do(step: Step, engine: Engine, clock: SimulatedClock, world: World, worker: Worker,
         spec: MachineSpec, last: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Carry out one step; the outcome of the last fire or step (for ``expect_last``)."""
     kind = step.kind
     if kind == "create":
         a = _args(step, ("key",), ("state", "data"))
@@ -289,22 +300,40 @@ def _do(step: Step, engine: Engine, clock: SimulatedClock, world: World, worker:
         a = _args(step, ("key", "data"))
         engine.update(a["key"], a["data"], actor="scenario")
     elif kind in ("fire", "step"):
-        if kind == "fire":
-            a = _args(step, ("key", "trigger"), ("payload",))
+        return _fire(step, engine)
+    elif kind.startswith("expect"):
+        _expect(step, engine, world, last)
+    elif kind == "retry":
+        retry_failed(engine, _args(step, ("key",))["key"])
+    elif kind == "run_effects":
+        if step.args not in (None, {}):
+            raise ValueError("run_effects takes no arguments ({})")
+        worker.run_until_idle()
+    return last
+
+
+def _fire(step: Step, engine: Engine) -> dict[str, Any]:
+    """A ``fire`` or ``step`` step, and what came of it (an error included)."""
+    if step.kind == "fire":
+        a = _args(step, ("key", "trigger"), ("payload",))
+    else:
+        a = _args(step, ("key",))
+    try:
+        if step.kind == "fire":
+            result = engine.fire(a["key"], a["trigger"], a.get("payload"), actor="scenario",
+                                 on_stale="return")
         else:
-            a = _args(step, ("key",))
-        try:
-            if kind == "fire":
-                result = engine.fire(a["key"], a["trigger"], a.get("payload"),
-                                     actor="scenario", on_stale="return")
-            else:
-                result = engine.step(a["key"], actor="scenario", on_stale="return")
-        except LifecycleError as exc:
-            return {"fired": False, "error": type(exc).__name__, "reason": str(exc),
-                    "dest": None, "raised": True}
-        return {"fired": result.fired, "error": result.error, "reason": result.reason,
-                "dest": result.dest, "raised": False}
-    elif kind == "expect":
+            result = engine.step(a["key"], actor="scenario", on_stale="return")
+    except LifecycleError as exc:
+        return {"fired": False, "error": type(exc).__name__, "reason": str(exc),
+                "dest": None, "raised": True}
+    return {"fired": result.fired, "error": result.error, "reason": result.reason,
+            "dest": result.dest, "raised": False}
+
+
+def _expect(step: Step, engine: Engine, world: World, last: dict[str, Any] | None) -> None:
+    """An ``expect``, ``expect_last`` or ``expect_actions`` step: raises when it fails."""
+    if step.kind == "expect":
         a = _args(step, ("key",), ("state", "data", "version"))
         resource = engine.get(a["key"])
         expected = {k: v for k, v in a.items() if k != "key"}
@@ -317,7 +346,7 @@ def _do(step: Step, engine: Engine, clock: SimulatedClock, world: World, worker:
             found["data"] = {k: resource.data.get(k, "<missing>") for k in a["data"]}
         if found != expected:
             raise _StepFailed(expected, {**found, "state": resource.state})
-    elif kind == "expect_last":
+    elif step.kind == "expect_last":
         a = _args(step, (), ("fired", "error", "dest", "reason"))
         if last is None:
             raise _StepFailed(a, "no fire or step before it")
@@ -326,18 +355,8 @@ def _do(step: Step, engine: Engine, clock: SimulatedClock, world: World, worker:
         reason_ok = "reason" not in a or str(a["reason"]) in (last.get("reason") or "")
         if found != wanted or not reason_ok:
             raise _StepFailed(a, {k: last.get(k) for k in ("fired", "error", "dest", "reason")})
-    elif kind == "expect_actions":
+    else:
         a = _args(step, ("key", "actions"))
         actions = [action for action, key, _ in world.actions if key == a["key"]]
         if actions != list(a["actions"]):
             raise _StepFailed(list(a["actions"]), actions)
-    elif kind == "retry":
-        from .effects import retry_failed
-
-        a = _args(step, ("key",))
-        retry_failed(engine, a["key"])
-    elif kind == "run_effects":
-        if step.args not in (None, {}):
-            raise ValueError("run_effects takes no arguments ({})")
-        worker.run_until_idle()
-    return last

@@ -12,7 +12,7 @@ import difflib
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -90,7 +90,7 @@ class Freshness(_Strict):
     probe: str | None = None
 
 
-class _Edge(_Strict):
+class Edge(_Strict):
     source: str | tuple[str, ...]
     dest: str
     guards: tuple[str, ...] = ()
@@ -116,7 +116,7 @@ class _Edge(_Strict):
         return (self.source,) if isinstance(self.source, str) else self.source
 
 
-class TransitionSpec(_Edge):
+class TransitionSpec(Edge):
     """``trigger`` takes the resource from ``source`` to ``dest`` when every guard holds and no
     ``unless`` guard does. When it fires, the payload's keys are merged into the resource's
     data (unless ``merge_payload`` is false) and ``effects`` are asked for."""
@@ -124,7 +124,7 @@ class TransitionSpec(_Edge):
     trigger: str
 
 
-class EventlessSpec(_Edge):
+class EventlessSpec(Edge):
     """A transition without a trigger, taken by ``Engine.step`` when its guards hold."""
 
 
@@ -192,9 +192,39 @@ class MachineSpec(_Strict):
     def probe_names(self) -> set[str]:
         return {e.fresh.probe for e in self.edges() if e.fresh and e.fresh.probe}
 
-    def edges(self) -> Iterable[_Edge]:
+    def edges(self) -> Iterable[Edge]:
         yield from self.transitions
         yield from self.eventless
+
+    def uses(self, kind: str) -> dict[str, list[str]]:
+        """Where the spec names each guard, effect or probe (``kind``): name -> locations."""
+        where: dict[str, list[str]] = {}
+        for located in _Located.of(self):
+            edge = located.edge
+            names = {"guard": (*edge.guards, *edge.unless),
+                     "effect": tuple(effect.name for effect in edge.effects),
+                     "probe": (edge.fresh.probe,) if edge.fresh and edge.fresh.probe else ()}
+            for name in dict.fromkeys(names[kind]):
+                where.setdefault(name, []).append(located.location)
+        if kind == "effect":
+            for state, effects in self.graph.entry_effects.items():
+                for name in dict.fromkeys(effect.name for effect in effects):
+                    where.setdefault(name, []).append(self.graph.effect_locations[state])
+        return where
+
+    def unregistered(self, **registered: Mapping[str, Any]) -> list[Problem]:
+        """The guards, effects and probes the spec names that are not among those
+        ``registered`` (``guards=``, ``effects=``, ``probes=``), each with where it is
+        named."""
+        problems = []
+        for plural, known in registered.items():
+            kind = plural.removesuffix("s")
+            for name, where in sorted(self.uses(kind).items()):
+                if name not in known:
+                    problems.append(Problem(
+                        ", ".join(where), f"{kind} {name!r} is not registered with this engine",
+                        f"pass it in Engine({plural}={{{name!r}: ...}})"))
+        return problems
 
     # -- validation -----------------------------------------------------------------------
 
@@ -305,7 +335,8 @@ class StateGraph:
         return any(a in listed for a in self.ancestors(leaf))
 
 
-def _suggest(name: str, options: Iterable[str]) -> str | None:
+def suggest(name: str, options: Iterable[str]) -> str | None:
+    """``did you mean ...?`` for a name that is not one of ``options``, or None."""
     options = list(options)
     close = difflib.get_close_matches(name, options, n=1, cutoff=0.6)
     if not close:
@@ -315,135 +346,172 @@ def _suggest(name: str, options: Iterable[str]) -> str | None:
 
 
 def _check(spec: MachineSpec) -> list[Problem]:
-    problems: list[Problem] = []
+    """Every problem of ``spec``, in order of location."""
     graph = spec.graph
-    states = set(graph.names)
+    edges = _Located.of(spec)
+    problems = [*_check_states(spec), *_check_edges(spec, edges), *_check_effects(spec, edges),
+                *_check_timeouts(spec, edges), *_check_overlaps(edges)]
+    if spec.initial in graph.parent and not graph.duplicates:
+        problems += _check_reachable(spec, edges)
+    problems.sort(key=lambda p: _location_order(p.location))
+    return problems
 
-    def state_ref(loc: str, name: str, allow_any: bool = False) -> bool:
-        if name in states or (allow_any and name == ANY):
-            return True
-        problems.append(Problem(loc, f"{name!r} is not a state", _suggest(name, graph.names)))
-        return False
 
+@dataclass(frozen=True, slots=True)
+class _Located:
+    """An edge with its location in the spec, its trigger (EVENTLESS for an eventless edge)
+    and the leaves it covers."""
+
+    location: str
+    trigger: str
+    edge: Edge
+    covered: frozenset[str]
+
+    @staticmethod
+    def of(spec: MachineSpec) -> list[_Located]:
+        graph = spec.graph
+        edges: list[tuple[str, str, Edge]] = [
+            *((f"transitions[{i}]", t.trigger, t) for i, t in enumerate(spec.transitions)),
+            *((f"eventless[{i}]", EVENTLESS, e) for i, e in enumerate(spec.eventless))]
+        return [_Located(loc, trigger, edge, frozenset(graph.covered_leaves(edge.sources)))
+                for loc, trigger, edge in edges]
+
+
+def _state_ref(graph: StateGraph, loc: str, name: str, allow_any: bool = False) -> list[Problem]:
+    if name in graph.parent or (allow_any and name == ANY):
+        return []
+    return [Problem(loc, f"{name!r} is not a state", suggest(name, graph.names))]
+
+
+def _check_states(spec: MachineSpec) -> Iterator[Problem]:
+    graph = spec.graph
     if not _NAME.match(spec.name):
-        problems.append(Problem("name", f"{spec.name!r} is not a valid machine name",
-                                "use letters, digits, '_' and '-'"))
+        yield Problem("name", f"{spec.name!r} is not a valid machine name",
+                      "use letters, digits, '_' and '-'")
     for loc, name in graph.bad_names:
-        problems.append(Problem(f"{loc}.name", f"{name!r} is not a valid state name",
-                                "use letters, digits, '_' and '-' (no '.')"))
+        yield Problem(f"{loc}.name", f"{name!r} is not a valid state name",
+                      "use letters, digits, '_' and '-' (no '.')")
     for loc, full in graph.duplicates:
-        problems.append(Problem(f"{loc}.name", f"duplicate state {full!r}"))
+        yield Problem(f"{loc}.name", f"duplicate state {full!r}")
     for loc, full, initial in graph.bad_initials:
         kids = [c.rsplit(SEPARATOR, 1)[-1] for c in graph.children[full]]
         if not kids:
-            problems.append(Problem(f"{loc}.initial", f"state {full!r} has no children, "
-                                    f"so it cannot have an initial child ({initial!r})"))
+            yield Problem(f"{loc}.initial", f"state {full!r} has no children, so it cannot "
+                          f"have an initial child ({initial!r})")
         elif initial is None:
-            problems.append(Problem(f"{loc}.initial", f"composite state {full!r} needs an "
-                                    "initial child", f"add `initial: {kids[0]}`"))
+            yield Problem(f"{loc}.initial", f"composite state {full!r} needs an initial child",
+                          f"add `initial: {kids[0]}`")
         else:
-            problems.append(Problem(f"{loc}.initial", f"{initial!r} is not a child of {full!r}",
-                                    _suggest(initial, kids)))
+            yield Problem(f"{loc}.initial", f"{initial!r} is not a child of {full!r}",
+                          suggest(initial, kids))
     if not spec.states:
-        problems.append(Problem("states", "a machine needs at least one state"))
-    initial_ok = state_ref("initial", spec.initial)
+        yield Problem("states", "a machine needs at least one state")
+    yield from _state_ref(graph, "initial", spec.initial)
     for i, name in enumerate(spec.final):
-        state_ref(f"final[{i}]", name)
+        yield from _state_ref(graph, f"final[{i}]", name)
 
-    edges: list[tuple[str, str, Any]] = [
-        (f"transitions[{i}]", t.trigger, t) for i, t in enumerate(spec.transitions)
-    ] + [(f"eventless[{i}]", EVENTLESS, e) for i, e in enumerate(spec.eventless)]
-    covered: list[set[str]] = []
-    for loc, trigger, edge in edges:
+
+def _check_edges(spec: MachineSpec, edges: list[_Located]) -> Iterator[Problem]:
+    graph = spec.graph
+    for located in edges:
+        loc, trigger, edge = located.location, located.trigger, located.edge
         if trigger != EVENTLESS and (not _TRIGGER.match(trigger) or trigger in _RESERVED_TRIGGERS):
-            problems.append(Problem(f"{loc}.trigger", f"{trigger!r} is not a valid trigger name",
-                                    "start with a letter; use letters, digits and '_'; "
-                                    f"{', '.join(sorted(_RESERVED_TRIGGERS))} are reserved"))
-        sources = edge.sources
-        if not sources:
-            problems.append(Problem(f"{loc}.source", "a transition needs at least one source"))
-        for j, source in enumerate(sources):
+            yield Problem(f"{loc}.trigger", f"{trigger!r} is not a valid trigger name",
+                          "start with a letter; use letters, digits and '_'; "
+                          f"{', '.join(sorted(_RESERVED_TRIGGERS))} are reserved")
+        if not edge.sources:
+            yield Problem(f"{loc}.source", "a transition needs at least one source")
+        for j, source in enumerate(edge.sources):
             where = f"{loc}.source" if isinstance(edge.source, str) else f"{loc}.source[{j}]"
-            state_ref(where, source, allow_any=True)
-        state_ref(f"{loc}.dest", edge.dest)
-        covered.append(graph.covered_leaves(sources))
+            yield from _state_ref(graph, where, source, allow_any=True)
+        yield from _state_ref(graph, f"{loc}.dest", edge.dest)
         if edge.fence is not None and edge.fresh is None:
-            problems.append(Problem(f"{loc}.fence", "a fence needs a freshness rule: it is "
-                                    "what the effects may assume of the observation",
-                                    "add `fresh: {max_age: SECONDS}`"))
+            yield Problem(f"{loc}.fence", "a fence needs a freshness rule: it is what the "
+                          "effects may assume of the observation",
+                          "add `fresh: {max_age: SECONDS}`")
         for kind in ("guards", "unless"):
             names = getattr(edge, kind)
             for name in sorted({n for n in names if names.count(n) > 1}):
-                problems.append(Problem(f"{loc}.{kind}", f"guard {name!r} is named twice"))
+                yield Problem(f"{loc}.{kind}", f"guard {name!r} is named twice")
 
+
+def _check_effects(spec: MachineSpec, edges: list[_Located]) -> Iterator[Problem]:
+    """An effect's ``on_failure`` names a trigger of the machine."""
     triggers = spec.triggers
-    for loc, _, edge in edges:
-        for i, effect in enumerate(edge.effects):
-            if effect.on_failure is not None and effect.on_failure not in triggers:
-                problems.append(Problem(f"{loc}.effects[{i}].on_failure",
-                                        f"{effect.on_failure!r} is not a trigger",
-                                        _suggest(effect.on_failure, triggers)))
-    for state, effects in graph.entry_effects.items():
+    asked = [(f"{e.location}.effects", e.edge.effects) for e in edges]
+    asked += [(spec.graph.effect_locations[state], effects)
+              for state, effects in spec.graph.entry_effects.items()]
+    for where, effects in asked:
         for i, effect in enumerate(effects):
             if effect.on_failure is not None and effect.on_failure not in triggers:
-                problems.append(Problem(f"{graph.effect_locations[state]}[{i}].on_failure",
-                                        f"{effect.on_failure!r} is not a trigger",
-                                        _suggest(effect.on_failure, triggers)))
+                yield Problem(f"{where}[{i}].on_failure", f"{effect.on_failure!r} is not a "
+                              "trigger", suggest(effect.on_failure, triggers))
+
+
+def _check_timeouts(spec: MachineSpec, edges: list[_Located]) -> Iterator[Problem]:
+    """A state's timeout fires a trigger that leaves the state."""
+    graph = spec.graph
     for state, (loc, timeout) in graph.timeouts.items():
         inside = set(graph.descendants(state))
-        if not any(trigger == timeout.trigger and inside & leaves
-                   for (_, trigger, _), leaves in zip(edges, covered, strict=True)):
-            problems.append(Problem(
-                f"{loc}.trigger", f"no transition for {timeout.trigger!r} leaves {state!r}, so "
-                "its timeout could never fire", _suggest(timeout.trigger, triggers)))
+        if not any(e.trigger == timeout.trigger and inside & e.covered for e in edges):
+            yield Problem(f"{loc}.trigger", f"no transition for {timeout.trigger!r} leaves "
+                          f"{state!r}, so its timeout could never fire",
+                          suggest(timeout.trigger, spec.triggers))
         if isinstance(timeout.after, str) and not _NAME.match(timeout.after):
-            problems.append(Problem(f"{loc}.after", f"{timeout.after!r} is neither a number of "
-                                    "seconds nor a data field name"))
+            yield Problem(f"{loc}.after", f"{timeout.after!r} is neither a number of seconds "
+                          "nor a data field name")
 
-    # two edges with the same trigger and an overlapping source that no guard tells apart
-    for b, (loc_b, trig_b, edge_b) in enumerate(edges):
-        for a in range(b):
-            loc_a, trig_a, edge_a = edges[a]
-            if trig_a != trig_b or not (covered[a] & covered[b]):
-                continue
-            if set(edge_a.guards) == set(edge_b.guards) and set(edge_a.unless) == set(
-                edge_b.unless
-            ):
-                what = "eventless" if trig_b == EVENTLESS else f"trigger {trig_b!r}"
-                overlap = ", ".join(sorted(covered[a] & covered[b])[:3])
-                problems.append(Problem(
-                    loc_b,
-                    f"{what} from {overlap} is already taken by {loc_a}, and no guard tells "
-                    "them apart",
-                    "give one of them a guard (or an unless guard), or merge them",
-                ))
-                break
 
-    # reachability from the initial state, and a way out of every non-final state
-    if initial_ok and not graph.duplicates:
-        reached: set[str] = set()
-        todo = [graph.enter(spec.initial)]
-        while todo:
-            leaf = todo.pop()
-            if leaf in reached:
-                continue
-            reached.update(graph.ancestors(leaf))
-            for (_, _, edge), leaves in zip(edges, covered, strict=True):
-                if leaf in leaves and edge.dest in states:
-                    todo.append(graph.enter(edge.dest))
-        for name in graph.names:
-            if name not in reached:
-                problems.append(Problem(
-                    f"states.{name}", f"state {name!r} is unreachable from the initial state "
-                    f"{spec.initial!r}", "add a transition into it, or remove it"))
-        leaving = set().union(*covered) if covered else set()
-        for leaf in graph.leaves:
-            if leaf in reached and leaf not in leaving and not graph.is_final(leaf, spec.final):
-                problems.append(Problem(
-                    f"states.{leaf}", f"state {leaf!r} is not final and no transition leaves it",
-                    "add a transition from it, or list it in `final`"))
-    problems.sort(key=lambda p: _location_order(p.location))
-    return problems
+def _check_overlaps(edges: list[_Located]) -> Iterator[Problem]:
+    """Two edges with the same trigger from an overlapping source that no guard tells
+    apart. Edges are grouped by trigger and guards, and each group keeps which edge first
+    covered each leaf, so a machine of many edges is not compared pair by pair."""
+    first: dict[tuple[str, frozenset[str], frozenset[str]], dict[str, int]] = {}
+    for index, located in enumerate(edges):
+        edge = located.edge
+        claimed = first.setdefault(
+            (located.trigger, frozenset(edge.guards), frozenset(edge.unless)), {})
+        earlier = [claimed[leaf] for leaf in located.covered if leaf in claimed]
+        if earlier:
+            taken = edges[min(earlier)]
+            overlap = taken.covered & located.covered
+            what = ("eventless" if located.trigger == EVENTLESS
+                    else f"trigger {located.trigger!r}")
+            yield Problem(
+                located.location,
+                f"{what} from {', '.join(sorted(overlap)[:3])} is already taken by "
+                f"{taken.location}, and no guard tells them apart",
+                "give one of them a guard (or an unless guard), or merge them")
+        for leaf in located.covered:
+            claimed.setdefault(leaf, index)
+
+
+def _check_reachable(spec: MachineSpec, edges: list[_Located]) -> Iterator[Problem]:
+    """Every state is reachable from the initial state, and every non-final one has a way
+    out."""
+    graph = spec.graph
+    leaving: dict[str, list[str]] = {}
+    for located in edges:
+        for leaf in located.covered:
+            dests = leaving.setdefault(leaf, [])
+            if located.edge.dest in graph.parent:
+                dests.append(located.edge.dest)
+    reached: set[str] = set()
+    todo = [graph.enter(spec.initial)]
+    while todo:
+        leaf = todo.pop()
+        if leaf in reached:
+            continue
+        reached.update(graph.ancestors(leaf))
+        todo.extend(graph.enter(dest) for dest in leaving.get(leaf, ()))
+    for name in graph.names:
+        if name not in reached:
+            yield Problem(f"states.{name}", f"state {name!r} is unreachable from the initial "
+                          f"state {spec.initial!r}", "add a transition into it, or remove it")
+    for leaf in graph.leaves:
+        if leaf in reached and leaf not in leaving and not graph.is_final(leaf, spec.final):
+            yield Problem(f"states.{leaf}", f"state {leaf!r} is not final and no transition "
+                          "leaves it", "add a transition from it, or list it in `final`")
 
 
 def _location_order(location: str) -> tuple[int, str]:
@@ -505,7 +573,7 @@ def _from_pydantic(error: Mapping[str, Any]) -> Problem:
     if error["type"] == "extra_forbidden":
         field_name = str(error["loc"][-1])
         known = _known_fields(error["loc"][:-1])
-        return Problem(loc, "unknown field", _suggest(field_name, known))
+        return Problem(loc, "unknown field", suggest(field_name, known))
     if error["type"] == "missing":
         return Problem(loc, "required field is missing")
     if "input" in error and not isinstance(error["input"], Mapping | list):

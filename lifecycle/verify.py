@@ -9,20 +9,16 @@ state reached), and bumps the version by one; the replay ends in the row's state
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import select
 
+from .records import Mismatch
 from .spec import MachineSpec
 from .store import Store, journal, resources, specs
 
-if TYPE_CHECKING:
-    from .engine import Mismatch
-
 
 def verify(store: Store) -> list[Mismatch]:
-    from .engine import Mismatch
-
     problems: list[Mismatch] = []
     spec_cache: dict[tuple[str, str], MachineSpec | None] = {}
     with store.read() as db:

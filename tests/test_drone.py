@@ -12,10 +12,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from lifecycle import Engine, SimulatedClock, Store
-from lifecycle.adapters.sites import Drone, SiteError, Terminated
+from lifecycle import Engine, SimulatedClock, SiteError, Store, Worker
+from lifecycle.adapters.sites import Drone, Terminated
 from lifecycle.cli import main
-from lifecycle.effects import Worker
 from lifecycle.machines import drone
 from lifecycle.machines.drone_sim import ScenarioBatch, ScenarioSite
 from lifecycle.scenario import World

@@ -10,13 +10,15 @@ from typing import Any
 
 import pytest
 
-from lifecycle import Engine, SimulatedClock, Store
-from lifecycle.effects import (
+from lifecycle import (
     Effect,
     EffectCall,
+    Engine,
     FollowUp,
     PermanentError,
     Retry,
+    SimulatedClock,
+    Store,
     Worker,
     effect_records,
     retry_failed,

@@ -13,8 +13,7 @@ import pytest
 from procs import machines
 from sqlalchemy import text
 
-from lifecycle import Engine, Store
-from lifecycle.effects import effect_records, outbox_counts
+from lifecycle import Engine, Store, effect_records, outbox_counts
 
 RUN = [sys.executable, str(Path(__file__).parent / "procs" / "run_worker.py")]
 
@@ -103,9 +102,11 @@ def _start_slow_worker(db_url: str, tmp_path: Path) -> tuple[subprocess.Popen[st
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert process.stdout is not None and process.stdout.readline().strip() == "ready"
     deadline = time.monotonic() + 30
-    while effect_records(engine)[0].status != "running":
-        assert time.monotonic() < deadline, "the worker never claimed the effect"
+    while not marker.with_suffix(".started").exists():
+        assert time.monotonic() < deadline, "the worker never started the handler"
+        assert process.poll() is None, process.communicate()
         time.sleep(0.02)
+    assert effect_records(engine)[0].status == "running"
     return process, engine, marker
 
 

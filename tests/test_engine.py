@@ -25,7 +25,7 @@ from lifecycle import (
     UnknownState,
     UnknownTrigger,
 )
-from lifecycle.runner import GuardError
+from lifecycle.errors import GuardError
 
 SLOT: dict[str, Any] = {
     "name": "slot",

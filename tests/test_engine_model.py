@@ -163,7 +163,7 @@ class ModelEdge:
 
 
 class SpecModel:
-    """A spec dict, interpreted independently of lifecycle.spec and lifecycle.runner."""
+    """A spec dict, interpreted independently of lifecycle.spec and lifecycle.compiled."""
 
     def __init__(self, spec: dict[str, Any]) -> None:
         self.name: str = spec["name"]

@@ -107,8 +107,8 @@ def test_observation_too_old_is_refused_and_journaled(engine: Engine,
     with pytest.raises(StaleObservation) as caught:
         engine.fire("d1", "release", actor="cobald")
     message = str(caught.value)
-    assert message == (
-        "StaleObservation: drone_lite_np 'd1' edge booting->cleanup (release, fresh 30 s) "
+    assert message == (  # the message says what happened; the class says it is stale
+        "drone_lite_np 'd1' edge booting->cleanup (release, fresh 30 s) "
         "needs an observation newer than its last transition at 12:00:00 and at most 30 s "
         "old; the newest observation is from 12:00:05, 60 s old (no probe is named to ask "
         "for a fresh one)")

@@ -25,7 +25,18 @@ from hypothesis import strategies as st
 from procs.job_exit_faults import FaultyQueue, RecordingMailer
 from procs.mail_sink import MailSink
 
-from lifecycle import Engine, InvalidData, SimulatedClock, Store
+from lifecycle import (
+    Effect,
+    Engine,
+    InvalidData,
+    Retry,
+    SimulatedClock,
+    Store,
+    Worker,
+    effect_records,
+    outbox_counts,
+    retry_failed,
+)
 from lifecycle.adapters import htcondor, smtp
 from lifecycle.adapters.htcondor import JobId
 from lifecycle.adapters.job_queue import (
@@ -36,7 +47,6 @@ from lifecycle.adapters.job_queue import (
     submit,
 )
 from lifecycle.cli import main
-from lifecycle.effects import Effect, Retry, Worker, effect_records, outbox_counts, retry_failed
 from lifecycle.machines import builtins, job_exit
 
 EXITED_AT = dt.datetime(2026, 12, 2, 10, 1, 0, tzinfo=dt.UTC)

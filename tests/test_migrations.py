@@ -10,6 +10,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect
 
+import lifecycle.adapters.job_queue  # noqa: F401  (its table is in the metadata, migrated too)
 from lifecycle import Engine, SchemaOutOfDate, Store
 from lifecycle.store import metadata, migrate
 

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 from slurm_cluster import SlurmCluster, missing_binaries, start_cluster
 
-from lifecycle.adapters.sites import BOOTING, DELETED, ERROR, RUNNING, STOPPED, Drone, SiteError
+from lifecycle import SiteError
+from lifecycle.adapters.sites import BOOTING, DELETED, ERROR, RUNNING, STOPPED, Drone
 from lifecycle.adapters.slurm import SlurmSite, resource_status, run_command
 
 REQUIRE_SLURM = os.environ.get("LIFECYCLE_REQUIRE_SLURM") == "1"

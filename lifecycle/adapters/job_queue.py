@@ -18,17 +18,47 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import bindparam, insert, literal_column, select, update
+from sqlalchemy import (
+    Column,
+    Integer,
+    PrimaryKeyConstraint,
+    String,
+    Table,
+    bindparam,
+    insert,
+    literal_column,
+    select,
+    update,
+)
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.dialects.postgresql import psycopg as postgres_psycopg
 
 from ..clock import SystemClock
 from ..store import Store
-from ..store.schema import job_queue, sqlite_time
+from ..store.schema import Document, UtcDateTime, metadata, sqlite_time
 from .htcondor import COMPLETED, IDENTITY_ATTRIBUTES, RUNNING, ClassAdValue, JobId
 
 Writes = Callable[[Any], None]
 """Writes to run on the DBAPI cursor of the transaction that marks the effect done."""
+
+# The queue's table is this adapter's, not the core's; it lives in lifecycle's metadata so
+# that the same Alembic history creates it (migrations/env.py imports this module).
+job_queue = Table(
+    "lifecycle_job_queue",
+    metadata,
+    Column("cluster", Integer, nullable=False),
+    Column("proc", Integer, nullable=False),
+    Column("ad", Document(), nullable=False, comment="the job's ClassAd: attribute -> value"),
+    Column("job_status", Integer, nullable=False,
+           comment="JobStatus: 1 Idle, 2 Running, 3 Removed, 4 Completed, 5 Held, ..."),
+    Column("updates", Integer, nullable=False,
+           comment="how many times the job's completion was recorded"),
+    Column("submitted_at", UtcDateTime(), nullable=False),
+    Column("updated_at", UtcDateTime()),
+    Column("updated_by", String(400), comment="idempotency key of the effect that recorded it"),
+    PrimaryKeyConstraint("cluster", "proc"),
+    comment="the job queue the job_exit machine updates (step c): one row per job",
+)
 
 
 class JobQueue(abc.ABC):

@@ -17,10 +17,6 @@ AVAILABLE, DRAINING, DRAINED, NOT_AVAILABLE = "Available", "Draining", "Drained"
 MACHINE_STATUSES = (AVAILABLE, DRAINING, DRAINED, NOT_AVAILABLE)
 
 
-class SiteError(Exception):
-    """The site could not be asked or refused (timeout, authentication, quota). Retryable."""
-
-
 @dataclass(frozen=True, slots=True)
 class Drone:
     """What an adapter needs to know of a drone."""

@@ -56,7 +56,8 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .sites import BOOTING, DELETED, ERROR, RUNNING, STOPPED, Drone, SiteError, Terminated
+from ..errors import SiteError
+from .sites import BOOTING, DELETED, ERROR, RUNNING, STOPPED, Drone, Terminated
 
 log = logging.getLogger(__name__)
 

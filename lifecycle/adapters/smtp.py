@@ -31,8 +31,7 @@ from email.message import EmailMessage
 from typing import Protocol
 from urllib.parse import unquote, urlsplit
 
-from ..effects import PermanentError
-from ..errors import LifecycleError
+from ..errors import MailConfigError, PermanentError, RetryableError
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +44,6 @@ _DOMAIN = re.compile(rf"^{_LABEL}(?:\.{_LABEL})*$")
 _LOCAL = re.compile(r"^[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _PORTS = {"smtp": 25, "smtp+starttls": 587, "smtps": 465}
-
-
-class MailConfigError(LifecycleError):
-    """The SMTP settings are missing or wrong."""
 
 
 def address_problem(address: str) -> str | None:
@@ -195,13 +190,9 @@ class SmtpMailer:
 def _raise_for(code: int, message: str, cause: Exception) -> None:
     if 500 <= code < 600:
         raise PermanentError(message) from cause
-    raise RetryableMailError(message) from cause
-
-
-class RetryableMailError(Exception):
-    """The server said to try again later (4xx)."""
+    raise RetryableError(message) from cause
 
 
 __all__ = ["DEFAULT_FROM", "FROM_VARIABLE", "URL_VARIABLE", "MailConfigError", "Mailer",
-           "RetryableMailError", "SmtpMailer", "SmtpServer", "address_problem",
+           "SmtpMailer", "SmtpServer", "address_problem",
            "build_message", "checked_address", "message_id"]

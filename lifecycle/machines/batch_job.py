@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from ..runner import GuardContext
+from ..compiled import GuardContext
 from ..spec import MachineSpec
-from . import Builtin
+from .builtin import Builtin
 
 
 class BatchJobData(BaseModel):

@@ -37,11 +37,11 @@ from ..adapters.sites import (
     Drone,
     Site,
 )
+from ..compiled import GuardContext
 from ..effects import Effect, EffectCall, FollowUp, Retry
 from ..fresh import ProbeRequest
-from ..runner import GuardContext
 from ..spec import MachineSpec
-from . import Builtin
+from .builtin import Builtin
 from .drone_sim import ScenarioBatch, ScenarioSite
 
 REF = "shared/domain/tardis-drones.md"
@@ -323,7 +323,7 @@ def reconcile(engine: Any, site: Site, batch: BatchSystem, *, machine: str = "dr
 
     When the site (or the pool) cannot be asked, nothing is observed and no drone is
     stepped: the drones keep their state, and no risky edge fires on an old picture."""
-    from ..adapters.sites import SiteError
+    from ..errors import SiteError
 
     # a drone without a job at the site yet (its deploy has not run) has nothing to ask about
     drones = [r for r in engine.resources(machine)

@@ -36,12 +36,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from ..adapters import htcondor, smtp
 from ..adapters.job_queue import DatabaseJobQueue, JobQueue
 from ..clock import Clock, SystemClock
-from ..effects import Effect, EffectCall, FollowUp, PermanentError, Retry
-from ..errors import LifecycleError
+from ..compiled import GuardContext
+from ..effects import Effect, EffectCall, FollowUp, Retry
+from ..errors import LifecycleError, PermanentError
 from ..files import atomic_write, verified_append
-from ..runner import GuardContext
 from ..spec import MachineSpec
-from . import Builtin
+from .builtin import Builtin
 
 log = logging.getLogger(__name__)
 

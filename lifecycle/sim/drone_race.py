@@ -31,12 +31,12 @@ from ..adapters.sites import (
     Terminated,
 )
 from ..clock import SimulatedClock
-from ..effects import Worker
 from ..engine import Engine
 from ..machines import drone as drone_machine
 from ..store import Store
-from . import Simulation
+from ..worker import Worker
 from .loop import EventLoop, Progress
+from .simulation import Simulation
 
 START = "2026-01-01T00:00:00Z"
 
@@ -65,7 +65,7 @@ class Job:
         return state
 
 
-class World:
+class SimulatedPool:
     """The site and the pool of the simulation, driven by the event loop."""
 
     def __init__(self, loop: EventLoop, options: dict[str, Any]) -> None:
@@ -197,7 +197,7 @@ def run_variant(*, seed: int, race_guard: bool, options: dict[str, Any], store: 
     """One run of the pool on one variant of the machine, in ``store``; its counts."""
     clock = SimulatedClock(START)
     loop = EventLoop(clock, seed)
-    world = World(loop, options)
+    world = SimulatedPool(loop, options)
     spec = drone_machine.drone_spec(race_guard=race_guard, start_gate=options["start_gate"],
                                     max_age=options["max_age"])
     probe = CountingProbe(drone_machine.probe(world, world))

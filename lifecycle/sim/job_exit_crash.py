@@ -38,12 +38,14 @@ from ..adapters.job_queue import (
     submit,
 )
 from ..clock import SimulatedClock
-from ..effects import Effect, EffectCall, FollowUp, Worker, retry_failed
+from ..effects import Effect, EffectCall, FollowUp
 from ..engine import Engine
 from ..machines import job_exit
+from ..outbox import retry_failed
 from ..store import Store
-from . import Simulation
+from ..worker import Worker
 from .loop import EventLoop, Progress
+from .simulation import Simulation
 
 START = "2026-01-01T00:00:00Z"
 STEPS = ("write_terminated_event", "write_output_ad", "update_job_queue",

@@ -18,19 +18,24 @@ from ..errors import DatabaseError, SchemaOutOfDate
 from . import migrate
 from .database import HeldConnections, create_sa_engine, display_url, resolve_url
 from .schema import (
+    CANCELLED,
+    FIRED,
+    PENDING,
+    REFUSED,
+    RUNNING,
     UTC,
-    effects,
     journal,
     machines,
     metadata,
     observations,
+    outbox,
     resources,
     specs,
     sqlite_time,
     timers,
 )
 
-__all__ = ["Store", "effects", "journal", "machines", "metadata", "observations", "resolve_url",
+__all__ = ["Store", "journal", "machines", "metadata", "observations", "outbox", "resolve_url",
            "resources", "specs", "timers"]
 
 
@@ -120,6 +125,12 @@ class Store:
         except self._connection_errors as exc:
             raise DatabaseError(f"database {self.display_url}: {exc}") from None
 
+    @staticmethod
+    def rollback(cursor: Any) -> None:
+        """Undo what the :meth:`write` transaction of ``cursor`` wrote so far; the block then
+        commits nothing (how the engine gives up an attempt that must be made again)."""
+        cursor.connection.rollback()
+
     def dispose(self) -> None:
         self._held.close()
         self.engine.dispose()
@@ -149,25 +160,36 @@ class Store:
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
+def _constant(value: str) -> Any:
+    """A status written into a statement as a constant (it is part of the statement's text,
+    compiled once)."""
+    return literal_column(f"'{value}'")
+
+
 class Statements:
     """The hot path's statements, built from the schema once and compiled for the dialect,
     then run on a raw DBAPI cursor: SQLAlchemy's per-statement overhead would otherwise cost
     several times the database's own work (see benchmarks/)."""
 
     RESOURCE_COLUMNS = ("id", "machine", "key", "state", "version", "seq", "data",
-                        "spec_version", "last_transition_at")
+                        "spec_version", "last_transition_at", "created_at")
     OBSERVATION_COLUMNS = ("id", "status", "observed_at", "recorded_at", "source")
 
     def __init__(self, dialect: Dialect) -> None:
         if dialect.name == "sqlite":
             dialect = sqlite_dialect.dialect(paramstyle="named")
         self.dialect = dialect
-        r = resources.c
-        o = observations.c
+        self._reading()
+        self._moving()
+        self._recording()
+        self._outbox()
 
-        def sql(statement: Any) -> str:
-            return str(statement.compile(dialect=dialect))
+    def _sql(self, statement: Any) -> str:
+        return str(statement.compile(dialect=self.dialect))
 
+    def _reading(self) -> None:
+        """The resource with its newest observation, by key."""
+        r, o, sql = resources.c, observations.c, self._sql
         located = (
             select(*(r[n] for n in self.RESOURCE_COLUMNS),
                    *(o[n] for n in self.OBSERVATION_COLUMNS))
@@ -177,6 +199,9 @@ class Statements:
         self.resource_by_machine_key = sql(
             located.where(r.machine == bindparam("machine"), r.key == bindparam("key")))
 
+    def _moving(self) -> None:
+        """A resource created, moved, its data changed, a risky edge refused."""
+        r, sql = resources.c, self._sql
         # compare-and-swap: the row is still the one the decision was taken on
         cas = (r.id == bindparam("id_"), r.version == bindparam("version_"),
                r.seq == bindparam("seq_"))
@@ -210,6 +235,10 @@ class Statements:
             )
             .returning(r.id)
         )
+
+    def _recording(self) -> None:
+        """The journal row of every write; observations and which one is the newest."""
+        r, o, sql = resources.c, observations.c, self._sql
         self.insert_journal = sql(
             insert(journal).values(
                 resource_id=bindparam("resource_id"), seq=bindparam("seq"),
@@ -221,36 +250,6 @@ class Statements:
                 observation_id=bindparam("observation_id"), fence=bindparam("fence"),
             )
         )
-        self.insert_effect = sql(insert(effects).values(**{
-            name: bindparam(name) for name in (
-                "resource_id", "seq", "position", "name", "args", "status", "attempts",
-                "next_attempt_at", "idempotency_key", "fence", "on_failure", "created_at")}))
-        t = timers.c
-        self.insert_timer = sql(insert(timers).values(**{
-            name: bindparam(name) for name in (
-                "resource_id", "seq", "state", "trigger", "due_at", "status", "created_at")}))
-        self.cancel_timers = sql(
-            update(timers)
-            .where(t.resource_id == bindparam("resource_id"), t.state == bindparam("state_"),
-                   t.status == literal_column("'pending'"))
-            .values(status=literal_column("'cancelled'"), finished_at=bindparam("now")))
-        f = effects.c
-        claimed = (f.id == bindparam("id_"), f.claimed_by == bindparam("claimed_by_"),
-                   f.attempts == bindparam("attempts_"), f.status == literal_column("'running'"))
-        # an effect's outcome, recorded only by the worker that still holds its claim
-        self.finish_effect = sql(update(effects).where(*claimed).values(
-            status=bindparam("new_status"), finished_at=bindparam("now"),
-            last_error=bindparam("error"), lease_until=null()))
-        self.reschedule_effect = sql(update(effects).where(*claimed).values(
-            status=literal_column("'pending'"), next_attempt_at=bindparam("next_attempt_at"),
-            last_error=bindparam("error"), lease_until=null(), claimed_by=null()))
-        self.save_progress = sql(update(effects).where(*claimed).values(
-            progress=bindparam("progress")))
-        self.fire_timer = sql(
-            update(timers).where(t.id == bindparam("id_"), t.status == literal_column("'pending'"))
-            .values(status=literal_column("'fired'"), finished_at=bindparam("now")))
-        self.refuse_timer = sql(update(timers).where(t.id == bindparam("id_")).values(
-            status=literal_column("'refused'"), outcome=bindparam("outcome")))
         self.insert_observation = sql(
             insert(observations).values(
                 resource_id=bindparam("resource_id"), status=bindparam("status"),
@@ -266,3 +265,37 @@ class Statements:
             .values(observation_id=bindparam("observation_id"),
                     observed_at=bindparam("observed_at_"))
         )
+
+    def _outbox(self) -> None:
+        """Effects and timers asked for, and their outcomes."""
+        sql = self._sql
+        self.insert_effect = sql(insert(outbox).values(**{
+            name: bindparam(name) for name in (
+                "resource_id", "seq", "position", "name", "args", "status", "attempts",
+                "next_attempt_at", "idempotency_key", "fence", "on_failure", "created_at")}))
+        t = timers.c
+        self.insert_timer = sql(insert(timers).values(**{
+            name: bindparam(name) for name in (
+                "resource_id", "seq", "state", "trigger", "due_at", "status", "created_at")}))
+        self.cancel_timers = sql(
+            update(timers)
+            .where(t.resource_id == bindparam("resource_id"), t.state == bindparam("state_"),
+                   t.status == _constant(PENDING))
+            .values(status=_constant(CANCELLED), finished_at=bindparam("now")))
+        f = outbox.c
+        claimed = (f.id == bindparam("id_"), f.claimed_by == bindparam("claimed_by_"),
+                   f.attempts == bindparam("attempts_"), f.status == _constant(RUNNING))
+        # an effect's outcome, recorded only by the worker that still holds its claim
+        self.finish_effect = sql(update(outbox).where(*claimed).values(
+            status=bindparam("new_status"), finished_at=bindparam("now"),
+            last_error=bindparam("error"), lease_until=null()))
+        self.reschedule_effect = sql(update(outbox).where(*claimed).values(
+            status=_constant(PENDING), next_attempt_at=bindparam("next_attempt_at"),
+            last_error=bindparam("error"), lease_until=null(), claimed_by=null()))
+        self.save_progress = sql(update(outbox).where(*claimed).values(
+            progress=bindparam("progress")))
+        self.fire_timer = sql(
+            update(timers).where(t.id == bindparam("id_"), t.status == _constant(PENDING))
+            .values(status=_constant(FIRED), finished_at=bindparam("now")))
+        self.refuse_timer = sql(update(timers).where(t.id == bindparam("id_")).values(
+            status=_constant(REFUSED), outcome=bindparam("outcome")))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
@@ -38,8 +39,16 @@ def head_revision() -> str:
 
 
 def current_revision(connection: Connection) -> str | None:
-    context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
-    return context.get_current_revision()
+    # Alembic says at INFO which dialect it found ("Context impl SQLiteImpl."): news at an
+    # upgrade, noise on every start of a program that only checks the revision
+    chatty = logging.getLogger("alembic.runtime.migration")
+    level = chatty.level
+    chatty.setLevel(max(level, logging.WARNING))
+    try:
+        context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
+        return context.get_current_revision()
+    finally:
+        chatty.setLevel(level)
 
 
 def revisions() -> list[tuple[str, str | None, str]]:

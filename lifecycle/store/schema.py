@@ -151,7 +151,11 @@ observations = Table(
     comment="status reports from outside, append-only",
 )
 
-effects = Table(
+# The statuses of an effect's row (the outbox) and of a timer's: the one place they are named.
+PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
+FIRED, REFUSED, CANCELLED = "fired", "refused", "cancelled"
+
+outbox = Table(
     "lifecycle_effects",
     metadata,
     Column("id", Id, primary_key=True, autoincrement=True,
@@ -161,7 +165,8 @@ effects = Table(
     Column("position", Integer, nullable=False),
     Column("name", Name, nullable=False),
     Column("args", Document(), nullable=False),
-    Column("status", String(16), nullable=False, comment="pending, running, done, failed"),
+    Column("status", String(16), nullable=False,
+           comment=", ".join((PENDING, RUNNING, DONE, FAILED))),
     Column("attempts", Integer, nullable=False),
     Column("next_attempt_at", UtcDateTime(), nullable=False),
     Column("last_error", Text),
@@ -188,28 +193,11 @@ timers = Table(
     Column("trigger", Name, nullable=False),
     Column("due_at", UtcDateTime(), nullable=False),
     Column("status", String(16), nullable=False,
-           comment="pending, fired, refused, cancelled"),
+           comment=", ".join((PENDING, FIRED, REFUSED, CANCELLED))),
     Column("outcome", Text),
     Column("created_at", UtcDateTime(), nullable=False),
     Column("finished_at", UtcDateTime()),
     Index(None, "status", "due_at"),
     Index(None, "resource_id", "status"),
     comment="timeouts of states: fired only while the resource is in the visit that set them",
-)
-
-job_queue = Table(
-    "lifecycle_job_queue",
-    metadata,
-    Column("cluster", Integer, nullable=False),
-    Column("proc", Integer, nullable=False),
-    Column("ad", Document(), nullable=False, comment="the job's ClassAd: attribute -> value"),
-    Column("job_status", Integer, nullable=False,
-           comment="JobStatus: 1 Idle, 2 Running, 3 Removed, 4 Completed, 5 Held, ..."),
-    Column("updates", Integer, nullable=False,
-           comment="how many times the job's completion was recorded"),
-    Column("submitted_at", UtcDateTime(), nullable=False),
-    Column("updated_at", UtcDateTime()),
-    Column("updated_by", String(400), comment="idempotency key of the effect that recorded it"),
-    PrimaryKeyConstraint("cluster", "proc"),
-    comment="the job queue the job_exit machine updates (step c): one row per job",
 )

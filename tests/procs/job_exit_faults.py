@@ -16,12 +16,11 @@ from email.message import EmailMessage
 from pathlib import Path
 from typing import Any
 
-from lifecycle import Engine, Store
+from lifecycle import Effect, EffectCall, Engine, FollowUp, Retry, Store
 from lifecycle.adapters.htcondor import ClassAdValue, JobId
 from lifecycle.adapters.job_queue import DatabaseJobQueue, JobQueue, Writes
 from lifecycle.adapters.smtp import SmtpMailer
 from lifecycle.clock import Clock
-from lifecycle.effects import Effect, EffectCall, FollowUp, Retry
 from lifecycle.machines import job_exit
 
 SENDER = "condor@submit.example.org"

@@ -9,8 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lifecycle import Engine, Store
-from lifecycle.effects import Effect, EffectCall, FollowUp, Retry
+from lifecycle import Effect, EffectCall, Engine, FollowUp, Retry, Store
 from lifecycle.files import atomic_write, verified_append
 
 # three effects in a row, each a transition's: the shape of an HTCondor job exit
@@ -117,6 +116,8 @@ def ticker_engine(url: str, calls_table: str, worker: str) -> Engine:
 
 def slow_engine(url: str, marker: Path, seconds: float) -> Engine:
     def slow(call: EffectCall) -> None:
+        # the handler has begun (a claimed effect not yet started is given back on SIGTERM)
+        marker.with_suffix(".started").write_text(f"{call.idempotency_key}\n")
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             time.sleep(0.05)

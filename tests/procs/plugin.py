@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from lifecycle.effects import Effect, EffectCall, FollowUp, PermanentError, Retry
+from lifecycle import Effect, EffectCall, FollowUp, PermanentError, Retry
 
 
 def _note(call: EffectCall) -> FollowUp:

@@ -20,8 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from lifecycle import Engine, Store
-from lifecycle.effects import Worker, outbox_counts
+from lifecycle import Engine, Store, Worker, outbox_counts
 from tests.procs import job_exit_faults
 
 

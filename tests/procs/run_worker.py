@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from lifecycle.effects import Worker, outbox_counts
+from lifecycle import Worker, outbox_counts
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 

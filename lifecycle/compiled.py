@@ -1,5 +1,7 @@
 """A spec compiled into a ``transitions`` machine, once, and asked for decisions.
 
+:class:`CompiledMachine` decides; the engine commits what it decided. It runs nothing.
+
 The machine is built once per spec; light model objects are attached once and reused from a
 pool, so a decision costs one ``set_state`` and one trigger. Specs without nested states run
 on the plain ``Machine``, which is several times faster than the hierarchical one.
@@ -15,10 +17,10 @@ from typing import Any
 from transitions import Machine
 from transitions.extensions.nesting import HierarchicalMachine, NestedState
 
-from .errors import LifecycleError
+from .errors import GuardError
 from .fresh import staleness
 from .records import Observation
-from .spec import ANY, EVENTLESS, SEPARATOR, MachineSpec, StateSpec, _Edge
+from .spec import ANY, EVENTLESS, SEPARATOR, Edge, MachineSpec, StateSpec
 
 
 @dataclass(slots=True)
@@ -36,8 +38,8 @@ class GuardContext:
     observation: Observation | None = None
     last_transition_at: dt.datetime | None = None
     guards: dict[str, bool] = field(default_factory=dict)
-    edge: _Edge | None = None
-    stale: list[tuple[_Edge, str]] = field(default_factory=list)
+    edge: Edge | None = None
+    stale: list[tuple[Edge, str]] = field(default_factory=list)
 
     @property
     def status(self) -> Mapping[str, Any]:
@@ -49,13 +51,9 @@ class GuardContext:
 class Decision:
     fired: bool
     dest: str | None
-    edge: _Edge | None
+    edge: Edge | None
     guards: dict[str, bool]
     reason: str | None = None
-
-
-class GuardError(LifecycleError):
-    """A guard raised instead of answering."""
 
 
 class _DottedState(NestedState):
@@ -73,17 +71,17 @@ class _Model:
     state: str
 
 
-class Runner:
-    """Decides transitions of one spec."""
+class CompiledMachine:
+    """One spec compiled into a ``transitions`` machine: decides its transitions."""
 
     def __init__(self, spec: MachineSpec, guards: Mapping[str, Callable[[GuardContext], bool]]):
         self.spec = spec
         graph = spec.graph
         self.triggers = frozenset(spec.triggers)
         nested = any(state.states for state in spec.states)
-        edges: list[tuple[str, _Edge]] = [(t.trigger, t) for t in spec.transitions]
+        edges: list[tuple[str, Edge]] = [(t.trigger, t) for t in spec.transitions]
         edges += [(EVENTLESS, e) for e in spec.eventless]
-        self._candidates: dict[tuple[str, str], tuple[_Edge, ...]] = {}
+        self._candidates: dict[tuple[str, str], tuple[Edge, ...]] = {}
         for trigger, edge in edges:
             for leaf in graph.covered_leaves(edge.sources):
                 self._candidates[leaf, trigger] = (
@@ -148,7 +146,7 @@ class Runner:
         entered = [s for s in reversed(after) if s not in before or s in redone]
         return exited, entered
 
-    def candidates(self, state: str, trigger: str) -> tuple[_Edge, ...]:
+    def candidates(self, state: str, trigger: str) -> tuple[Edge, ...]:
         """The edges ``trigger`` may take from leaf ``state``, in declaration order."""
         return self._candidates.get((state, trigger), ())
 
@@ -223,7 +221,7 @@ def _check(name: str, guard: Callable[[GuardContext], bool] | None,
     return condition
 
 
-def _stale(edge: _Edge) -> Callable[[Any], bool]:
+def _stale(edge: Edge) -> Callable[[Any], bool]:
     """The implicit last condition of a risky edge (an unless-condition): its freshness
     rule is not met."""
     rule = edge.fresh
@@ -256,14 +254,14 @@ class _Chosen:
 
     __slots__ = ("edge",)
 
-    def __init__(self, edge: _Edge) -> None:
+    def __init__(self, edge: Edge) -> None:
         self.edge = edge
 
     def __call__(self, event: Any) -> None:
         event.kwargs["ctx"].edge = self.edge
 
 
-def _chosen(edge: _Edge) -> _Chosen:
+def _chosen(edge: Edge) -> _Chosen:
     return _Chosen(edge)
 
 

@@ -1,0 +1,510 @@
+"""The worker: claims the outbox's due effects and the due timers, and carries them out.
+
+Effects of one resource run strictly in order; effects of different resources run
+concurrently. A claim has a lease: an effect whose worker died is claimed again when the
+lease expires. A failing effect is rescheduled with exponential backoff and jitter, never
+waited for with a sleep; after its last attempt it fires the ``on_failure`` trigger its
+transition declared, or marks its resource stuck until ``retry``.
+
+Timers are the timeouts of states: the worker fires a timer's trigger when it is due, in one
+transaction with marking it fired, and only while the resource is still in the visit of the
+state that set it (leaving the state cancelled it).
+
+The worker stands above the engine and uses only its public calls: an effect's outcome is
+recorded in the transaction of the trigger it fires through ``Engine.fire(within=...)``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import queue
+import random
+import signal
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+from sqlalchemy import and_, bindparam, exists, literal, or_, select, update
+
+from .effects import DONE, FAILED, PENDING, RUNNING, Effect, EffectCall, FollowUp, Retry
+from .engine import Engine
+from .errors import DatabaseError, LostClaim, PermanentError, RetryableError, UnknownResource
+from .records import FireResult
+from .store import journal, outbox, resources, timers
+from .transaction import Within
+
+log = logging.getLogger(__name__)
+
+IDLE_THREAD_SECONDS = 5.0
+TIMER_LOOK = 0.5
+"""Seconds between looks for due timers while effects keep the worker busy."""
+
+
+@dataclass(slots=True)
+class WorkerStats:
+    done: int = 0
+    retried: int = 0
+    failed: int = 0
+    timers_fired: int = 0
+    timers_refused: int = 0
+    timers_stale: int = 0
+
+    def to_json(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+class Worker:
+    """Claims due effects and timers and carries them out.
+
+    ``concurrency`` handlers run at once (threads); ``batch`` effects (default four per
+    thread) are claimed in one transaction. A claim holds for ``lease`` seconds of the
+    engine's clock, which must outlast a batch's wait for a free thread. ``seed`` makes the
+    backoff jitter reproducible."""
+
+    def __init__(self, engine: Engine, *, concurrency: int = 1, lease: float = 300.0,
+                 poll: float = 0.5, name: str | None = None, seed: int | None = None,
+                 batch: int | None = None) -> None:
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, not {concurrency}")
+        self.engine = engine
+        self.store = engine.store
+        self.concurrency = concurrency
+        self.lease = lease
+        self.poll = poll
+        self.batch = batch or 4 * concurrency
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}:{id(self) & 0xFFFF:04x}"
+        self.rng = random.Random(seed)
+        self.stats = WorkerStats()
+        self._stop = threading.Event()
+        self._fast = threading.Event()
+        self._running: dict[int, tuple[EffectCall, threading.Thread | None, float]] = {}
+        self._inbox: queue.SimpleQueue[EffectCall] = queue.SimpleQueue()
+        self._idle = 0
+        self._written_off: set[tuple[int, int]] = set()
+        """(effect, attempt) of handlers that ran out of time: their threads are replaced."""
+        self._queue: deque[EffectCall] = deque()
+        self._timers_seen = 0.0
+        self._claim_compiled: tuple[tuple[str, dict[str, Any]],
+                                    tuple[str, dict[str, Any]]] | None = None
+        self._results: dict[int, tuple[str, Any]] = {}
+        self._lock = threading.Condition()
+        self._sigterms = 0
+
+    # -- public ----------------------------------------------------------------------
+
+    def run_until_idle(self) -> WorkerStats:
+        """Carry out every effect and timer due now (by the engine's clock), including those
+        their completion makes due, then return. The stats are the worker's, cumulative."""
+        while not self._stop.is_set():
+            busy = self._cycle()
+            if not (self._running or self._queue):
+                # nothing claimed or running: before calling it idle, every timer due now
+                if not busy and not self._fire_due_timers():
+                    break
+            elif not busy:
+                self._wait(self.poll)
+        return self.stats
+
+    def run(self, *, handle_signals: bool = False) -> WorkerStats:
+        """Work until :meth:`stop` (or, with ``handle_signals``, SIGTERM: graceful, finishing
+        the running handlers; a second SIGTERM or SIGQUIT: fast, abandoning them within a
+        second, for another worker to claim)."""
+        if handle_signals:
+            signal.signal(signal.SIGTERM, self._on_signal)
+            signal.signal(signal.SIGQUIT, self._on_signal)
+            signal.signal(signal.SIGINT, self._on_signal)
+        log.info("worker %s: started (concurrency %d)", self.name, self.concurrency)
+        while not self._stop.is_set():
+            try:
+                busy = self._cycle()
+            except DatabaseError as exc:  # a database restart: keep the worker, try later
+                log.warning("worker %s: %s; trying again in %g s", self.name, exc,
+                            max(self.poll, 1.0))
+                self._stop.wait(max(self.poll, 1.0))
+                continue
+            if not busy:
+                self._wait(self.poll)
+        self._give_back(list(self._queue))  # claimed, never started: another worker's now
+        self._queue.clear()
+        if not self._fast.is_set() and self._running:
+            log.info("worker %s: finishing %d running handlers", self.name, len(self._running))
+            self._drain()
+        if self._fast.is_set():
+            self._give_back([call for call, _, _ in self._running.values()])
+            self._running.clear()
+        log.info("worker %s: stopped (%s)", self.name, self.stats.to_json())
+        return self.stats
+
+    def _cycle(self) -> bool:
+        """One round: claim a batch when the queue ran dry, fire the due timers (when the
+        claim found nothing, or half a second after the last look: a timeout is measured in
+        seconds, and looking on every round cost as much as running an effect), start what
+        the concurrency allows, record what finished. Whether anything happened."""
+        busy = found_none = False
+        if not self._queue and not self._stop.is_set():
+            claimed = self._claim(self.batch)
+            self._queue.extend(claimed)
+            busy, found_none = bool(claimed), not claimed
+        if found_none or time.monotonic() - self._timers_seen >= TIMER_LOOK:
+            busy = self._fire_due_timers() > 0 or busy
+        while self._queue and len(self._running) < self.concurrency and not self._stop.is_set():
+            self._start(self._queue.popleft())
+            busy = True
+        return self._reap() > 0 or busy
+
+    def stop(self, *, fast: bool = False) -> None:
+        if fast:
+            self._fast.set()
+        self._stop.set()
+        with self._lock:
+            self._lock.notify_all()
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        if signum == signal.SIGTERM:
+            self._sigterms += 1
+        fast = signum == signal.SIGQUIT or self._sigterms > 1
+        log.warning("worker %s: %s, %s shutdown", self.name, signal.Signals(signum).name,
+                    "fast" if fast else "graceful")
+        self.stop(fast=fast)
+
+    # -- claiming --------------------------------------------------------------------
+
+    def _claim(self, limit: int) -> list[EffectCall]:
+        if limit <= 0 or not self.engine.handlers:  # no handlers: nothing this worker can do
+            return []
+        now = self.engine.clock.now()
+        store = self.store
+        (claim, claim_params), (claimed, claimed_params) = self._claim_sql()
+        lease_until = store.time_param(now + dt.timedelta(seconds=self.lease))
+        with store.write() as cursor:
+            cursor.execute(claim, {**claim_params, "now": store.time_param(now),
+                                   "limit": min(limit, self.batch), "claimed_by": self.name,
+                                   "lease_until": lease_until})
+            ids = {row[0] for row in cursor.fetchall()}
+            if not ids:
+                return []
+            cursor.execute(claimed, {**claimed_params, "claimed_by": self.name,
+                                     "low": min(ids), "high": max(ids)})
+            rows = [row for row in cursor.fetchall() if row[0] in ids]
+        value = store.json_value
+        return [EffectCall(id_, name, machine, key, dict(value(args)), idempotency_key,
+                           value(fence) if fence is not None else None, attempts, seq, trigger,
+                           dict(value(payload) or {}), dict(value(data)),
+                           dict(value(progress) or {}), now, saver=self._save_progress)
+                for (id_, name, args, idempotency_key, fence, attempts, seq, progress, machine,
+                     key, data, trigger, payload) in rows]
+
+    def _claim_sql(self) -> tuple[tuple[str, dict[str, Any]], tuple[str, dict[str, Any]]]:
+        """The claim as two statements on the held connection, compiled once per worker
+        (the names of its handlers are part of them): an UPDATE of the effects it picks,
+        RETURNING their ids, then what the handlers need of them."""
+        if self._claim_compiled is None:
+            statements = _claim_statements(self.store.dialect == "postgresql",
+                                           sorted(self.engine.handlers))
+            dialect = self.store.sql.dialect
+            claim, claimed = (s.compile(dialect=dialect)
+                              for s in (statements.claim, statements.claimed))
+            # each with the values of its constants (statuses, names)
+            self._claim_compiled = ((str(claim), dict(claim.params)),
+                                    (str(claimed), dict(claimed.params)))
+        return self._claim_compiled
+
+    # -- running ---------------------------------------------------------------------
+
+    def _start(self, call: EffectCall) -> None:
+        effect = self.engine.handlers.get(call.name)
+        if effect is None:
+            self._finish(call, "failed", PermanentError(
+                f"no handler for effect {call.name!r} is registered in this worker"))
+            return
+
+        deadline = time.monotonic() + effect.timeout if effect.timeout else float("inf")
+        self._running[call.id] = (call, None, deadline)
+        with self._lock:
+            if self._idle == 0:
+                self._spawn()
+            else:
+                self._idle -= 1
+        self._inbox.put(call)
+
+    def _spawn(self) -> None:
+        """A handler thread (under the lock). Threads are kept for the next effects (starting
+        one per effect cost a fifth of an effect's time) and leave after a while idle."""
+        thread = threading.Thread(target=self._serve, name=f"lifecycle-effects-{self.name}",
+                                  daemon=True)
+        thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                call = self._inbox.get(timeout=IDLE_THREAD_SECONDS)
+            except queue.Empty:
+                with self._lock:
+                    if self._inbox.empty() and self._idle > 0:
+                        self._idle -= 1
+                        return
+                continue
+            effect = self.engine.handlers[call.name]
+            try:
+                outcome: tuple[str, Any] = ("ok", effect.handler(call))
+            except BaseException as exc:  # the handler's failure is recorded, not raised
+                outcome = ("error", exc)
+            with self._lock:
+                if (call.id, call.attempt) in self._written_off:
+                    # this thread ran out of time and was replaced; its late answer is not
+                    # recorded (another attempt may hold the effect by now), and it leaves
+                    self._written_off.discard((call.id, call.attempt))
+                    return
+                self._results[call.id] = outcome
+                self._idle += 1
+                self._lock.notify_all()
+
+    def _reap(self) -> int:
+        """Record the outcome of every handler that finished or ran out of time; how many."""
+        now = time.monotonic()
+        with self._lock:
+            ready = [(effect_id, self._results.pop(effect_id, None))
+                     for effect_id, (_, _, deadline) in list(self._running.items())
+                     if effect_id in self._results or deadline <= now]
+        for effect_id, outcome in ready:
+            call, _thread, _deadline = self._running.pop(effect_id)
+            if outcome is None:
+                with self._lock:  # its thread hangs: written off, and replaced when needed
+                    self._written_off.add((effect_id, call.attempt))
+                timeout = self.engine.handlers[call.name].timeout or 0.0
+                outcome = ("error", RetryableError(f"handler timed out after {timeout:g} s"))
+            self._finish(call, *outcome)
+        return len(ready)
+
+    def _wait(self, limit: float) -> None:
+        """Sleep until a handler finishes, the nearest handler deadline, a stop, or
+        ``limit`` seconds."""
+        with self._lock:
+            if self._results or (self._stop.is_set() and not self._running):
+                return
+            deadlines = [d for _, _, d in self._running.values()]
+            if deadlines:
+                limit = min(limit, max(min(deadlines) - time.monotonic(), 0.0) + 0.001)
+            self._lock.wait(limit)
+
+    def _drain(self) -> int:
+        """Wait for every running handler (finished or timed out); how many were recorded."""
+        finished = 0
+        while self._running and not self._fast.is_set():
+            finished += self._reap()
+            if self._running:
+                self._wait(self.poll)
+        return finished
+
+    def _finish(self, call: EffectCall, kind: str, value: Any) -> None:
+        try:
+            if kind == "ok":
+                try:
+                    self._done(call, value)
+                    return
+                except (LostClaim, DatabaseError):
+                    raise
+                except Exception as failure:  # recording the success failed (the
+                    kind, value = "error", failure  # handler's writes, or its follow-up)
+            effect = self.engine.handlers.get(call.name) or Effect(lambda c: None)
+            exc: BaseException = value
+            message = f"{type(exc).__name__}: {exc}"
+            permanent = isinstance(exc, PermanentError) or kind == "failed"
+            limit = effect.retry.max_attempts
+            if permanent or (limit is not None and call.attempt >= limit):
+                self._fail(call, message)
+            else:
+                self._reschedule(call, message, effect.retry)
+        except LostClaim:
+            log.warning("effect %s of %s:%s: the claim was lost; its new owner records it",
+                        call.name, call.machine, call.key)
+
+    def _held(self, cursor: Any, statement: str, call: EffectCall, **values: Any) -> None:
+        """Write to the effect, if this worker still holds its claim (the fence is in the
+        store's statements, once)."""
+        cursor.execute(statement, {"id_": call.id, "claimed_by_": self.name,
+                                   "attempts_": call.attempt, **values})
+        if cursor.rowcount != 1:
+            raise LostClaim(call.idempotency_key)
+
+    def _mark(self, cursor: Any, call: EffectCall, status: str, error: str | None) -> None:
+        """Record the effect's outcome, if this worker still holds its claim."""
+        store = self.store
+        self._held(cursor, store.sql.finish_effect, call, new_status=status,
+                   now=store.time_param(self.engine.clock.now()), error=error)
+
+    def _done(self, call: EffectCall, follow_up: FollowUp | None) -> None:
+        if follow_up is None:
+            with self.store.write() as cursor:
+                self._mark(cursor, call, DONE, None)
+        else:
+            result = self._fire_with(call, follow_up.trigger, dict(follow_up.payload), DONE,
+                                     None, writes=follow_up.writes)
+            if not result.fired:
+                log.warning("effect %s of %s:%s done; its follow-up %s was refused: %s",
+                            call.name, call.machine, call.key, follow_up.trigger, result.reason)
+        self.stats.done += 1
+        log.debug("effect %s of %s:%s done (attempt %d)", call.name, call.machine, call.key,
+                  call.attempt)
+
+    def _reschedule(self, call: EffectCall, message: str, retry: Retry) -> None:
+        delay = retry.delay(call.attempt, self.rng)
+        store = self.store
+        due = self.engine.clock.now() + dt.timedelta(seconds=delay)
+        with store.write() as cursor:
+            self._held(cursor, store.sql.reschedule_effect, call,
+                       next_attempt_at=store.time_param(due), error=message[:2000])
+        self.stats.retried += 1
+        log.info("effect %s of %s:%s failed (attempt %d: %s); next attempt in %.1f s",
+                 call.name, call.machine, call.key, call.attempt, message, delay)
+
+    def _fail(self, call: EffectCall, message: str) -> None:
+        on_failure = self._on_failure(call)
+        if on_failure is None:
+            with self.store.write() as cursor:
+                self._mark(cursor, call, FAILED, message[:2000])
+            log.error("effect %s of %s:%s failed for good after %d attempts: %s; the resource "
+                      "is stuck until `lifecycle retry %s:%s`", call.name, call.machine,
+                      call.key, call.attempt, message, call.machine, call.key)
+        else:
+            payload = {"effect": call.name, "error": message}
+            self._fire_with(call, on_failure, payload, FAILED, message[:2000])
+            log.error("effect %s of %s:%s failed for good: %s; fired %s", call.name,
+                      call.machine, call.key, message, on_failure)
+        self.stats.failed += 1
+
+    def _on_failure(self, call: EffectCall) -> str | None:
+        with self.store.read() as db:
+            value = db.execute(select(outbox.c.on_failure).where(
+                outbox.c.id == call.id)).scalar()
+        return str(value) if value else None
+
+    def _fire_with(self, call: EffectCall, trigger: str, payload: dict[str, Any],
+                   status: str, error: str | None,
+                   writes: Callable[[Any], None] | None = None) -> FireResult:
+        """Fire ``trigger`` on the effect's resource in the transaction that records the
+        effect's outcome (with the handler's own ``writes``, if any)."""
+        return self.engine.fire(f"{call.machine}:{call.key}", trigger, payload,
+                                actor=f"effect:{call.name}", on_stale="return",
+                                within=_Outcome(self, call, status, error, writes))
+
+    def _save_progress(self, call: EffectCall) -> None:
+        store = self.store
+        with store.write(held=False) as cursor:  # from a handler's thread: no connection kept
+            self._held(cursor, store.sql.save_progress, call,
+                       progress=store.json_param(dict(call.progress)))
+
+    def _give_back(self, calls: list[EffectCall]) -> None:
+        """Return claimed effects to the queue at once, instead of waiting for their leases
+        to expire (a handler abandoned on a fast shutdown dies with the process)."""
+        if not calls:
+            return
+        ids = [call.id for call in calls]
+        try:
+            with self.store.begin() as db:
+                db.execute(update(outbox).where(
+                    outbox.c.id.in_(ids), outbox.c.claimed_by == self.name,
+                    outbox.c.status == RUNNING).values(
+                    status=PENDING, claimed_by=None, lease_until=None,
+                    attempts=outbox.c.attempts - 1))
+        except Exception as exc:  # the leases will expire instead
+            log.warning("worker %s: could not give back %d effects (%s); they are claimed "
+                        "again when their leases expire", self.name, len(ids), exc)
+
+    # -- timers ----------------------------------------------------------------------
+
+    def _fire_due_timers(self) -> int:
+        self._timers_seen = time.monotonic()
+        now = self.engine.clock.now()
+        with self.store.read() as db:
+            due = db.execute(_DUE_TIMERS, {"now": now, "limit": self.batch}).all()
+        fired = 0
+        for timer_id, trigger, machine, key in due:
+            if self._stop.is_set():
+                break
+            try:
+                result = self.engine.fire_timer(timer_id, f"{machine}:{key}", trigger)
+            except UnknownResource:
+                continue
+            if result is None:
+                self.stats.timers_stale += 1
+                continue
+            fired += 1
+            if result.fired:
+                self.stats.timers_fired += 1
+            else:
+                self.stats.timers_refused += 1
+        return fired
+
+
+class _Outcome(Within):
+    """Records an effect's outcome (and the handler's own writes) in the transaction of the
+    trigger it fires, if the worker still holds the effect's claim."""
+
+    def __init__(self, worker: Worker, call: EffectCall, status: str, error: str | None,
+                 writes: Callable[[Any], None] | None) -> None:
+        self.worker, self.call, self.status, self.error = worker, call, status, error
+        self.writes = writes
+
+    def before(self, cursor: Any, resource_id: int) -> str | None:
+        self.worker._mark(cursor, self.call, self.status, self.error)
+        if self.writes is not None:
+            self.writes(cursor)
+        return None
+
+
+# -- the worker's statements, built once (building them per call cost more than running them)
+
+
+@dataclass(frozen=True, slots=True)
+class _ClaimStatements:
+    claim: Any
+    claimed: Any
+
+
+def _claim_statements(postgresql: bool, names: list[str]) -> _ClaimStatements:
+    e = outbox.alias("e")
+    p = outbox.alias("p")
+    now: Any = bindparam("now")
+    # effects of one resource run in order: not while an earlier one is unfinished
+    blocked = exists().where(p.c.resource_id == e.c.resource_id, p.c.id < e.c.id,
+                             p.c.status.in_([literal(s) for s in (PENDING, RUNNING, FAILED)]))
+    due = or_(and_(e.c.status == PENDING, e.c.next_attempt_at <= now),
+              and_(e.c.status == RUNNING, e.c.lease_until < now))
+    # a worker claims only what it has handlers for: others may serve the rest
+    picked = (select(e.c.id).where(due, ~blocked, e.c.name.in_([literal(n) for n in names]))
+              .order_by(e.c.next_attempt_at, e.c.id).limit(bindparam("limit")))
+    if postgresql:
+        picked = picked.with_for_update(skip_locked=True, of=e)
+    t = outbox.c
+    claim = (update(outbox).where(t.id.in_(picked))
+             .values(status=RUNNING, claimed_by=bindparam("claimed_by"),
+                     lease_until=bindparam("lease_until"), attempts=t.attempts + 1)
+             .returning(t.id))
+    claimed = (
+        select(t.id, t.name, t.args, t.idempotency_key, t.fence, t.attempts, t.seq, t.progress,
+               resources.c.machine, resources.c.key, resources.c.data, journal.c.trigger,
+               journal.c.payload)
+        .join(resources, resources.c.id == t.resource_id)
+        .join(journal, and_(journal.c.resource_id == t.resource_id, journal.c.seq == t.seq))
+        .where(t.claimed_by == bindparam("claimed_by"), t.status == RUNNING,
+               t.id.between(bindparam("low"), bindparam("high")))
+        .order_by(t.id))
+    return _ClaimStatements(claim, claimed)
+
+
+_DUE_TIMERS = (
+    select(timers.c.id, timers.c.trigger, resources.c.machine, resources.c.key)
+    .join(resources, resources.c.id == timers.c.resource_id)
+    .where(timers.c.status == PENDING, timers.c.due_at <= bindparam("now"))
+    .order_by(timers.c.due_at, timers.c.id).limit(bindparam("limit")))
+
+
+__all__ = ["IDLE_THREAD_SECONDS", "TIMER_LOOK", "Worker", "WorkerStats"]
