@@ -69,7 +69,8 @@ class _Row:
     seq: int
     data: dict[str, Any]
     last_transition_at: dt.datetime
-    created_at: dt.datetime
+    created_at: Any
+    """As the database gave it (read by ``update`` alone; converting it costs every fire)."""
     observation: Observation | None
 
 
@@ -287,8 +288,8 @@ class Engine:
                 })
                 resource_id = cursor.fetchone()[0]
                 self._journal(cursor, resource_id, 1, kind, source=None, dest=dest, version=1,
-                              spec_version=spec.version, actor=actor, at=now,
-                              payload=document or None)
+                              spec_version=spec.version, actor=actor,
+                              at=store.time_param(now), payload=document or None)
                 if compiled.on_entry:
                     row = _Row(resource_id, machine, key, dest, 1, 1, document, now, now, None)
                     self._enter(cursor, compiled, _Entry(
@@ -327,12 +328,13 @@ class Engine:
                 return _MOVED
             self._journal(cursor, row.id, row.seq + 1, "update", source=row.state,
                           dest=row.state, version=row.version + 1, spec_version=spec.version,
-                          actor=actor, at=now, payload=changes)
+                          actor=actor, at=store.time_param(now), payload=changes)
         except (TypeError, ValueError) as exc:
             raise InvalidData(row.machine, row.key, f"data is not JSON: {exc}") from None
         return Resource(machine=row.machine, key=row.key, state=row.state,
                         version=row.version + 1, seq=row.seq + 1, data=merged,
-                        spec_version=spec.version, created_at=row.created_at, updated_at=now,
+                        spec_version=spec.version, created_at=store.time_value(row.created_at),
+                        updated_at=now,
                         observation=row.observation)
 
     # -- observing ---------------------------------------------------------------------
@@ -497,16 +499,18 @@ class Engine:
             fence = _fence(edge, row.observation) if risky else None
             self._journal(cursor, row.id, seq, "transition", trigger=trigger, source=row.state,
                           dest=dest, version=row.version + 1,
-                          spec_version=compiled.spec.version, actor=actor, at=now,
+                          spec_version=compiled.spec.version, actor=actor, at=params["now"],
                           payload=payload or None, guards=decision.guards or None,
                           observation_id=params["observation_id_"] if risky else None,
                           fence=fence)
         except (TypeError, ValueError) as exc:  # a payload that JSON cannot hold
             raise InvalidData(row.machine, row.key, f"payload is not JSON: {exc}") from None
-        entry = _Entry(row, seq, data, fence, now, edge.effects)
-        if compiled.on_entry:
-            entry.exited, entry.entered = compiled.crossed(row.state, dest, edge.dest)
-        asked = self._enter(cursor, compiled, entry)
+        asked = 0
+        if compiled.on_entry or edge.effects:
+            entry = _Entry(row, seq, data, fence, now, edge.effects)
+            if compiled.on_entry:
+                entry.exited, entry.entered = compiled.crossed(row.state, dest, edge.dest)
+            asked = self._enter(cursor, compiled, entry)
         return FireResult(fired=True, machine=row.machine, key=row.key,
                           trigger=_shown(trigger), source=row.state, dest=dest,
                           version=row.version + 1, guards=decision.guards, fence=fence,
@@ -528,7 +532,8 @@ class Engine:
             return _MOVED
         self._journal(cursor, row.id, row.seq + 1, "refusal", trigger=trigger,
                       source=row.state, dest=dest, version=row.version,
-                      spec_version=compiled.spec.version, actor=actor, at=context.now,
+                      spec_version=compiled.spec.version, actor=actor,
+                      at=store.time_param(context.now),
                       payload=payload or None, guards=decision.guards or None,
                       observation_id=observation_id)
         message = (
@@ -548,17 +553,18 @@ class Engine:
 
     def _journal(self, cursor: Any, resource_id: int, seq: int, kind: str, *,
                  source: str | None, dest: str, version: int, spec_version: str,
-                 actor: str | None, at: dt.datetime, trigger: str | None = None,
+                 actor: str | None, at: Any, trigger: str | None = None,
                  payload: Mapping[str, Any] | None = None,
                  guards: Mapping[str, bool] | None = None, observation_id: int | None = None,
                  fence: Mapping[str, Any] | None = None) -> None:
-        """The journal row of a write: the one place it is made."""
+        """The journal row of a write: the one place it is made. ``at`` is the write's time
+        as a statement parameter (``Store.time_param``), converted once per write."""
         store = self.store
         cursor.execute(store.sql.insert_journal, {
             "resource_id": resource_id, "seq": seq, "kind": kind,
             "trigger": None if trigger in (None, EVENTLESS) else trigger,
             "source": source, "dest": dest, "version": version, "spec_version": spec_version,
-            "actor": actor, "at": store.time_param(at),
+            "actor": actor, "at": at,
             "payload": store.json_param(payload) if payload else None,
             "guards": store.json_param(guards) if guards else None,
             "observation_id": observation_id,
@@ -635,8 +641,7 @@ class Engine:
                                       store.time_value(observed_at),
                                       store.time_value(recorded_at), source)
         return _Row(rid, rmachine, rkey, state, version, seq, store.json_value(data),
-                    store.time_value(last_transition_at), store.time_value(created_at),
-                    observation)
+                    store.time_value(last_transition_at), created_at, observation)
 
     def _validated(self, spec: MachineSpec, key: str, data: dict[str, Any]) -> dict[str, Any]:
         if spec.data_model is None:

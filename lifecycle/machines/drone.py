@@ -2,7 +2,8 @@
 
 A drone is a placeholder job at a site (Slurm, HTCondor, a cloud) that, once running, joins
 an overlay pool and runs payload from it. The states and the status table are TARDIS's
-(``../shared/domain/tardis-drones.md``): each state does something first (an entry effect)
+(``tardis/resources/dronestates.py`` of cobald-tardis; docs/incidents.md tells the
+race): each state does something first (an entry effect)
 and then moves by the newest observation of the site's ResourceStatus and the pool's
 MachineStatus, evaluated by ``step``.
 
@@ -44,7 +45,7 @@ from ..spec import MachineSpec
 from .builtin import Builtin
 from .drone_sim import ScenarioBatch, ScenarioSite
 
-REF = "shared/domain/tardis-drones.md"
+REF = "TARDIS dronestates.py"
 LIVE_STATES = ("request", "booting", "integrate", "integrating", "available", "drain",
                "draining", "disintegrate", "shutdown", "shutting_down", "cleanup")
 
@@ -99,7 +100,7 @@ def drone_spec(*, race_guard: bool = True, start_gate: bool = False,
     release: dict[str, Any] = {
         "source": "booting", "dest": "cleanup", "guards": ["no_demand"],
         "description": "the pool no longer wants the drone",
-        "ref": f"{REF}: booting, demand 0 (issue #172: the race)"}
+        "ref": f"{REF}: booting, demand 0 (docs/incidents.md: the boot race)"}
     if race_guard:
         release["guards"] = ["no_demand", "not_running"]
         release["fresh"] = fresh

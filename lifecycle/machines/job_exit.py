@@ -2,8 +2,8 @@
 the job queue and the email exactly as promised, across failures and crashes.
 
 One resource per job, key ``CLUSTER.PROC``, created while the job runs and set going by
-``exited`` with the exit payload. Each step of the seed (``shared/seeds/001``) is a state with
-its effect, in the seed's order: (a) the 005 event in the user log, (b) the output ad, (c) the
+``exited`` with the exit payload (docs/incidents.md tells the incident). Each step is a state with
+its effect, in HTCondor's order: (a) the 005 event in the user log, (b) the output ad, (c) the
 job-queue update, (d) the email. An effect's handler returns the follow-up trigger that moves
 the resource to the next step in the transaction that marks the effect done, so a crash at
 any instant either repeats a step (each is idempotent) or finds it done; (c) never happens
@@ -217,27 +217,31 @@ SPEC = MachineSpec.model_validate({
         {"trigger": "exited", "source": "running", "dest": "writing_userlog",
          "guards": ["exit_status_given", "key_is_job_id"],
          "effects": [{"name": "write_terminated_event", "on_failure": "gave_up"}],
-         "ref": "shared/domain/htcondor-job-exit.md: What HTCondor does today",
+         "ref": "docs/incidents.md: what HTCondor does today",
          "description": "the job exited (exit_code, or exit_signal with core_file)"},
         {"trigger": "userlog_written", "source": ["writing_userlog", "stuck_userlog"],
          "dest": "writing_output_ad",
          "effects": [{"name": "write_output_ad", "on_failure": "gave_up"}],
-         "ref": "seed 001 (a)", "description": "the 005 event is in the user log"},
+         "ref": "exit step (a)",
+         "description": "the 005 event is in the user log"},
         {"trigger": "output_ad_written", "source": ["writing_output_ad", "stuck_output_ad"],
          "dest": "updating_queue",
          "effects": [{"name": "update_job_queue", "on_failure": "gave_up"}],
-         "ref": "seed 001 (b)", "description": "the output ad is written"},
+         "ref": "exit step (b)",
+         "description": "the output ad is written"},
         {"trigger": "queue_updated", "source": ["updating_queue", "stuck_queue"],
          "dest": "emailing", "guards": ["notification_wanted"],
          "effects": [{"name": "send_job_notification", "on_failure": "gave_up"}],
-         "ref": "seed 001 (c)", "description": "the queue holds the job as Completed; its "
-                                               "notification asks for mail"},
+         "ref": "exit step (c)",
+         "description": "the queue holds the job as Completed; its notification asks "
+                        "for mail"},
         {"trigger": "queue_updated", "source": ["updating_queue", "stuck_queue"],
          "dest": "done", "unless": ["notification_wanted"],
-         "ref": "seed 001 (c)", "description": "the queue holds the job as Completed; no "
-                                               "mail is asked for"},
+         "ref": "exit step (c)",
+         "description": "the queue holds the job as Completed; no mail is asked for"},
         {"trigger": "email_sent", "source": ["emailing", "stuck_email"], "dest": "done",
-         "ref": "seed 001 (d)", "description": "the notification mail was accepted"},
+         "ref": "exit step (d)",
+         "description": "the notification mail was accepted"},
         {"trigger": "gave_up", "source": "writing_userlog", "dest": "stuck_userlog",
          "merge_payload": False, "description": "(a) failed for good"},
         {"trigger": "gave_up", "source": "writing_output_ad", "dest": "stuck_output_ad",
