@@ -55,6 +55,7 @@ T = TypeVar("T")
 _KEY_MAX = 255
 _STALE_TIMER = "the timer is no longer pending"
 _MAX_PROBES = 3
+_LONGEST_TIMEOUT = 10 * 365 * 86400.0  # ten years, as spec.Seconds allows
 
 
 @dataclass(slots=True)
@@ -607,10 +608,11 @@ class Engine:
             after = timeout.after
             if isinstance(after, str):
                 value = entry.data.get(after)
-                if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                if isinstance(value, bool) or not isinstance(value, int | float) or not (
+                        0 <= value <= _LONGEST_TIMEOUT):
                     raise InvalidData(row.machine, row.key, f"the timeout of {state!r} reads "
                                       f"data field {after!r}, which is {value!r}, not a "
-                                      "number of seconds")
+                                      f"number of seconds from 0 to {_LONGEST_TIMEOUT:g}")
                 after = float(value)
             cursor.execute(store.sql.insert_timer, {
                 "resource_id": row.id, "seq": entry.seq, "state": state,

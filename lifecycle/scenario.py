@@ -33,6 +33,7 @@ from typing import Any, Protocol
 import yaml
 
 from .clock import SimulatedClock
+from .documents import DocumentError, compose_yaml, load_yaml, read_text
 from .engine import Engine
 from .errors import LifecycleError, ScenarioError
 from .outbox import retry_failed
@@ -108,18 +109,13 @@ def load(path: str | Path) -> Scenario:
     """Parse a scenario file; a malformed one raises :class:`ScenarioError` naming the line."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ScenarioError(f"{path}: cannot read: {exc.strerror}") from None
-    try:
-        root = yaml.compose(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise ScenarioError(f"{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from None
-    if not isinstance(root, yaml.MappingNode):
+        text = read_text(path)
+        root = compose_yaml(text, str(path))
+        document = load_yaml(text, str(path)) if isinstance(root, yaml.MappingNode) else None
+    except DocumentError as exc:
+        raise ScenarioError(str(exc)) from None
+    if not isinstance(root, yaml.MappingNode) or not isinstance(document, dict):
         raise ScenarioError(f"{path}:1: a scenario is a mapping with `machine` and `steps`")
-    document = yaml.safe_load(text)
     for key in document:
         if key not in ("machine", "start", "steps", "description"):
             raise ScenarioError(f"{path}:{_line_of_key(root, key)}: unknown field {key!r} "

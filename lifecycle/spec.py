@@ -16,11 +16,11 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from .documents import DocumentError, load_json, load_yaml, read_text
 from .errors import Problem, SpecError
 
 SEPARATOR = "."
@@ -29,6 +29,10 @@ EVENTLESS = "_eventless"
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 _TRIGGER = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 _RESERVED_TRIGGERS = frozenset({"trigger", "state", "step"})
+
+
+Seconds = Annotated[float, Field(gt=0, le=10 * 365 * 86400, allow_inf_nan=False)]
+"""A positive, finite number of seconds of at most ten years (a time the clock can add)."""
 
 
 def _as_state(value: Any) -> Any:
@@ -57,7 +61,7 @@ class Timeout(_Strict):
     """Entering the state schedules ``trigger`` ``after`` seconds later (a number, or the name
     of a data field holding one); leaving the state first cancels it."""
 
-    after: PositiveFloat | str
+    after: Seconds | str
     trigger: str
 
 
@@ -86,7 +90,7 @@ class Freshness(_Strict):
     """The rule of a risky edge: fire only on an observation at most ``max_age`` seconds old,
     made after the resource's last transition; ask ``probe`` for one when none is held."""
 
-    max_age: PositiveFloat
+    max_age: Seconds
     probe: str | None = None
 
 
@@ -415,7 +419,8 @@ def _check_edges(spec: MachineSpec, edges: list[_Located]) -> Iterator[Problem]:
     graph = spec.graph
     for located in edges:
         loc, trigger, edge = located.location, located.trigger, located.edge
-        if trigger != EVENTLESS and (not _TRIGGER.match(trigger) or trigger in _RESERVED_TRIGGERS):
+        eventless = isinstance(edge, EventlessSpec)
+        if not eventless and (not _TRIGGER.match(trigger) or trigger in _RESERVED_TRIGGERS):
             yield Problem(f"{loc}.trigger", f"{trigger!r} is not a valid trigger name",
                           "start with a letter; use letters, digits and '_'; "
                           f"{', '.join(sorted(_RESERVED_TRIGGERS))} are reserved")
@@ -547,22 +552,12 @@ def load_spec(source: SpecSource) -> MachineSpec:
 
 def _read_file(path: Path) -> Any:
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise SpecError(str(path), [Problem(str(path), f"cannot read: {exc.strerror}")]) from None
-    if path.suffix.lower() == ".json":
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise SpecError(str(path), [Problem(f"{path}:{exc.lineno}:{exc.colno}",
-                                                f"invalid JSON: {exc.msg}")]) from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        what = getattr(exc, "problem", None) or str(exc)
-        raise SpecError(str(path), [Problem(where, f"invalid YAML: {what}")]) from None
+        text = read_text(path)
+        if path.suffix.lower() == ".json":
+            return load_json(text, str(path))
+        return load_yaml(text, str(path))
+    except DocumentError as exc:
+        raise SpecError(str(path), [Problem(exc.where, exc.what)]) from None
 
 
 def _from_pydantic(error: Mapping[str, Any]) -> Problem:

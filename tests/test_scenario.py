@@ -108,7 +108,7 @@ def test_the_first_failure_stops_the_file(tmp_path: Path, toggle: Path) -> None:
 
 
 @pytest.mark.parametrize(("text", "message"), [
-    ("machine: toggle.yaml\nsteps:\n  - create: {key: t\n", r"s\.yaml:4: invalid YAML"),
+    ("machine: toggle.yaml\nsteps:\n  - create: {key: t\n", r"s\.yaml:4:\d+: invalid YAML"),
     ("machine: toggle.yaml\nsteps:\n  - crate: {key: t}\n",
      r"s\.yaml:3: step 1: unknown step 'crate'; did you mean 'create'\?"),
     ("machine: toggle.yaml\nsteps: []\n", r"s\.yaml:2: `steps` must be a non-empty list"),
