@@ -80,6 +80,11 @@ def _run(engine: SAEngine, step: Callable[[Config], None]) -> None:
             raw.execute("PRAGMA foreign_keys=OFF")
         try:
             with connection.begin():
+                if engine.dialect.name == "postgresql":
+                    # processes upgrading at once take turns (PostgreSQL's DDL is
+                    # transactional: the next one finds the schema at head); held until commit
+                    connection.exec_driver_sql(
+                        "SELECT pg_advisory_xact_lock(hashtext('lifecycle.migrate'))")
                 step(_config(connection))
                 if sqlite:
                     broken = connection.exec_driver_sql("PRAGMA foreign_key_check").all()
