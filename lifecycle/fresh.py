@@ -13,9 +13,9 @@ answer as an observation, and decides again on it.
 
 from __future__ import annotations
 
-import concurrent.futures
 import datetime as dt
 import logging
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -71,25 +71,51 @@ def rule_text(rule: Freshness) -> str:
     return f"fresh {rule.max_age:g} s{probe}"
 
 
-_pool: concurrent.futures.ThreadPoolExecutor | None = None
+HUNG_PER_PROBE = 8
+"""How many calls of one probe may still be running past their timeout before the next call
+of that probe is refused at once (as saturated) instead of started."""
+
+_hung: dict[str, int] = {}
+_hung_lock = threading.Lock()
 
 
 def call_probe(name: str, probe: Probe, request: ProbeRequest,
                timeout: float) -> tuple[dict[str, Any], dt.datetime | None]:
-    """Ask ``probe``, giving up after ``timeout`` seconds (a probe that hangs is abandoned in
-    its thread; it cannot hold a transaction, since none is open)."""
-    global _pool
-    if _pool is None:
-        _pool = concurrent.futures.ThreadPoolExecutor(max_workers=8,
-                                                      thread_name_prefix="lifecycle-probe")
-    future = _pool.submit(probe, request)
-    try:
-        answer = future.result(timeout=timeout)
-    except concurrent.futures.TimeoutError:
-        future.cancel()
-        raise ProbeFailed(f"probe {name} timed out after {timeout:g} s") from None
-    except Exception as exc:
+    """Ask ``probe`` in a thread of its own, giving up after ``timeout`` seconds. A call that
+    hangs is abandoned (it cannot hold a transaction, since none is open) and costs only the
+    decision that asked it: other probes, and other calls of this one, go on. Once
+    :data:`HUNG_PER_PROBE` calls of one probe hang, that probe is refused as saturated until
+    one of them returns."""
+    with _hung_lock:
+        if _hung.get(name, 0) >= HUNG_PER_PROBE:
+            raise ProbeFailed(f"probe {name} is saturated: {_hung[name]} earlier calls are "
+                              f"still running past their timeout; not asked")
+    outcome: dict[str, Any] = {}
+    finished = threading.Event()
+    abandoned = threading.Event()
+
+    def ask() -> None:
+        try:
+            outcome["answer"] = probe(request)
+        except BaseException as exc:  # the failure is the caller's to report
+            outcome["error"] = exc
+        with _hung_lock:
+            finished.set()
+            if abandoned.is_set():
+                _hung[name] -= 1
+
+    threading.Thread(target=ask, name=f"lifecycle-probe-{name}", daemon=True).start()
+    if not finished.wait(timeout):
+        with _hung_lock:
+            if not finished.is_set():
+                abandoned.set()
+                _hung[name] = _hung.get(name, 0) + 1
+        if abandoned.is_set():
+            raise ProbeFailed(f"probe {name} timed out after {timeout:g} s")
+    if "error" in outcome:
+        exc = outcome["error"]
         raise ProbeFailed(f"probe {name} failed: {type(exc).__name__}: {exc}") from exc
+    answer = outcome["answer"]
     observed_at: dt.datetime | None = None
     if isinstance(answer, tuple) and len(answer) == 2:
         answer, observed_at = answer

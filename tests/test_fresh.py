@@ -19,6 +19,7 @@ from lifecycle import (
     Store,
     load_spec,
 )
+from lifecycle.fresh import HUNG_PER_PROBE
 
 START = "2026-03-01T12:00:00Z"
 
@@ -343,3 +344,74 @@ def test_no_probe_when_the_guards_would_not_let_the_edge_fire(engine: Engine,
     clock.advance(1)
     result = engine.fire("g1", "release")  # now it could: a fresh answer is needed
     assert (result.dest, result.probed, len(site.calls)) == ("cleanup", True, 1)
+
+
+def probed_by(probe: str) -> dict[str, Any]:
+    """DRONE, asking ``probe`` instead of ``site``."""
+    out = {**DRONE, "name": f"drone_{probe}", "transitions": []}
+    for t in DRONE["transitions"]:
+        t = dict(t)
+        if "fresh" in t:
+            t["fresh"] = {**t["fresh"], "probe": probe}
+        out["transitions"].append(t)
+    return out
+
+
+def test_hung_probes_cost_their_own_decisions_only(store: Store, clock: SimulatedClock) -> None:
+    """Ten calls of one probe hang past their timeout (the last ones refused at once as
+    saturated); another probe is still asked, and the
+    healthy resource's risky edge fires on its answer."""
+    release = threading.Event()
+
+    def stuck(request: ProbeRequest) -> dict[str, Any]:
+        release.wait(30)
+        return {"resource_status": "Booting"}
+
+    engine = Engine(store, [DRONE, probed_by("stuck")], guards=GUARDS, clock=clock,
+                    probes={"site": Site("Running"), "stuck": stuck}, probe_timeout=0.05)
+    try:
+        for i in range(10):
+            engine.create("drone_stuck", f"hung{i}")
+            result = engine.fire(f"hung{i}", "release", on_stale="return")
+            reason = result.reason or ""
+            assert result.error == "StaleObservation", reason
+            assert ("timed out" if i < HUNG_PER_PROBE else "is saturated") in reason, reason
+        engine.create("drone_lite", "healthy")
+        result = engine.fire("healthy", "release")
+        assert (result.fired, result.dest, result.probed) == (True, "integrate", True)
+    finally:
+        release.set()
+
+
+def test_a_probe_whose_calls_all_hang_is_refused_as_saturated(store: Store,
+                                                              clock: SimulatedClock) -> None:
+    release = threading.Event()
+    calls: list[str] = []
+
+    def stuck(request: ProbeRequest) -> dict[str, Any]:
+        calls.append(request.key)
+        release.wait(30)
+        return {"resource_status": "Booting"}
+
+    engine = Engine(store, [probed_by("saturating")], guards=GUARDS, clock=clock,
+                    probes={"saturating": stuck}, probe_timeout=0.05)
+    try:
+        for i in range(HUNG_PER_PROBE + 1):
+            engine.create("drone_saturating", f"d{i}")
+        for i in range(HUNG_PER_PROBE):
+            engine.fire(f"d{i}", "release", on_stale="return")
+        with pytest.raises(StaleObservation, match=f"probe saturating is saturated: "
+                                                   f"{HUNG_PER_PROBE} earlier calls"):
+            engine.fire(f"d{HUNG_PER_PROBE}", "release")
+        assert len(calls) == HUNG_PER_PROBE  # the last one was not asked at all
+    finally:
+        release.set()
+    deadline = time.monotonic() + 30
+    from lifecycle import fresh
+
+    while fresh._hung.get("saturating"):  # the hung calls return, and the count with them
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    clock.advance(1)
+    engine.fire(f"d{HUNG_PER_PROBE}", "release", on_stale="return")
+    assert calls[-1] == f"d{HUNG_PER_PROBE}"  # asked again once the probe recovered
