@@ -3,7 +3,10 @@ with the project's machine, on the embedded database; one table of what went wro
 
 from __future__ import annotations
 
+import shutil
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -41,14 +44,36 @@ def run_demo(engine: Engine, out: Console, *, seed: int = 1) -> list[dict[str, A
         table.add_row(f"[dim]{simulation.summary}[/]", "", "", "", end_section=True)
     out.print(table)
     out.print(f"done in {time.perf_counter() - started:.1f} s. Look further with:")
-    for result in reports:
-        for hint in result.get("hints", []):
-            out.print(f"  {hint}")
-    out.print("  lifecycle simulate NAME --seed N     a run of your own (lifecycle simulate "
-              "--help lists them)")
-    out.print("  lifecycle describe drone             the machine's states and risky edges")
-    out.print("  lifecycle diagram drone              the same, as a picture")
+    hints = [hint for result in reports for hint in result.get("hints", [])]
+    hints += ["lifecycle simulate NAME --seed N     a run of your own (lifecycle simulate "
+              "--help lists them)",
+              "lifecycle describe drone             the machine's states and risky edges",
+              "lifecycle diagram drone              the same, as a picture"]
+    command = command_name()
+    for hint in hints:
+        out.print(f"  {_runnable(hint, command)}", highlight=False, markup=False)
     return reports
+
+
+def command_name(argv0: str | None = None, path: str | None = None) -> str:
+    """How to run this ``lifecycle`` from the current directory: ``lifecycle`` when that name
+    on $PATH is this program, else the program's own path (``.venv/bin/lifecycle`` after
+    ``make demo``), relative when it is below the current directory."""
+    program = Path(argv0 if argv0 is not None else sys.argv[0])
+    if program.name != "lifecycle":  # run as python -m lifecycle, or from a test
+        return "lifecycle"
+    found = shutil.which("lifecycle", path=path)
+    if found is not None and Path(found).resolve() == program.resolve():
+        return "lifecycle"
+    try:
+        return str(program.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(program.resolve())
+
+
+def _runnable(hint: str, command: str) -> str:
+    """The hint with its commands spelt as they run here."""
+    return hint.replace("lifecycle ", f"{command} ") if command != "lifecycle" else hint
 
 
 def _number(value: Any) -> str:

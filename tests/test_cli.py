@@ -220,6 +220,6 @@ def test_worker_timers_stuck_and_retry(run, upgraded, tmp_path: Path,  # type: i
     assert "m1" in run("stuck") and "the printer is on fire" in run("stuck")
     assert "stuck" in run("show", "m1")
     notes.with_suffix(".allow").touch()
-    assert "1 failed effects queued again" in run("retry", "m1")
+    assert "1 failed effect queued again" in run("retry", "m1")
     assert json.loads(run("worker", "--until-idle", "--json"))["done"] == 1
     assert "0 failed effects" in run("stuck")

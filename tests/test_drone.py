@@ -158,7 +158,7 @@ def test_reconcile_cli(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     first = runner.invoke(main, ["reconcile", "--db", db])
     assert first.exit_code == 0, first.output
     # the deploy ran first; the site says Running: the drone integrates (an effect, run too)
-    assert "1 drones: 1 booting -> integrate" in first.output
+    assert "1 drone: 1 booting -> integrate" in first.output
     world.write_text(json.dumps({"d1": {"resource_status": "Running",
                                         "machine_status": "Available"}}))
     monkeypatch.delitem(__import__("sys").modules, "drone_plugin")

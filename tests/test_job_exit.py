@@ -535,7 +535,7 @@ def test_a_failing_queue_is_retried_then_stuck_and_retry_resumes_at_that_step(
         assert [(s["key"], s["name"], s["attempts"]) for s in stuck] == [
             ("42.0", "update_job_queue", 5)]
         assert "stuck_queue" in run("list", "job_exit")
-        assert "1 failed effects queued again" in run("retry", "42.0")
+        assert "1 failed effect queued again" in run("retry", "42.0")
         report = json.loads(run("worker", "--until-idle", "--json"))
         assert (report["done"], report["failed"]) == (2, 0)
         assert len(sink.received) == 1

@@ -278,24 +278,32 @@ def test_diagram_counts_resources_from_the_database(sqlite_url: str) -> None:
 def test_diagrams_writes_every_builtin_and_check_names_stale_files(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     drawn: list[str] = []
+    names = sorted(builtins())
 
     def fake_svg(text: str) -> str:
         drawn.append(text)
         return "<svg/>\n"
 
-    monkeypatch.setattr("lifecycle.diagram_cli.dot_program", lambda: "/usr/bin/dot")
-    monkeypatch.setattr("lifecycle.diagram_cli.dot_to_svg", fake_svg)
+    monkeypatch.setattr("lifecycle.cli.machines.dot_program", lambda: "/usr/bin/dot")
+    monkeypatch.setattr("lifecycle.cli.machines.dot_to_svg", fake_svg)
     folder = tmp_path / "diagrams"
+
+    def check(code: int = 0) -> str:
+        """--check draws each SVG to compare its text; those drawings are not writes."""
+        before = len(drawn)
+        output = invoke("diagrams", "--check", "--dir", str(folder), code=code)
+        assert len(drawn) == before + len(names)
+        del drawn[before:]
+        return output
+
     invoke("diagrams", "--dir", str(folder))
-    names = sorted(builtins())
     assert sorted(p.name for p in folder.iterdir()) == sorted(
         ["README.md", *(f"{n}{s}" for n in names for s in (".mmd", ".dot", ".svg"))])
     readme = (folder / "README.md").read_text()
     for name in names:
         assert f"```mermaid\n{(folder / f'{name}.mmd').read_text()}```" in readme
     assert len(drawn) == len(names)
-    assert f"{folder}: {len(names) * 3 + 1} files up to date" in invoke(
-        "diagrams", "--check", "--dir", str(folder))
+    assert f"{folder}: {len(names) * 3 + 1} files up to date" in check()
 
     # a second run draws no SVG again: their DOT did not change
     assert f"0 written, {len(names) * 3 + 1} unchanged" in invoke("diagrams", "--dir",
@@ -309,7 +317,9 @@ def test_diagrams_writes_every_builtin_and_check_names_stale_files(
     (folder / "retired.mmd").write_text("old")
     with (folder / "README.md").open("a") as f:
         f.write("edited by hand\n")
+    before = len(drawn)
     output = invoke("diagrams", "--check", "--dir", str(folder), code=1)
+    del drawn[before:]
     assert f"stale: {folder / (first + '.mmd')}" in output
     assert f"missing: {folder / (first + '.dot')}" in output
     assert f"missing: {folder / (first + '.svg')}" in output
@@ -319,13 +329,13 @@ def test_diagrams_writes_every_builtin_and_check_names_stale_files(
 
     invoke("diagrams", "--dir", str(folder))
     assert not (folder / "retired.mmd").exists()
-    invoke("diagrams", "--check", "--dir", str(folder))
+    check()
     assert len(drawn) == len(names) + 1  # only the SVG whose DOT was written again
 
 
 def test_diagrams_without_graphviz_writes_the_text_and_fails(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("lifecycle.diagram_cli.dot_program", lambda: None)
+    monkeypatch.setattr("lifecycle.cli.machines.dot_program", lambda: None)
     output = invoke("diagrams", "--dir", str(tmp_path), code=1)
     assert (tmp_path / "batch_job.mmd").exists() and (tmp_path / "README.md").exists()
     assert not (tmp_path / "batch_job.svg").exists()

@@ -131,7 +131,7 @@ def test_cli_summary_json_and_exit_status(tmp_path: Path, toggle: Path) -> None:
                           '  - expect: {key: t, state: "on"}\n', "bad.yaml")
     runner = CliRunner()
     result = runner.invoke(main, ["replay", str(good)])
-    assert result.exit_code == 0 and result.output.strip() == "1 scenarios, 1 steps, all passed"
+    assert result.exit_code == 0 and result.output.strip() == "1 scenario, 1 step, all passed"
     result = runner.invoke(main, ["replay", str(good), str(bad)])
     assert result.exit_code == 1
     assert "FAILED" in result.output and "bad.yaml: step 2 (line 4, expect)" in result.output

@@ -10,10 +10,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ..adapters.htcondor import JOB_STATUS_NAMES, JobId, literal
+from ..adapters.job_queue import queue_ad
 from ..errors import LifecycleError
 from ..store import Store
-from .htcondor import JOB_STATUS_NAMES, JobId, literal
-from .job_queue import queue_ad
 
 out = Console(highlight=False, soft_wrap=True)
 

@@ -1,0 +1,86 @@
+"""``worker``, ``stuck`` and ``retry``: the outbox, carried out and repaired."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import click
+from rich.table import Table
+
+from ..effects import FAILED, PENDING, RUNNING
+from ..machines import builtins
+from ..outbox import effect_records, outbox_counts, retry_failed
+from ..worker import Worker
+from .common import db_option, escape, json_option, out, plural
+from .context import make_engine
+
+
+@click.command()
+@click.option("--until-idle", is_flag=True,
+              help="Stop when nothing is due, instead of waiting for more work.")
+@click.option("--concurrency", default=4, show_default=True, type=click.IntRange(1, 256),
+              help="Handlers running at once.")
+@click.option("--lease", default=300.0, show_default=True, type=click.FloatRange(1),
+              help="Seconds a claim holds before another worker may take the effect over.")
+@click.option("--poll", default=0.5, show_default=True, type=click.FloatRange(0.01),
+              help="Seconds between looks for new work when idle.")
+@db_option
+@json_option
+def worker(until_idle: bool, concurrency: int, lease: float, poll: float, db_url: str | None,
+           as_json: bool) -> None:
+    """Carry out the effects of committed transitions, and fire due timers. SIGTERM stops
+    it gracefully (running handlers finish); a second SIGTERM or SIGQUIT stops it at once,
+    giving the running effects back."""
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    engine = make_engine(db_url)
+    for name, builtin in builtins().items():
+        spec = builtin.spec
+        missing = sorted((spec.effect_names() - set(engine.handlers))
+                         | (spec.probe_names() - set(engine.probes)))
+        if missing:  # a machine whose adapters this process does not have (e.g. a site)
+            logging.getLogger(__name__).info(
+                "not serving %s: no %s here (LIFECYCLE_PLUGINS)", name, ", ".join(missing))
+            continue
+        engine.register(spec)
+    runner = Worker(engine, concurrency=concurrency, lease=lease, poll=poll)
+    stats = runner.run_until_idle() if until_idle else runner.run(handle_signals=True)
+    left = outbox_counts(engine)
+    if as_json:
+        print(json.dumps({**stats.to_json(), "outbox": left}, indent=2))
+    else:
+        out.print(f"effects: {stats.done} done, {stats.retried} to retry, {stats.failed} "
+                  f"failed for good; timers: {stats.timers_fired} fired, "
+                  f"{stats.timers_refused} refused")
+        waiting = {k: v for k, v in left.items() if k in (PENDING, RUNNING, FAILED)}
+        if waiting:
+            out.print("outbox: " + ", ".join(f"{v} {k}" for k, v in sorted(waiting.items())))
+
+
+@click.command()
+@db_option
+@json_option
+def stuck(db_url: str | None, as_json: bool) -> None:
+    """List the resources whose effects failed for good; `lifecycle retry KEY` resumes one."""
+    failed = effect_records(make_engine(db_url), statuses=(FAILED,))
+    if as_json:
+        print(json.dumps([e.to_json() for e in failed], indent=2))
+        return
+    table = Table("resource", "effect", "attempts", "last error")
+    for e in failed:
+        table.add_row(f"{e.machine}:{e.key}", e.name, str(e.attempts), escape(e.last_error or ""))
+    out.print(table)
+    out.print(plural(len(failed), "failed effect"))
+
+
+@click.command()
+@click.argument("key")
+@db_option
+def retry(key: str, db_url: str | None) -> None:
+    """Put KEY's failed effects back in the queue, due now, with fresh attempts."""
+    count = retry_failed(make_engine(db_url), key)
+    out.print(f"{key}: {plural(count, 'failed effect')} queued again" if count else
+              f"{key}: no failed effects")
+
+

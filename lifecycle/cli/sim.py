@@ -1,0 +1,181 @@
+"""``replay``, ``simulate``, ``reconcile`` and ``demo``: scenarios, the incidents' races,
+and a drone pool's heartbeat."""
+
+from __future__ import annotations
+
+import json
+import signal as signals
+import sys
+import time as timing
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.progress import Progress as Bar
+from rich.table import Table
+
+from ..demo import run_demo
+from ..errors import LifecycleError
+from ..machines import builtins, drone
+from ..scenario import replay as replay_one
+from ..sim import simulations
+from ..worker import Worker
+from .common import db_option, err, escape, json_option, out, plural
+from .context import make_engine, plugins
+
+
+@click.command()
+@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=True))
+@json_option
+def replay(files: tuple[str, ...], as_json: bool) -> None:
+    """Replay scenario FILES (or every *.yaml/*.yml/*.json in a directory), each on a fresh
+    database with a simulated clock; exit 1 at the first failing expectation of any."""
+    paths: list[Path] = []
+    for name in files:
+        path = Path(name)
+        if path.is_dir():
+            paths += sorted(p for p in path.rglob("*") if p.suffix in (".yaml", ".yml", ".json"))
+        else:
+            paths.append(path)
+    results = [replay_one(path, builtins()) for path in paths]
+    failed = [r for r in results if not r.passed]
+    if as_json:
+        print(json.dumps([r.to_json() for r in results], indent=2))
+    else:
+        for result in failed:
+            out.print(f"[red]FAILED[/] {escape(result.file)}: {escape(str(result.failure))}")
+        steps = sum(r.steps for r in results)
+        verdict = "all passed" if not failed else f"{len(failed)} failed"
+        out.print(f"{plural(len(results), 'scenario')}, {plural(steps, 'step')}, {verdict}")
+    if failed:
+        sys.exit(1)
+
+
+# -- drones --------------------------------------------------------------------------------
+
+
+@click.command()
+@click.argument("machine", default="drone", type=click.Choice(["drone", "drone_tardis"]))
+@click.option("--every", type=click.FloatRange(min=1), metavar="SECONDS",
+              help="Repeat every SECONDS (the heartbeat) until SIGTERM or Ctrl-C; without it, "
+                   "one round.")
+@db_option
+@json_option
+def reconcile(machine: str, every: float | None, db_url: str | None, as_json: bool) -> None:
+    """Run a drone pool's heartbeat: the site's and the pool's status of every live drone in
+    one call each, recorded as observations, then one step of every drone. The site and the
+    pool come from a LIFECYCLE_PLUGINS module defining `drone_site` and
+    `drone_batch_system`."""
+
+    provided = [p for p in plugins() if hasattr(p, "drone_site")]
+    if not provided:
+        raise LifecycleError(
+            "no drone site is configured: name a module in LIFECYCLE_PLUGINS that defines "
+            "`drone_site` and `drone_batch_system` (for example "
+            "lifecycle.adapters.slurm.SlurmSite(...))")
+    site = provided[0].drone_site
+    batch = provided[0].drone_batch_system
+    engine = make_engine(db_url)
+    engine.register(drone.drone_spec(race_guard=machine == "drone"))
+    stop = []
+    if every is not None:
+        signals.signal(signals.SIGTERM, lambda *_: stop.append(True))
+    worker = Worker(engine)
+    while True:
+        worker.run_until_idle()  # effects of the last round (a deploy) before the statuses
+        with Bar(console=err, transient=True) as bar:
+            task = bar.add_task("stepping drones", total=None)
+            def advance(done: int, total: int, task: Any = task) -> None:
+                bar.update(task, completed=done, total=total)
+
+            report = drone.reconcile(engine, site, batch, machine=machine, progress=advance)
+        worker.run_until_idle()
+        if as_json:
+            print(json.dumps(report), flush=True)
+        elif report["site_error"]:
+            out.print(f"[yellow]site unreachable[/]: {escape(report['site_error'])}; "
+                      f"{plural(report['drones'], 'drone')} keep their state")
+        else:
+            moved = ", ".join(f"{n} {m}" for m, n in sorted(report["moved"].items()))
+            out.print(f"{plural(report['drones'], 'drone')}: {moved or 'none moved'}"
+                      + (f"; {plural(report['refused'], 'risky edge')} refused" if report["refused"]
+                         else ""))
+        if every is None or stop:
+            return
+        try:
+            deadline = timing.monotonic() + every
+            while timing.monotonic() < deadline and not stop:
+                timing.sleep(min(0.2, every))
+        except KeyboardInterrupt:
+            return
+        if stop:
+            return
+
+
+# -- simulations ---------------------------------------------------------------------------
+
+
+@click.command()
+@click.argument("name", required=False)
+@click.option("--seed", default=1, show_default=True, help="The random seed: the same seed "
+              "gives the same result.")
+@click.option("--set", "settings", multiple=True, metavar="OPTION=VALUE",
+              help="An option of the simulation (see the list without NAME).")
+@click.option("--timing", is_flag=True, help="With --json, include the wall-clock timing "
+              "(which differs between runs).")
+@json_option
+def simulate(name: str | None, seed: int, settings: tuple[str, ...], timing: bool,
+             as_json: bool) -> None:
+    """Run simulation NAME: the incident's race as it happened and with lifecycle's
+    machine, on temporary databases. Without NAME, list the simulations and their options."""
+    known = simulations()
+    if name is None:
+        for simulation in known.values():
+            out.print(f"[bold]{simulation.name}[/]: {simulation.summary}")
+            for option, (kind, default, help_text) in simulation.options.items():
+                out.print(f"  --set {option}={default}  ({kind.__name__}) {help_text}")
+        return
+    if name not in known:
+        raise LifecycleError(f"unknown simulation {name!r}; known: {', '.join(known)}")
+    simulation = known[name]
+    options: dict[str, Any] = {}
+    for setting in settings:
+        key, sep, raw = setting.partition("=")
+        if not sep or key not in simulation.options:
+            raise click.BadParameter(f"{setting!r}: options of {name} are "
+                                     f"{', '.join(simulation.options)}", param_hint="--set")
+        kind = simulation.options[key][0]
+        try:
+            options[key] = (raw.lower() in ("1", "true", "yes")) if kind is bool else kind(raw)
+        except ValueError:
+            raise click.BadParameter(f"{setting!r}: {key} takes a {kind.__name__}",
+                                     param_hint="--set") from None
+    with Bar(console=err, transient=True) as bar:
+        task = bar.add_task(name, total=1.0)
+        report = simulation.run(seed=seed, progress=lambda done, total: bar.update(
+            task, completed=done / total if total else 1.0), **options)
+    if as_json:
+        if not timing:
+            report = {k: v for k, v in report.items() if k != "timing"}
+        print(json.dumps({k: v for k, v in report.items() if k != "hints"}, indent=2))
+        return
+    table = Table("what was measured", "before", "after",
+                  title=f"{name}, seed {seed}", title_justify="left")
+    for measure in report["measures"]:
+        table.add_row(measure["what"], str(measure["before"]), str(measure["after"]))
+    out.print(table)
+    if "timing" in report:
+        speed = report["timing"]
+        out.print(f"simulated in {speed['seconds']} s"
+                  + (f", {speed['drone_hours_per_second']} drone-hours per second"
+                     if "drone_hours_per_second" in speed else ""))
+
+
+@click.command()
+@db_option
+def demo(db_url: str | None) -> None:
+    """Run each built-in machine's incident, as it happened and with lifecycle's machine,
+    on the embedded database (or --db), and show what each race cost."""
+    run_demo(make_engine(db_url, upgrade=True), out)
+
+

@@ -1,0 +1,190 @@
+"""The house rules, read from the source: every module sits in a layer and imports only from
+its own layer or those below; no module imports another in a circle; no private name is used
+across modules; no function of the core runs over 60 lines.
+
+The layers, lowest first (ARCHITECTURE.md draws them):
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "lifecycle"
+
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("foundation", ("records", "errors", "clock", "transaction", "documents")),
+    ("spec", ("spec",)),
+    ("store", ("store", "store.schema", "store.database", "store.migrate")),
+    ("pieces", ("fresh", "compiled", "effects", "files", "registry", "queries", "verify")),
+    ("engine", ("engine",)),
+    ("tools", ("worker", "outbox", "scenario", "render")),
+    ("api", ("__init__",)),
+    ("adapters", ("adapters.*",)),
+    ("machines", ("machines.*",)),
+    ("simulations", ("sim.*", "demo")),
+    ("cli", ("cli", "cli.*", "__main__")),
+]
+CORE = {"foundation", "spec", "store", "pieces", "engine", "tools"}
+LONGEST_FUNCTION = 60
+
+__doc__ += "\n".join(f"  {name}: {', '.join(modules)}" for name, modules in LAYERS)
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
+    if parts[-1] == "__init__" and len(parts) > 1:
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))
+           if "_migrations" not in p.parts}
+PACKAGES = {name for name, p in MODULES.items() if p.name == "__init__.py" and name != "__init__"}
+
+
+def layer_of(module: str) -> int:
+    for index, (_, patterns) in enumerate(LAYERS):
+        for pattern in patterns:
+            if module == pattern or (pattern.endswith(".*") and (
+                    module == pattern[:-2] or module.startswith(pattern[:-1]))):
+                return index
+    raise AssertionError(f"lifecycle.{module} is in no layer: add it to LAYERS in "
+                         f"{Path(__file__).name} (and to ARCHITECTURE.md)")
+
+
+@dataclass(frozen=True)
+class Import:
+    importer: str
+    line: int
+    module: str
+    names: tuple[str, ...]
+
+
+def _resolve(importer: str, level: int, target: str | None) -> str:
+    """The lifecycle module a relative (or absolute) import names, as a MODULES key."""
+    if level == 0:
+        assert target is not None
+        return target.removeprefix("lifecycle").lstrip(".") or "__init__"
+    base = importer.split(".") if importer != "__init__" else []
+    if importer not in PACKAGES:  # a module's package is its parent
+        base = base[:-1]
+    base = base[: len(base) - (level - 1)] if level > 1 else base
+    parts = [*base, *(target.split(".") if target else [])]
+    return ".".join(parts) or "__init__"
+
+
+def imports() -> Iterator[Import]:
+    for name, path in MODULES.items():
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                if node.level == 0 and not (node.module or "").startswith("lifecycle"):
+                    continue
+                target = _resolve(name, node.level, node.module)
+                names = tuple(alias.name for alias in node.names)
+                submodules = [f"{target}.{n}" if target != "__init__" else n for n in names]
+                found = [m for m in submodules if m in MODULES]
+                if found:  # `from . import queries`: the modules themselves
+                    yield from (Import(name, node.lineno, m, ()) for m in found)
+                    names = tuple(n for n, m in zip(names, submodules, strict=True)
+                                  if m not in MODULES)
+                    if not names:
+                        continue
+                yield Import(name, node.lineno, target, names)
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.startswith("lifecycle"):
+                        yield Import(name, node.lineno, _resolve(name, 0, alias.name), ())
+
+
+def test_every_import_goes_down_or_sideways() -> None:
+    upward = []
+    for found in imports():
+        if found.module not in MODULES:
+            continue
+        if layer_of(found.module) > layer_of(found.importer):
+            upward.append(f"lifecycle/{MODULES[found.importer].relative_to(PACKAGE)}:"
+                          f"{found.line}: {found.importer} ({LAYERS[layer_of(found.importer)][0]})"
+                          f" imports {found.module} ({LAYERS[layer_of(found.module)][0]})")
+    assert not upward, "imports from a higher layer:\n" + "\n".join(upward)
+
+
+def test_no_import_circle() -> None:
+    graph: dict[str, set[str]] = {name: set() for name in MODULES}
+    for found in imports():
+        if found.module in MODULES and found.module != found.importer:
+            # a package's __init__ is imported with any of its modules: count that edge too
+            graph[found.importer].add(found.module)
+            parent = found.module.rpartition(".")[0]
+            if parent in PACKAGES and parent != found.importer and not \
+                    found.importer.startswith(parent + "."):
+                graph[found.importer].add(parent)
+    circles = []
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for successor in sorted(graph[node]):
+            if state.get(successor) == 1:
+                circles.append(" -> ".join([*path[path.index(successor):], successor]))
+            elif successor not in state:
+                visit(successor, [*path, successor])
+        state[node] = 2
+
+    for start in sorted(graph):
+        if start not in state:
+            visit(start, [start])
+    assert not circles, "import circles:\n" + "\n".join(circles)
+
+
+def test_no_private_name_is_used_across_modules() -> None:
+    used = []
+    for found in imports():
+        for name in found.names:
+            if name.startswith("_") and not name.startswith("__"):
+                used.append(f"{found.importer}:{found.line}: from {found.module} import {name}")
+    for name, path in MODULES.items():
+        tree = ast.parse(path.read_text(), str(path))
+        aliases = {alias.asname or alias.name for node in ast.walk(tree)
+                   if isinstance(node, ast.ImportFrom) and (node.level or (
+                       node.module or "").startswith("lifecycle"))
+                   for alias in node.names
+                   if _submodule(name, node, alias.name) in MODULES}
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id in aliases and node.attr.startswith("_")
+                    and not node.attr.startswith("__")):
+                used.append(f"{name}:{node.lineno}: {node.value.id}.{node.attr}")
+    assert not used, "private names used from another module:\n" + "\n".join(used)
+
+
+def _submodule(importer: str, node: ast.ImportFrom, alias: str) -> str:
+    target = _resolve(importer, node.level, node.module)
+    return f"{target}.{alias}" if target != "__init__" else alias
+
+
+def test_no_long_function_in_the_core() -> None:
+    long = []
+    for name, path in MODULES.items():
+        if LAYERS[layer_of(name)][0] not in CORE:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > LONGEST_FUNCTION:
+                    long.append(f"lifecycle/{path.relative_to(PACKAGE)}:{node.lineno}: "
+                                f"{node.name} has {lines} lines")
+    assert not long, (f"functions over {LONGEST_FUNCTION} lines in the core:\n"
+                      + "\n".join(long))
+
+
+def test_the_rules_see_what_they_check() -> None:
+    """The readers above find real imports (a test that reads nothing passes for nothing)."""
+    found = {(i.importer, i.module) for i in imports()}
+    assert ("engine", "store") in found
+    assert ("worker", "engine") in found
+    assert ("engine", "queries") in found  # `from . import queries`
+    assert layer_of("machines.drone") > layer_of("engine")
