@@ -137,6 +137,13 @@ class Engine:
     A machine the engine was not given is loaded when first met: ``spec_for(name)`` may give
     the spec to register (an application's built-in machines, as its code declares them);
     otherwise the spec the database last registered under that name is run.
+
+    A spec must name only guards, effects and probes the engine has. With ``strict=False``
+    it may name effects and probes the engine lacks (guards it still needs, to decide): its
+    resources are created, observed, updated and moved as usual, their effects wait in the
+    outbox for a worker that has the handlers, and a risky edge whose probe is missing is
+    refused as stale, saying which probe it lacked (how a command line without a site's
+    adapters still records and inspects drones).
     """
 
     def __init__(
@@ -151,6 +158,7 @@ class Engine:
         probe_timeout: float = 10.0,
         max_attempts: int = 50,
         spec_for: SpecFor | None = None,
+        strict: bool = True,
     ) -> None:
         self.store = store
         self.clock: Clock = clock or SystemClock()
@@ -161,6 +169,7 @@ class Engine:
         self.probe_timeout = probe_timeout
         self.max_attempts = max_attempts
         self.spec_for = spec_for
+        self.strict = strict
         self._compiled: dict[str, CompiledMachine] = {}
         for spec in machines:
             self.register(spec)
@@ -183,8 +192,10 @@ class Engine:
 
     def check_names(self, spec: MachineSpec) -> None:
         """Refuse a spec that names a guard, an effect or a probe this engine lacks."""
-        problems = spec.unregistered(guards=self.guards, effects=self.handlers,
-                                     probes=self.probes)
+        known: dict[str, Mapping[str, Any]] = {"guards": self.guards}
+        if self.strict:
+            known.update(effects=self.handlers, probes=self.probes)
+        problems = spec.unregistered(**known)
         if problems:
             raise SpecError(spec.name, problems)
 
@@ -455,7 +466,7 @@ class Engine:
             # a risky edge whose guards held was stopped by its freshness rule alone: ask
             # for a fresh observation and decide again (nothing is written)
             for blocked, _ in context.stale:
-                if blocked.fresh is not None and blocked.fresh.probe is not None:
+                if blocked.fresh is not None and blocked.fresh.probe in self.probes:
                     return _Again(probe=(blocked.fresh.probe, ProbeRequest(
                         row.machine, row.key, row.state, row.version, row.data,
                         row.observation)))
@@ -546,6 +557,9 @@ class Engine:
             message += f" ({tries.probe_error})"
         elif edge.fresh.probe is None:
             message += " (no probe is named to ask for a fresh one)"
+        elif edge.fresh.probe not in self.probes:
+            message += (f" (probe {edge.fresh.probe!r} is not registered with this engine, so "
+                        "none was asked)")
         result = _not_fired(row, trigger, message, decision.guards, error="StaleObservation",
                             probed=tries.probes > 0)
         return _Stale(result, dest, tries.probe_error)

@@ -90,3 +90,17 @@ def test_diagrams_check_sees_an_edited_svg(tmp_path: Path) -> None:
     assert result.exit_code == 1
     assert f"stale (its text differs): {svg}" in result.output
     assert "1 diagram file is out of date" in result.output
+
+
+def test_a_worker_start_is_quiet(sqlite_url: str) -> None:
+    """Checking the schema revision is no news: Alembic's INFO lines stay out of the
+    worker's log (an upgrade still reports what it did)."""
+    import subprocess
+    import sys
+
+    invoke("db", "upgrade", "--db", sqlite_url)
+    done = subprocess.run([sys.executable, "-m", "lifecycle", "worker", "--until-idle", "--db",
+                           sqlite_url], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "Context impl" not in done.stderr and "Will assume" not in done.stderr, done.stderr
+    assert "effects: 0 done" in done.stdout

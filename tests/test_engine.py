@@ -276,11 +276,14 @@ def test_payload_json_cannot_hold_is_refused(engine: Engine) -> None:
 
 
 def test_update_changes_data_not_state(engine: Engine, clock: SimulatedClock) -> None:
-    engine.create("slot", "s", {"memory": 1})
+    created = engine.create("slot", "s", {"memory": 1})
     clock.advance(5)
     updated = engine.update("s", {"memory": 2, "owner": "alice"}, actor="admin")
     assert (updated.state, updated.version, updated.data) == (
         "unclaimed", 2, {"memory": 2, "owner": "alice"})
+    # the resource was created when it was created, and updated now
+    assert updated.created_at == created.created_at == engine.get("s").created_at
+    assert updated.updated_at == clock.now() > created.created_at
     last = engine.history("s")[-1]
     assert (last.kind, last.source, last.dest, last.version, last.payload, last.actor) == (
         "update", "unclaimed", "unclaimed", 2, {"memory": 2, "owner": "alice"}, "admin")

@@ -415,3 +415,18 @@ def test_a_probe_whose_calls_all_hang_is_refused_as_saturated(store: Store,
     clock.advance(1)
     engine.fire(f"d{HUNG_PER_PROBE}", "release", on_stale="return")
     assert calls[-1] == f"d{HUNG_PER_PROBE}"  # asked again once the probe recovered
+
+
+def test_an_engine_that_is_not_strict_runs_a_spec_without_its_probe(
+        store: Store, clock: SimulatedClock) -> None:
+    with pytest.raises(SpecError, match="probe 'site' is not registered with this engine"):
+        Engine(store, [DRONE], guards=GUARDS, clock=clock)
+    engine = Engine(store, [DRONE], guards=GUARDS, clock=clock, strict=False)
+    engine.create("drone_lite", "d1")
+    with pytest.raises(StaleObservation, match=r"\(probe 'site' is not registered with this "
+                                               r"engine, so none was asked\)"):
+        engine.fire("d1", "release")
+    engine.observe("d1", {"resource_status": "Running"})
+    assert engine.fire("d1", "release").dest == "integrate"  # a fresh status is enough
+    with pytest.raises(SpecError, match="guard 'running' is not registered"):
+        Engine(store, [DRONE], clock=clock, strict=False)  # guards it still needs

@@ -2,7 +2,7 @@
 
 | module | commands |
 |---|---|
-| ``resources`` | create, fire, observe, step, show, list, history, verify |
+| ``resources`` | create, fire, observe, step, update, show, list, history, verify |
 | ``machines`` | machines, describe, diagram, diagrams |
 | ``outbox`` | worker, stuck, retry |
 | ``sim`` | replay, simulate, reconcile, demo |
@@ -32,7 +32,8 @@ def main() -> None:
 
 
 for command in (
-    resources.create, resources.fire, resources.observe, resources.step, resources.show,
+    resources.create, resources.fire, resources.observe, resources.step, resources.update,
+    resources.show,
     resources.list_, resources.history, resources.verify,
     machines.machines, machines.describe, machines.diagram, machines.diagrams,
     outbox.worker, outbox.stuck, outbox.retry,

@@ -1,5 +1,5 @@
-"""Commands on resources: ``create``, ``fire``, ``observe``, ``step``, ``show``, ``list``,
-``history`` and ``verify``."""
+"""Commands on resources: ``create``, ``fire``, ``observe``, ``step``, ``update``, ``show``,
+``list``, ``history`` and ``verify``."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from ..effects import FAILED, PENDING, RUNNING
 from ..outbox import effect_records, timer_records
 from ..records import FireResult, JournalEntry
 from .common import db_option, escape, json_arg, json_option, out, plural, time_text
-from .context import make_engine, resolve
+from .context import PLUGINS_VARIABLE, make_engine, resolve
 
 
 @click.command()
@@ -96,6 +96,24 @@ def step(key: str, actor: str | None, db_url: str | None, as_json: bool) -> None
     print_result(make_engine(db_url).step(key, actor=actor, on_stale="return"), as_json)
 
 
+@click.command()
+@click.argument("key")
+@click.argument("data")
+@click.option("--actor", help="Who did it, for the journal.")
+@db_option
+@json_option
+def update(key: str, data: str, actor: str | None, db_url: str | None, as_json: bool) -> None:
+    """Merge DATA (a JSON object) into resource KEY's data: a new version and a journal row,
+    no change of state."""
+    document = json_arg(data, "DATA")
+    resource = make_engine(db_url).update(key, document, actor=actor)
+    if as_json:
+        print(json.dumps(resource.to_json(), indent=2))
+    else:
+        out.print(f"{resource.machine}:{resource.key}: data updated (version "
+                  f"{resource.version}): {escape(json.dumps(resource.data, sort_keys=True))}")
+
+
 def print_result(result: FireResult, as_json: bool) -> None:
     if as_json:
         print(json.dumps(result.to_json(), indent=2))
@@ -105,6 +123,10 @@ def print_result(result: FireResult, as_json: bool) -> None:
     else:
         why = f"{result.error}: {result.reason}" if result.error else (result.reason or "")
         out.print(f"{result.machine}:{result.key}: [yellow]not fired[/]: {escape(why)}")
+        if "is not registered with this engine" in why:
+            out.print(f"hint: a module named in {PLUGINS_VARIABLE} provides probes "
+                      "(`probes`, or `drone_site` and `drone_batch_system` for drones); "
+                      "or record a fresh status with `lifecycle observe` first")
     if not result.fired:
         sys.exit(3)
 
