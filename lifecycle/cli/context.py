@@ -10,6 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import click
+
 from ..engine import Engine
 from ..errors import LifecycleError, UnknownMachine
 from ..machines import builtins, drone
@@ -17,6 +19,15 @@ from ..spec import MachineSpec, load_spec
 from ..store import Store
 
 SPEC_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def open_store(db_url: str | None, *, upgrade: bool = False, check: bool = True) -> Store:
+    """The command's database; its connections close when the command ends."""
+    store = Store(db_url, upgrade=upgrade, check=check)
+    context = click.get_current_context(silent=True)
+    if context is not None:
+        context.call_on_close(store.dispose)
+    return store
 
 
 def make_engine(db_url: str | None, *, upgrade: bool = False) -> Engine:
@@ -35,7 +46,7 @@ def make_engine(db_url: str | None, *, upgrade: bool = False) -> Engine:
             probes["site"] = drone.probe(site, batch)
     # not strict: a built-in drone is recorded, observed and moved without a site's adapters;
     # its effects wait for a worker that has them, a risky edge without its probe is refused
-    return Engine(Store(db_url, upgrade=upgrade), guards=guards, effects=effects,
+    return Engine(open_store(db_url, upgrade=upgrade), guards=guards, effects=effects,
                   probes=probes, spec_for=builtin_spec, strict=False)
 
 

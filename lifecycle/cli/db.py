@@ -6,8 +6,9 @@ import sys
 
 import click
 
-from ..store import Store, migrate
+from ..store import migrate
 from .common import db_option, out
+from .context import open_store
 
 
 @click.group()
@@ -20,7 +21,7 @@ def db() -> None:
 @db_option
 def upgrade(revision: str, db_url: str | None) -> None:
     """Upgrade the schema to REVISION (default: the newest)."""
-    store = Store(db_url, check=False)
+    store = open_store(db_url, check=False)
     before = store.current_revision()
     store.upgrade(revision)
     after = store.current_revision()
@@ -35,7 +36,7 @@ def upgrade(revision: str, db_url: str | None) -> None:
 @db_option
 def downgrade(revision: str, db_url: str | None) -> None:
     """Downgrade the schema to REVISION ('base' drops every lifecycle table)."""
-    store = Store(db_url, check=False)
+    store = open_store(db_url, check=False)
     before = store.current_revision()
     store.downgrade(revision)
     out.print(f"{store.display_url}: {before or 'empty'} -> {store.current_revision() or 'empty'}")
@@ -45,7 +46,7 @@ def downgrade(revision: str, db_url: str | None) -> None:
 @db_option
 def current(db_url: str | None) -> None:
     """Print the schema revision of the database, and whether it is the newest."""
-    store = Store(db_url, check=False)
+    store = open_store(db_url, check=False)
     revision = store.current_revision()
     head = migrate.head_revision()
     state = "up to date" if revision == head else f"behind {head}: run `lifecycle db upgrade`"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -56,6 +57,8 @@ class Store:
             raise SchemaOutOfDate(self.display_url, None, migrate.head_revision())
         self.engine = create_sa_engine(self.url)
         self._held = HeldConnections(self.engine)
+        # a store dropped without dispose() still gives its connections back
+        self._closer = weakref.finalize(self, _close, self._held, self.engine)
         self.dialect: str = self.engine.dialect.name
         self.sql = Statements(self.engine.dialect)
         dbapi: Any = self.engine.dialect.dbapi
@@ -132,8 +135,14 @@ class Store:
         cursor.connection.rollback()
 
     def dispose(self) -> None:
-        self._held.close()
-        self.engine.dispose()
+        """Close every connection this store opened (it may be used again: it reconnects)."""
+        _close(self._held, self.engine)
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.dispose()
 
     # -- values on the raw path --------------------------------------------------------
 
@@ -158,6 +167,11 @@ class Store:
             value = dt.datetime.fromisoformat(value)
         assert isinstance(value, dt.datetime)
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _close(held: HeldConnections, engine: Any) -> None:
+    held.close()
+    engine.dispose()
 
 
 def _constant(value: str) -> Any:
