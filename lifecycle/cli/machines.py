@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.table import Table
+from rich.text import Text
 
 from ..engine import Engine
 from ..errors import LifecycleError
@@ -29,7 +29,8 @@ from ..render import (
     mermaid,
     render,
 )
-from ..spec import MachineSpec
+from ..spec import MachineSpec, StateSpec
+from . import layout
 from .common import db_option, err, escape, json_option, out, plural
 from .context import make_engine, resolve
 
@@ -54,11 +55,17 @@ def machines(db_url: str | None, as_json: bool) -> None:
     if as_json:
         print(json.dumps(rows, indent=2))
         return
-    table = Table("machine", "kind", "spec version", "resources", "about")
+    table = layout.table("machine", "kind", "spec version", "resources", "about",
+                         free=("about",))
+    blocks = []
     for r in rows:
-        table.add_row(*(str(r[k]) for k in ("name", "kind", "spec_version", "resources",
-                                             "summary")))
-    out.print(table)
+        name, summary, count = str(r["name"]), str(r["summary"]), int(r["resources"])
+        table.add_row(name, str(r["kind"]), str(r["spec_version"]), str(count), Text(summary))
+        blocks.append(layout.block(
+            Text.assemble((name, "bold"), f" ({r['kind']}, spec version "
+                          f"{r['spec_version']}, {plural(count, 'resource')})"),
+            [Text(summary)] if summary else []))
+    out.print(layout.fitted(out, table, blocks), soft_wrap=False)
 
 
 @click.command()
@@ -73,31 +80,57 @@ def describe(machine: str, db_url: str | None, as_json: bool) -> None:
     if as_json:
         print(json.dumps(doc, indent=2))
         return
-    out.print(f"[bold]{spec.name}[/] (spec version {spec.version})")
+    out.print(f"[bold]{escape(spec.name)}[/] (spec version {spec.version})")
     if spec.description:
-        out.print(spec.description)
-    states = Table("state", "parent", "final", title="states", title_justify="left")
+        out.print(Text(spec.description), soft_wrap=False)
+    states = layout.table("state", "parent", "final", "about", free=("about",),
+                          title="states")
+    state_blocks = []
+    about = _state_descriptions(spec)
     for s in doc["states"]:
         initial = " (initial)" if s["name"] == spec.graph.enter(spec.initial) else ""
-        states.add_row(s["name"] + initial, s["parent"] or "", "yes" if s["final"] else "")
-    out.print(states)
-    columns = ["trigger", "source", "dest", "guards", "effects", "fresh", "about"]
-    rows = []
+        final = "final" if s["final"] else ""
+        states.add_row(s["name"] + initial, s["parent"] or "", "yes" if final else "",
+                       Text(about.get(s["name"], "")))
+        state_blocks.append(layout.block(
+            s["name"] + initial + (", final" if final else ""),
+            [Text(line) for line in (f"in {s['parent']}" if s["parent"] else "",
+                                     about.get(s["name"], "")) if line]))
+    out.print(layout.fitted(out, layout.drop_empty(states), state_blocks), soft_wrap=False)
+    wide = layout.table("trigger", "source", "dest", "guards", "effects", "fresh", "about",
+                        free=("about",), title="transitions")
+    blocks = []
     for t in doc["transitions"]:
+        guards = [*t["guards"], *(f"not {u}" for u in t["unless"])]
         fresh = t["fresh"]
-        rows.append([
-            t["trigger"] or "(eventless)", ", ".join(t["source"]), t["dest"],
-            ", ".join([*t["guards"], *(f"not {u}" for u in t["unless"])]),
-            ", ".join(t["effects"]),
-            (f"{fresh['max_age']:g} s" + (f", probe {fresh['probe']}" if fresh["probe"] else ""))
-            if fresh else "",
-            escape(t["description"] or ""),
-        ])
-    used = [i for i, name in enumerate(columns) if i < 3 or any(row[i] for row in rows)]
-    table = Table(*(columns[i] for i in used), title="transitions", title_justify="left")
-    for row in rows:
-        table.add_row(*(row[i] for i in used))
-    out.print(table)
+        rule = ([f"{fresh['max_age']:g} s"] + ([f"probe {fresh['probe']}"] if fresh["probe"]
+                                                else [])) if fresh else []
+        trigger = t["trigger"] or "(eventless)"
+        wide.add_row(trigger, layout.lines(t["source"]), t["dest"], layout.lines(guards),
+                     layout.lines(t["effects"]), layout.lines(rule),
+                     Text(t["description"] or ""))
+        details = [f"guards: {', '.join(guards)}" if guards else "",
+                   f"effects: {', '.join(t['effects'])}" if t["effects"] else "",
+                   f"fresh: {', '.join(rule)}" if rule else "",
+                   t["description"] or ""]
+        heading = Text.assemble((trigger, "bold"), f": {', '.join(t['source'])} -> {t['dest']}")
+        blocks.append(layout.block(heading,
+                                   [Text(d) for d in details if d]))
+    out.print(layout.fitted(out, layout.drop_empty(wide, keep=3), blocks), soft_wrap=False)
+
+
+def _state_descriptions(spec: MachineSpec) -> dict[str, str]:
+    """Each state's description by its full dotted name, nested states too."""
+    found: dict[str, str] = {}
+
+    def walk(states: tuple[StateSpec, ...], parent: str) -> None:
+        for state in states:
+            name = f"{parent}.{state.name}" if parent else state.name
+            found[name] = state.description or ""
+            walk(state.states, name)
+
+    walk(spec.states, "")
+    return found
 
 
 def describe_json(spec: MachineSpec) -> dict[str, Any]:

@@ -1,0 +1,91 @@
+"""Output that reads at any terminal width: names are never cut, documents are ``key=value``
+lines, and a table too wide for the terminal becomes one block per row.
+
+A table's name columns (states, triggers, guards) are never wrapped inside a name: a cell
+holds one name per line, and only free text (a description) wraps. When even that does not
+fit the terminal, :func:`fitted` prints the same rows as blocks: a heading line, then each
+value on a line of its own, indented."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from rich.console import Console, Group, RenderableType
+from rich.measure import Measurement
+from rich.padding import Padding
+from rich.table import Table
+from rich.text import Text
+
+FREE_TEXT_WIDTH = 24
+"""The narrowest a column of free text may be in a table; narrower, the rows become blocks."""
+
+
+def value_text(value: Any) -> str:
+    """A value as a person reads it: a string as it is, anything else as JSON."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)
+
+
+def key_values(document: Mapping[str, Any] | None) -> list[str]:
+    """``key=value`` lines of a JSON object, sorted by key."""
+    return [f"{key}={value_text(value)}" for key, value in sorted((document or {}).items())]
+
+
+def lines(items: Iterable[str]) -> Text:
+    """Names, one per line (so that a table never breaks a name)."""
+    return Text("\n".join(items))
+
+
+def table(*headers: str, free: Sequence[str] = (), title: str | None = None,
+          **options: Any) -> Table:
+    """A table whose columns named in ``free`` wrap (at least :data:`FREE_TEXT_WIDTH` wide)
+    and whose other columns keep each line whole."""
+    made = Table(title=title, title_justify="left", **options)
+    for header in headers:
+        if header in free:
+            made.add_column(header, overflow="fold", min_width=FREE_TEXT_WIDTH)
+        else:
+            made.add_column(header, no_wrap=True, overflow="fold")
+    return made
+
+
+def drop_empty(made: Table, keep: int = 1) -> Table:
+    """``made`` without the columns (after the first ``keep``) in which every cell is
+    empty."""
+    for index in reversed(range(keep, len(made.columns))):
+        if not any(str(cell) for cell in made.columns[index].cells):
+            made.columns.pop(index)
+    return made
+
+
+def fits(console: Console, renderable: RenderableType) -> bool:
+    """Whether ``renderable`` can be drawn within the console's width without cutting a
+    word or a line of a name column."""
+    wide = console.options.update_width(10**6)
+    return Measurement.get(console, wide, renderable).minimum <= console.width
+
+
+Detail = Text | str | tuple[int, Text | str]
+"""A line under a heading: text, or (extra indent, text) for a line under a line."""
+
+
+def block(heading: Text | str, details: Iterable[Detail], indent: int = 4) -> Group:
+    """A heading line and its details below it, indented; a long detail wraps under
+    itself."""
+    body = []
+    for detail in details:
+        extra, line = detail if isinstance(detail, tuple) else (0, detail)
+        body.append(Padding(line if isinstance(line, Text) else Text(line),
+                            (0, 0, 0, indent + extra), expand=False))
+    return Group(heading if isinstance(heading, Text) else Text(heading), *body)
+
+
+def fitted(console: Console, wide: Table, blocks: Sequence[RenderableType]) -> RenderableType:
+    """``wide`` when it fits the console, else ``blocks`` under the table's title."""
+    if fits(console, wide):
+        return wide
+    title = [Text(str(wide.title), style="italic")] if wide.title else []
+    return Group(*title, *blocks)
