@@ -3,6 +3,7 @@ with the project's machine, on the embedded database; one table of what went wro
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 import time
@@ -10,10 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.padding import Padding
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from .engine import Engine
+from .render import dot_program
 from .sim import simulations
 
 
@@ -37,21 +41,35 @@ def run_demo(engine: Engine, out: Console, *, seed: int = 1) -> list[dict[str, A
                                           prefix=prefix, **simulation.demo))
     table = Table("scenario", "what was measured", "before", "after",
                   title="what each race cost", title_justify="left")
+    table.columns[0].no_wrap = True
+    for column in table.columns[2:]:
+        column.justify = "right"
     for simulation, result in zip(simulations().values(), reports, strict=True):
+        table.add_row(simulation.name, Text(simulation.summary, style="dim italic"), "", "")
         for i, measure in enumerate(result["measures"]):
-            table.add_row(simulation.name if i == 0 else "", measure["what"],
-                          _number(measure["before"]), _number(measure["after"]))
-        table.add_row(f"[dim]{simulation.summary}[/]", "", "", "", end_section=True)
+            table.add_row("", measure["what"], _number(measure["before"]),
+                          _number(measure["after"]),
+                          end_section=i == len(result["measures"]) - 1)
     out.print(table)
     out.print(f"done in {time.perf_counter() - started:.1f} s. Look further with:")
     hints = [hint for result in reports for hint in result.get("hints", [])]
-    hints += ["lifecycle simulate NAME --seed N     a run of your own (lifecycle simulate "
-              "--help lists them)",
+    picture = ("lifecycle diagram drone -o drone.svg   the same, as a picture: drone.svg, "
+               "for a browser" if dot_program() is not None else
+               "lifecycle diagram drone -o drone.mmd   the same, as Mermaid (paste into "
+               "https://mermaid.live); with Graphviz installed, -o drone.svg draws it")
+    hints += ["lifecycle simulate                   the simulations and their options, for "
+              "a run of your own",
               "lifecycle describe drone             the machine's states and risky edges",
-              "lifecycle diagram drone              the same, as a picture"]
+              picture]
     command = command_name()
     for hint in hints:
-        out.print(f"  {_runnable(hint, command)}", highlight=False, markup=False)
+        # "COMMAND   what it shows": the command on a line of its own, runnable as printed
+        shown, *about = re.split(r" {2,}", hint.strip(), maxsplit=1)
+        out.print(f"  {_runnable(shown, command)}", highlight=False, markup=False,
+                  soft_wrap=True)
+        if about:
+            out.print(Padding(Text(about[0], style="dim"), (0, 0, 0, 6), expand=False),
+                      soft_wrap=False)
     return reports
 
 

@@ -19,7 +19,7 @@ from typing import Any, Literal, TypeVar, cast
 
 from pydantic import ValidationError
 
-from . import queries, registry
+from . import queries, registry, values
 from .clock import Clock, SystemClock
 from .compiled import CompiledMachine, Decision, GuardContext
 from .effects import PENDING, Effect, Handler, as_effect
@@ -53,6 +53,7 @@ SpecFor = Callable[[str], MachineSpec | None]
 T = TypeVar("T")
 
 _KEY_MAX = 255
+_NAME_MAX = 200  # the schema's Name columns (an observation's source)
 _STALE_TIMER = "the timer is no longer pending"
 _MAX_PROBES = 3
 _LONGEST_TIMEOUT = 10 * 365 * 86400.0  # ten years, as spec.Seconds allows
@@ -279,16 +280,17 @@ class Engine:
     ) -> Resource:
         """A new resource in the machine's initial state, or adopted in ``state``: how a
         resource that already exists outside is brought under management."""
+        _check_key(key)
+        document = _document(machine, key, data, "data", actor)
         compiled = self.compiled(machine)
         spec = compiled.spec
-        _check_key(key)
         if state is None:
             dest, kind = spec.graph.enter(spec.initial), "create"
         elif state in spec.graph.parent:
             dest, kind = spec.graph.enter(state), "adopt"
         else:
             raise UnknownState(machine, state, spec.graph.names)
-        document = self._validated(spec, key, dict(data or {}))
+        document = self._validated(spec, key, document)
         now = self.clock.now()
         store = self.store
         try:
@@ -317,7 +319,7 @@ class Engine:
     def update(self, key: str, data: Mapping[str, Any], *, actor: str | None = None) -> Resource:
         """Merge ``data`` into the resource's data: a new version and a journal row of kind
         ``update``, no change of state (so no risky edge's observation goes stale by it)."""
-        changes = dict(data)
+        changes = _document(queries.split_key(_looked_up(key))[0], key, data, "data", actor)
         return self._retrying(key, "update", lambda cursor, _tries: self._update(
             cursor, key, changes, actor))
 
@@ -363,19 +365,22 @@ class Engine:
         true at its source (default: now). Guards see the newest observation by
         ``observed_at``; an older one arriving late is kept in history but replaces nothing.
         A time ahead of the engine's clock is taken as now."""
-        if not isinstance(status, Mapping):
-            raise InvalidData("?", key, f"a status is a JSON object, not {type(status).__name__}")
+        document = _document(queries.split_key(_looked_up(key))[0], key, status, "status")
+        problem = values.text_problem(source, _NAME_MAX)
+        if problem is not None:
+            raise InvalidData("?", key, f"source {problem}")
         store = self.store
         recorded_at = self.clock.now()
         if observed_at is None:
             observed_at = recorded_at
-        elif observed_at.tzinfo is None:
-            raise InvalidData("?", key, f"observed_at {observed_at} has no time zone")
+        elif observed_at.tzinfo is None or not _in_range(observed_at):
+            raise InvalidData("?", key, f"observed_at {observed_at} has no time zone"
+                              if observed_at.tzinfo is None else
+                              f"observed_at {observed_at} is not a time in UTC's years 1-9999")
         elif observed_at > recorded_at:
             log.warning("%s: observation from %s is ahead of the clock (%s); taken as now",
                         key, observed_at.isoformat(), recorded_at.isoformat())
             observed_at = recorded_at
-        document = dict(status)
         try:
             with store.write() as cursor:
                 row = self._locate(cursor, key)
@@ -415,13 +420,16 @@ class Engine:
         if trigger == EVENTLESS:  # not a trigger of any machine: eventless edges need step()
             machine = queries.split_key(key)[0] or "?"
             raise UnknownTrigger(machine, trigger, [])
-        return self._fire(key, trigger, dict(payload or {}), actor, on_stale, within)
+        document = _document(queries.split_key(_looked_up(key))[0], key, payload, "payload",
+                             actor)
+        return self._fire(key, trigger, document, actor, on_stale, within)
 
     def step(self, key: str, *, actor: str | None = None,
              on_stale: OnStale = "raise") -> FireResult:
         """Take the first eventless transition from the resource's state whose guards hold
         (in the order of :attr:`MachineSpec.transitions`: edges from the resource's own
         state before edges from its parent states)."""
+        _document(queries.split_key(_looked_up(key))[0], key, None, "payload", actor)
         return self._fire(key, EVENTLESS, {}, actor, on_stale, None)
 
     def fire_timer(self, timer_id: int, key: str, trigger: str) -> FireResult | None:
@@ -513,7 +521,9 @@ class Engine:
                           dest=dest, version=row.version + 1,
                           spec_version=compiled.spec.version, actor=actor, at=params["now"],
                           payload=payload or None, guards=decision.guards or None,
-                          observation_id=params["observation_id_"] if risky else None,
+                          # guards decided on the newest observation: the row keeps it
+                          observation_id=params["observation_id_"]
+                          if risky or decision.guards else None,
                           fence=fence)
         except (TypeError, ValueError) as exc:  # a payload that JSON cannot hold
             raise InvalidData(row.machine, row.key, f"payload is not JSON: {exc}") from None
@@ -663,7 +673,9 @@ class Engine:
         if spec.data_model is None:
             return data
         try:
-            return spec.data_model.model_validate(data).model_dump(mode="json")
+            # the key as context: a model may check the data against it (job_exit's id)
+            return spec.data_model.model_validate(data, context={"key": key}).model_dump(
+                mode="json")
         except ValidationError as exc:
             detail = "; ".join(
                 f"{'.'.join(str(p) for p in e['loc']) or 'data'}: {e['msg']}"
@@ -676,7 +688,7 @@ class Engine:
     def get(self, key: str) -> Resource:
         """The resource as it is now, with its newest observation."""
         with self.store.read() as db:
-            return queries.get(db, key)
+            return queries.get(db, _looked_up(key))
 
     def available_triggers(self, key: str) -> list[str]:
         """The triggers that have a transition from the resource's current state (guards,
@@ -686,11 +698,11 @@ class Engine:
 
     def history(self, key: str) -> list[JournalEntry]:
         """The resource's journal, oldest first, each row with the observation it rested on."""
-        return queries.history(self.store, key)
+        return queries.history(self.store, _looked_up(key))
 
     def observations(self, key: str) -> list[Observation]:
         """Every observation of the resource, in the order they were recorded."""
-        return queries.observations_of(self.store, key)
+        return queries.observations_of(self.store, _looked_up(key))
 
     def resources(self, machine: str | None = None, state: str | None = None) -> list[Resource]:
         """Resources, by machine and key; ``state`` may be a composite state, which takes in
@@ -736,7 +748,42 @@ def _fence(edge: Edge, observation: Observation | None) -> dict[str, Any]:
     }
 
 
+def _looked_up(key: str) -> str:
+    """``key`` (or ``MACHINE:KEY``), if it is text a database can be asked about."""
+    problem = values.text_problem(key, 2 * _KEY_MAX)
+    if problem is not None:
+        raise LifecycleError(f"invalid key {key!r}: it {problem}")
+    return key
+
+
+def _document(machine: str | None, key: str, document: Any, what: str,
+              actor: str | None = None) -> dict[str, Any]:
+    """``document`` (data, a payload, a status) as a dict, if it is a JSON object that both
+    databases keep as it is (see :mod:`lifecycle.values`); ``actor`` checked too."""
+    if actor is not None and (problem := values.text_problem(actor, _KEY_MAX)) is not None:
+        raise InvalidData(machine or "?", key, f"actor {problem}")
+    if document is None:
+        return {}
+    if not isinstance(document, Mapping):
+        raise InvalidData(machine or "?", key,
+                          f"{what} must be a JSON object, not {type(document).__name__}")
+    try:
+        values.check(document, what)
+    except values.ValueProblem as exc:
+        raise InvalidData(machine or "?", key, str(exc)) from None
+    return dict(document)
+
+
+def _in_range(moment: dt.datetime) -> bool:
+    try:
+        moment.astimezone(dt.UTC)
+    except OverflowError:
+        return False
+    return True
+
+
 def _check_key(key: str) -> None:
+    _looked_up(key)
     if not isinstance(key, str) or not key or key != key.strip():
         raise LifecycleError(f"invalid key {key!r}: a key is a non-empty string without "
                              "surrounding spaces")

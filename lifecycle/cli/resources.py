@@ -9,11 +9,18 @@ import sys
 from typing import Any
 
 import click
+from rich.console import Group
 from rich.table import Table
+from rich.text import Text
+from sqlalchemy import select
 
-from ..effects import FAILED, PENDING, RUNNING
+from ..effects import DONE, FAILED, PENDING, RUNNING
+from ..engine import Engine
 from ..outbox import effect_records, timer_records
-from ..records import FireResult, JournalEntry
+from ..queries import resource_id
+from ..records import FireResult, JournalEntry, Observation
+from ..store import outbox
+from . import layout
 from .common import db_option, escape, json_arg, json_option, out, plural, time_text
 from .context import PLUGINS_VARIABLE, make_engine, resolve
 
@@ -198,55 +205,141 @@ def list_(machine: str | None, state: str | None, db_url: str | None, as_json: b
 @db_option
 @json_option
 def history(key: str, db_url: str | None, as_json: bool) -> None:
-    """Show the journal of resource KEY, oldest first."""
+    """Show the journal of resource KEY, oldest first, with the observations of it in the
+    order they were recorded and the outcome of each effect under the row that asked for
+    it."""
     engine = make_engine(db_url)
     entries = engine.history(key)
     if as_json:
         print(json.dumps([e.to_json() for e in entries], indent=2))
         return
     resource = engine.get(key)
-    days = {e.at.date() for e in entries}
+    full_key = f"{resource.machine}:{resource.key}"
+    seen = engine.observations(full_key)
+    effects = _effects_by_seq(engine, full_key)
+    days = {e.at.date() for e in entries} | {o.recorded_at.date() for o in seen}
     one_day = len(days) == 1
-    title = f"{resource.machine}:{resource.key}" + (
-        f", {next(iter(days)).isoformat()} (UTC)" if one_day else "")
-    table = Table("seq", "at", "event", "from -> to", title=title, title_justify="left")
-    table.add_column("details", overflow="fold")
-    for e in entries:
-        details = []
-        if e.actor:
-            details.append(f"by {e.actor}")
-        if e.guards:
-            # a transition shows the guards that let it fire; a refusal all it asked
-            shown: dict[str, bool] = e.guards if e.kind == "refusal" else {
-                name: ok for name, ok in e.guards.items() if ok}
-            if shown:
-                details.append(_verdicts(shown))
-        if e.payload:
-            label = "data" if e.kind in ("create", "adopt") else "payload"
-            details.append(f"{label} {_short(e.payload)}")
-        if e.observation is not None:
-            details.append(f"on {_short(e.observation.status)} seen "
-                           f"{time_text(e.observation.observed_at, one_day)} by "
-                           f"{e.observation.source}")
-        moved = f"{e.source} -> {e.dest}" if e.source and e.source != e.dest else e.dest
-        table.add_row(str(e.seq), time_text(e.at, one_day), _what(e), moved,
-                      escape("; ".join(details)))
+    title = Text(full_key, style="bold")
+    if one_day:
+        title.append(f", {next(iter(days)).isoformat()}, times UTC", style="not bold")
+    out.print(title)
+    table = Table("seq", "at", "what", box=None, pad_edge=False, header_style="dim")
+    table.columns[0].justify = "right"
+    table.columns[0].no_wrap = table.columns[1].no_wrap = True
+    table.columns[2].overflow = "fold"
+    for item in _timeline(entries, seen):
+        if isinstance(item, JournalEntry):
+            table.add_row(str(item.seq), time_text(item.at, one_day),
+                          _entry_text(item, effects.get(item.seq, []), one_day))
+        else:
+            table.add_row("", time_text(item[0].recorded_at, one_day),
+                          _observed_text(item, one_day))
     out.print(table)
-    out.print("[dim]version, guard verdicts, payloads and observations in full: "
-              "--json[/]")
+    out.print("[dim]in full, with versions and fences: --json[/]")
 
 
-def _short(document: Any, limit: int = 120) -> str:
-    text = json.dumps(document, sort_keys=True, separators=(",", ":"))
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+def _timeline(entries: list[JournalEntry], seen: list[Observation]
+              ) -> list[JournalEntry | list[Observation]]:
+    """Journal rows and observations in the order they were written (an observation
+    recorded at the instant of a decision comes first: a decision can rest on it), with
+    consecutive observations alike (same source, same status) taken together."""
+    pending = sorted(seen, key=lambda o: (o.recorded_at, o.id))
+    timeline: list[JournalEntry | list[Observation]] = []
+
+    def add(observation: Observation) -> None:
+        last = timeline[-1] if timeline else None
+        if isinstance(last, list) and (last[-1].source, last[-1].status) == (
+                observation.source, observation.status):
+            last.append(observation)
+        else:
+            timeline.append([observation])
+
+    for entry in entries:
+        while pending and pending[0].recorded_at <= entry.at:
+            add(pending.pop(0))
+        timeline.append(entry)
+    for observation in pending:
+        add(observation)
+    return timeline
 
 
-def _what(entry: JournalEntry) -> str:
+def _observed_text(run: list[Observation], one_day: bool) -> Group:
+    first, last = run[0], run[-1]
+    heading = Text("observed", style="cyan")
+    heading.append(f" by {first.source} (#{first.id}")
+    if len(run) > 1:
+        heading.append(f"; the same {len(run)} times in all, the last at "
+                       f"{time_text(last.recorded_at, one_day)}, #{last.id}")
+    heading.append(")")
+    if first.observed_at != first.recorded_at:
+        heading.append(f", true at {time_text(first.observed_at, one_day)}")
+    return layout.block(heading, layout.key_values(first.status), indent=2)
+
+
+def _entry_text(entry: JournalEntry, effects: list[Any], one_day: bool) -> Group:
+    heading = _what(entry)
+    if entry.kind in ("create", "adopt"):
+        heading.append(f" in {entry.dest}")
+    elif entry.source and entry.source != entry.dest:
+        heading.append(f": {entry.source} -> {entry.dest}")
+    if entry.actor:
+        heading.append(f", by {entry.actor}", style="dim")
+    details: list[layout.Detail] = []
+    if entry.guards:
+        # a transition shows the guards that let it fire; a refusal all it asked
+        shown: dict[str, bool] = entry.guards if entry.kind == "refusal" else {
+            name: ok for name, ok in entry.guards.items() if ok}
+        if shown:
+            details.append(f"guards: {_verdicts(shown)}")
+    details += layout.key_values(entry.payload)
+    seen = entry.observation
+    if seen is not None:
+        age = (entry.at - seen.observed_at).total_seconds()
+        details.append(f"on observation #{seen.id} by {seen.source}, {age:.1f} s old "
+                       f"(true at {time_text(seen.observed_at, one_day)}):")
+        details += [(2, line) for line in layout.key_values(seen.status)]
+    for effect in effects:
+        details.append(_effect_text(effect, one_day))
+        details += [(2, line) for line in layout.key_values(effect.progress)]
+    return layout.block(heading, details, indent=2)
+
+
+def _effect_text(effect: Any, one_day: bool) -> Text:
+    text = Text(f"effect {effect.name}: ")
+    style = {DONE: "green", FAILED: "red"}.get(effect.status, "yellow")
+    text.append(effect.status, style=style)
+    if effect.status == DONE and effect.finished_at is not None:
+        text.append(f" at {time_text(effect.finished_at, one_day)}")
+    elif effect.status == PENDING:
+        text.append(f", due {time_text(effect.next_attempt_at, one_day)}")
+    text.append(f" ({plural(effect.attempts, 'attempt')})")
+    if effect.last_error and effect.status != DONE:
+        text.append(f": {effect.last_error}")
+    return text
+
+
+def _effects_by_seq(engine: Engine, key: str) -> dict[int, list[Any]]:
+    """The effects of the resource (their outcome and what the handler saved), by the
+    journal row that asked for them."""
+    with engine.store.read() as db:
+        rid, _ = resource_id(db, key)
+        rows = db.execute(select(outbox.c.seq, outbox.c.name, outbox.c.status,
+                                 outbox.c.attempts, outbox.c.next_attempt_at,
+                                 outbox.c.last_error, outbox.c.progress,
+                                 outbox.c.finished_at)
+                          .where(outbox.c.resource_id == rid).order_by(outbox.c.id)).all()
+    found: dict[int, list[Any]] = {}
+    for row in rows:
+        found.setdefault(row.seq, []).append(row)
+    return found
+
+
+def _what(entry: JournalEntry) -> Text:
     if entry.kind == "transition":
-        return entry.trigger or "(eventless)"
+        return Text(entry.trigger or "(eventless)", style="bold")
     if entry.kind == "refusal":
-        return f"[red]refused[/] {entry.trigger or '(eventless)'}"
-    return entry.kind
+        return Text.assemble(("refused ", "bold red"), entry.trigger or "(eventless)")
+    return Text(entry.kind, style="bold")
 
 
 def _verdicts(guards: dict[str, bool] | None) -> str:

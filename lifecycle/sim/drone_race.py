@@ -57,6 +57,10 @@ class Job:
     payload_since: float | None = None
     payload_until: float | None = None
 
+    def state_since(self) -> float:
+        """When the job entered its current state."""
+        return self.history[-1][0] if self.history else self.submitted
+
     def state_at(self, when: float) -> str:
         state = BOOTING
         for at, value in self.history:
@@ -135,19 +139,37 @@ class SimulatedPool:
         if expect is not None and job.state != expect:
             self.fenced_saves += 1
             self.saved.append(job.name)
-            return Terminated(False, f"the job is {job.state}, not {expect}")
-        self._remove(job, terminate=True)
-        return Terminated(True)
+            return Terminated(False, f"left alone: the job is {self._truth(job)}, not "
+                                     f"{expect}")
+        truth = self._truth(job)
+        killed = self._remove(job, terminate=True)
+        return Terminated(True, f"removed the job while it was {truth}"
+                                + (": its payload was killed" if killed else ""))
 
-    def _remove(self, job: Job, *, terminate: bool) -> None:
+    def _truth(self, job: Job) -> str:
+        """The job's state as the site knows it now, as the site would report it."""
+        if job.state != RUNNING:
+            return job.state
+        since = self.loop.elapsed - job.state_since()
+        text = f"{RUNNING} (for {since:.0f} s"
+        if self._payload_running(job):
+            assert job.payload_since is not None
+            text += f", payload running for {self.loop.elapsed - job.payload_since:.1f} s"
+        return text + ")"
+
+    def _remove(self, job: Job, *, terminate: bool) -> bool:
+        """Remove the job; whether that killed its payload."""
+        killed = False
         if job.state == RUNNING:
             if terminate:
                 self.removed_running += 1
             if self._payload_running(job):
+                killed = True
                 self.killed_payloads += 1
                 self.victims.append(job.name)
         job.state = DELETED
         job.history.append((self.loop.elapsed, DELETED))
+        return killed
 
     # -- the pool ---------------------------------------------------------------------
 
@@ -319,11 +341,14 @@ def simulate(*, seed: int = 1, progress: Progress | None = None, store: Store | 
     hints: list[str] = []
     report["hints"] = hints
     if before["example"]:
-        hints.append(f"lifecycle history drone_tardis:{before['example']}   "
-                               "a drone whose payload TARDIS killed")
+        hints.append(f"lifecycle history drone_tardis:{before['example']}   a drone whose "
+                     "payload TARDIS killed: the status its removal rested on, how old it "
+                     "was, and what the site said when it removed the job")
     if after["example"]:
-        hints.append(f"lifecycle history drone:{after['example']}   "
-                               "a drone the fence (or a fresh status) saved")
+        hints.append(f"lifecycle history drone:{after['example']}   " + (
+            "the same drone on lifecycle's machine" if after["example"] == before["example"]
+            else "a drone on lifecycle's machine") + ": the fresh status it asked for, and "
+            "the fence (or a fresh Running) that kept its job")
     report["measures"] = [
         {"what": "drones whose running payload was killed",
          "before": before["payloads_killed"], "after": after["payloads_killed"]},
