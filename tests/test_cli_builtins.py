@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -70,3 +71,67 @@ def test_a_new_drone_asks_for_its_deploy_and_waits_for_a_worker_that_can(run: Ru
     assert [(e["name"], e["status"]) for e in effects] == [("deploy", "pending")]
     worked = json.loads(run("worker", "--until-idle", "--json"))
     assert worked["done"] == 0 and worked["outbox"]["pending"] == 1  # not this worker's
+
+
+# Each built-in machine: its first trigger fired and a data change made from the command
+# line, with no plugin; the machine's own effects wait for a worker or run built in.
+FIRST_MOVE = {  # key, data, a data change, trigger, payload, where it goes
+    "batch_job": ("b1", {}, {"max_holds": 5}, "start", {}, "running.starting"),
+    "drone": ("d1", {}, {"minimum_lifetime": 600}, "deployed", {"remote_id": "job-1"},
+              "booting"),
+    "drone_tardis": ("t1", {}, {"minimum_lifetime": 600}, "deployed",
+                     {"remote_id": "job-1"}, "booting"),
+    "job_exit": ("7.0", {"cluster": 7, "proc": 0, "owner": "alice", "cmd": "/bin/true",
+                         "submit_host": "submit.example.org", "userlog": None,
+                         "output_ad": None}, {"notification": "Always"},
+                 "exited", {"exit_code": 0}, "writing_userlog"),
+}
+
+
+def test_every_builtin_has_a_first_move() -> None:
+    assert sorted(FIRST_MOVE) == sorted(builtins())
+
+
+@pytest.mark.parametrize("machine", sorted(FIRST_MOVE))
+def test_a_builtin_is_fired_and_updated_without_plugins(run: Run, machine: str) -> None:
+    key, data, change, trigger, payload, dest = FIRST_MOVE[machine]
+    run("create", machine, key, "--data", json.dumps(data))
+    updated = run("update", key, json.dumps(change))
+    (name, value), = change.items()
+    assert f"{machine}:{key}: data updated (version 2):\n  {name}={value}\n" in updated
+    fired = json.loads(run("fire", key, trigger, "--payload", json.dumps(payload), "--json"))
+    assert (fired["fired"], fired["dest"], fired["version"]) == (True, dest, 3)
+    shown = json.loads(run("show", key, "--json"))
+    assert shown["state"] == dest and shown["data"][name] == value
+    history = json.loads(run("history", key, "--json"))
+    assert [(h["kind"], h["trigger"]) for h in history] == [
+        ("create", None), ("update", None), ("transition", trigger)]
+    refused = run("fire", key, "no_such_trigger", code=1)
+    assert "no_such_trigger" in refused
+
+
+def test_a_tardis_drone_is_released_on_its_stale_status_without_a_probe(run: Run) -> None:
+    # drone_tardis has no risky edge: it moves on whatever status it holds (the incident)
+    run("create", "drone_tardis", "t2", "--state", "booting")
+    run("observe", "t2", '{"resource_status": "Booting"}', "--at", "2001-01-01T00:00:00Z")
+    run("update", "t2", '{"demand": 0}')
+    moved = json.loads(run("step", "t2", "--json"))
+    assert (moved["fired"], moved["dest"]) == (True, "cleanup")
+    effects = json.loads(run("show", "t2", "--json"))["effects"]
+    assert [(e["name"], e["status"]) for e in effects] == [("terminate", "pending")]
+    text = run("history", "t2")
+    assert "on observation #1 by cli" in text  # the status the removal rested on, and its age
+    assert "resource_status=Booting" in text
+
+
+def test_a_missing_probe_names_itself_and_the_remedy_on_fire_too(run: Run,
+                                                                  tmp_path: Path) -> None:
+    spec = {"name": "lease", "initial": "held", "final": ["gone"], "states": ["held", "gone"],
+            "transitions": [{"trigger": "reclaim", "source": "held", "dest": "gone",
+                             "fresh": {"max_age": 60, "probe": "lease_db"}}]}
+    path = tmp_path / "lease.json"
+    path.write_text(json.dumps(spec))
+    run("create", str(path), "l1")
+    refused = run("fire", "l1", "reclaim", code=3)
+    assert "probe 'lease_db' is not registered with this engine" in refused
+    assert "LIFECYCLE_PLUGINS" in refused

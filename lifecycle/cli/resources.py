@@ -118,7 +118,8 @@ def update(key: str, data: str, actor: str | None, db_url: str | None, as_json: 
         print(json.dumps(resource.to_json(), indent=2))
     else:
         out.print(f"{resource.machine}:{resource.key}: data updated (version "
-                  f"{resource.version}): {escape(json.dumps(resource.data, sort_keys=True))}")
+                  f"{resource.version}):")
+        out.print(Text("\n".join(f"  {line}" for line in layout.key_values(document))))
 
 
 def print_result(result: FireResult, as_json: bool) -> None:
@@ -156,6 +157,8 @@ def show(key: str, db_url: str | None, as_json: bool) -> None:
                           "effects": [e.to_json() for e in open_effects]}, indent=2))
         return
     table = Table(show_header=False, box=None)
+    table.add_column(no_wrap=True)
+    table.add_column(overflow="fold")
     table.add_row("resource", f"{resource.machine}:{resource.key}")
     table.add_row("state", f"[bold]{resource.state}[/]")
     table.add_row("version", str(resource.version))
@@ -163,12 +166,12 @@ def show(key: str, db_url: str | None, as_json: bool) -> None:
     table.add_row("created", time_text(resource.created_at))
     table.add_row("updated", time_text(resource.updated_at))
     table.add_row("triggers", ", ".join(triggers) or "none")
-    table.add_row("data", escape(json.dumps(resource.data, sort_keys=True)))
+    table.add_row("data", Text("\n".join(layout.key_values(resource.data)) or "none"))
     if resource.observation is not None:
         seen = resource.observation
-        table.add_row("observed", escape(
-            f"{json.dumps(seen.status, sort_keys=True)} at {time_text(seen.observed_at)} by "
-            f"{seen.source} (#{seen.id})"))
+        table.add_row("observed", Text("\n".join([
+            f"by {seen.source} (#{seen.id}), true at {time_text(seen.observed_at)}",
+            *layout.key_values(seen.status)])))
     for timer in pending_timers:
         table.add_row("timer", f"{timer.trigger} at {time_text(timer.due_at)} (set on entering "
                                f"{timer.state})")
