@@ -13,7 +13,7 @@ import fcntl
 import os
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 if TYPE_CHECKING:
     from .effects import EffectCall
@@ -61,12 +61,14 @@ def verified_append(call: EffectCall, path: str | os.PathLike[str], record: byte
         try:
             size = handle.seek(0, os.SEEK_END)
             offset = call.progress.get(slot)
-            if isinstance(offset, int) and offset <= size:
+            if isinstance(offset, int) and not isinstance(offset, bool) and 0 <= offset <= size:
+                # read no more than the record's length: what is after it is others' (and a
+                # device such as /dev/full never ends)
                 handle.seek(offset)
-                tail = handle.read()
-                if tail.startswith(record) or record in tail:
+                found = _read_at_most(handle, len(record))
+                if found == record:
                     return False  # an earlier attempt wrote it (others may have written after)
-                if record.startswith(tail) and tail:
+                if found and record.startswith(found) and offset + len(found) == size:
                     # an earlier attempt died in the middle of the record: nobody wrote after
                     # it, so the torn bytes are ours to replace
                     handle.truncate(offset)
@@ -79,3 +81,16 @@ def verified_append(call: EffectCall, path: str | os.PathLike[str], record: byte
             return True
         finally:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _read_at_most(handle: BinaryIO, count: int) -> bytes:
+    """Up to ``count`` bytes from the handle's position (fewer only at the end)."""
+    parts: list[bytes] = []
+    left = count
+    while left > 0:
+        chunk = handle.read(left)
+        if not chunk:
+            break
+        parts.append(chunk)
+        left -= len(chunk)
+    return b"".join(parts)

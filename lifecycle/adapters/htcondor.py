@@ -1,14 +1,22 @@
 """HTCondor's formats: the job event log ("user log") and ClassAds, and the text of a job's
-notification mail.
+notification mail, as HTCondor's own code writes them for a local-universe job.
 
-- :func:`terminated_event`: a 005 "Job terminated" event as HTCondor writes it (ISO date in
-  UTC, normal or abnormal termination with the core file line, the four usage lines, the four
-  byte lines, the closing ``...``), which ``htcondor2.JobEventLog`` reads back.
-- :func:`format_ad`: a ClassAd in the new syntax (``[ Name = value; ... ]``). Strings are
-  quoted with C-style escapes, so every value reads back unchanged with ``classad2`` and no
-  value can add an attribute. (The old, line-based syntax cannot: it escapes only ``"``, so a
-  newline or a trailing backslash in a string breaks it.)
-- :func:`notification_text`: subject and body of the mail, like HTCondor's job notification.
+- :func:`terminated_event`: a 005 "Job terminated" event as ``TerminatedEvent::formatBody``
+  writes it (``src/condor_utils/condor_event.cpp``), with what the local-universe starter
+  puts in it (``src/condor_starter.V6.1/local_user_log.cpp``): the job's CPU time in the
+  "Run Local Usage" line, zero in the remote and total lines, zero bytes (a local job
+  transfers no files). The header's date follows :class:`UserLogFormat`, HTCondor's
+  ``DEFAULT_USERLOG_FORMAT_OPTIONS``: by default the ISO date in local time without a zone.
+  ``htcondor2.JobEventLog`` reads it back.
+- :func:`final_ad`: the job's final ad with the attributes and types of the real one
+  (``ExitBySignal`` a boolean, ``ExitReason`` a string, ``JobDuration`` a real, dates
+  integers ...). :func:`format_ad` writes it in the new ClassAd syntax (``[ Name = value;
+  ... ]``): strings are quoted with C-style escapes, so every value reads back unchanged with
+  ``classad2`` and no value can add an attribute. (The old, line-based syntax cannot: it
+  escapes only ``"``, so a newline or a trailing backslash in a string breaks it.)
+- :func:`notification_text`: subject and body of the job's mail as ``Email::sendExit``
+  writes them (``src/condor_utils/email_cpp.cpp``, ``email.cpp``): the subject
+  ``[Condor] Condor Job 42.0`` (``EMAIL_SUBJECT_PROLOG``), the sections and the signature.
 
 Pure functions: no I/O here.
 """
@@ -18,6 +26,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import re
+import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -29,8 +38,10 @@ IDLE, RUNNING, REMOVED, COMPLETED, HELD, TRANSFERRING_OUTPUT, SUSPENDED = 1, 2, 
 JOB_STATUS_NAMES = {IDLE: "Idle", RUNNING: "Running", REMOVED: "Removed",
                     COMPLETED: "Completed", HELD: "Held",
                     TRANSFERRING_OUTPUT: "Transferring Output", SUSPENDED: "Suspended"}
+LOCAL_UNIVERSE = 12
 
 JOB_TERMINATED = 5
+EMAIL_SUBJECT_PROLOG = "[Condor] "
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _ATTRIBUTE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -63,7 +74,8 @@ class JobId(NamedTuple):
 @dataclass(frozen=True, slots=True)
 class JobTermination:
     """How a job ended, and what HTCondor's exit records say about it. Exactly one of
-    ``exit_code`` (a normal exit) and ``exit_signal`` (killed by a signal) is set."""
+    ``exit_code`` (a normal exit) and ``exit_signal`` (killed by a signal) is set;
+    ``submitted_at`` (``QDate``) and ``started_at`` (``JobStartDate``) when known."""
 
     cluster: int
     proc: int
@@ -77,14 +89,17 @@ class JobTermination:
     remote_user_cpu: float = 0.0
     remote_sys_cpu: float = 0.0
     wall_clock: float = 0.0
-    bytes_sent: int = 0
-    bytes_received: int = 0
+    image_size: int = 0
+    submitted_at: dt.datetime | None = None
+    started_at: dt.datetime | None = None
 
     def __post_init__(self) -> None:
         if (self.exit_code is None) == (self.exit_signal is None):
             raise ValueError(f"job {self.job_id}: give exit_code or exit_signal, exactly one")
-        if self.exited_at.tzinfo is None:
-            raise ValueError(f"job {self.job_id}: exited_at {self.exited_at} has no time zone")
+        for name in ("exited_at", "submitted_at", "started_at"):
+            when = getattr(self, name)
+            if when is not None and when.tzinfo is None:
+                raise ValueError(f"job {self.job_id}: {name} {when} has no time zone")
 
     @property
     def job_id(self) -> JobId:
@@ -107,14 +122,71 @@ class JobTermination:
 # -- the user log ------------------------------------------------------------------------
 
 
-def event_time(when: dt.datetime) -> str:
-    """An event header's date: ISO, UTC, whole seconds, with ``Z`` so that readers in any
-    time zone take it as UTC."""
-    return when.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+@dataclass(frozen=True, slots=True)
+class UserLogFormat:
+    """How an event header writes its date: HTCondor's ``DEFAULT_USERLOG_FORMAT_OPTIONS``.
+    The default is HTCondor's: ``ISO_DATE`` in local time without a zone."""
+
+    iso_date: bool = True
+    utc: bool = False
+    sub_second: bool = False
+
+    @classmethod
+    def parse(cls, text: str) -> UserLogFormat:
+        """Options as HTCondor reads them (``ULogEvent::parse_opts``): names separated by
+        commas or spaces, any case, ``!`` before one turns it off; ``LEGACY`` turns the
+        three off (``MM/DD hh:mm:ss``, which has no year), ``!LEGACY`` turns ISO_DATE on.
+        The XML and JSON formats are not offered; an unknown name is an error."""
+        iso, utc, sub = True, False, False  # HTCondor's USERLOG_FORMAT_DEFAULT: ISO_DATE
+        for token in re.split(r"[\s,]+", text.strip()):
+            if not token:
+                continue
+            on = not token.startswith("!")
+            name = token.lstrip("!").upper()
+            if name == "ISO_DATE":
+                iso = on
+            elif name == "UTC":
+                utc = on
+            elif name == "SUB_SECOND":
+                sub = on
+            elif name == "LEGACY":
+                if on:
+                    iso = utc = sub = False
+                else:
+                    iso = True
+            else:
+                raise ValueError(f"{token!r} is not a user log format option; the options are "
+                                 "ISO_DATE, UTC, SUB_SECOND and LEGACY, each may be "
+                                 "negated with '!'")
+        return cls(iso, utc, sub)
+
+    def __str__(self) -> str:
+        names = [("ISO_DATE" if self.iso_date else "!ISO_DATE")]
+        if self.utc:
+            names.append("UTC")
+        if self.sub_second:
+            names.append("SUB_SECOND")
+        return ", ".join(names)
+
+
+def event_time(when: dt.datetime, form: UserLogFormat = UserLogFormat()) -> str:
+    """An event header's date as ``ULogEvent::formatHeader`` writes it: in local time (the
+    process's time zone) or, with ``UTC``, in UTC followed by ``Z``."""
+    moment = when.astimezone(UTC) if form.utc else when.astimezone()
+    if form.iso_date:
+        text = (f"{moment.year:04d}-{moment.month:02d}-{moment.day:02d} "
+                f"{moment.hour:02d}:{moment.minute:02d}:{moment.second:02d}")
+    else:
+        text = (f"{moment.month:02d}/{moment.day:02d} "
+                f"{moment.hour:02d}:{moment.minute:02d}:{moment.second:02d}")
+    if form.sub_second:
+        text += f".{moment.microsecond // 1000:03d}"
+    return text + ("Z" if form.utc else "")
 
 
 def usage(seconds: float) -> str:
-    """``D HH:MM:SS``, HTCondor's rusage and duration format."""
+    """``D HH:MM:SS``, the user log's usage format (``ULogEvent::formatRusage``): whole
+    seconds, the fraction cut off as the starter's ``(time_t)`` cast does."""
     total = int(max(0.0, seconds))
     days, rest = divmod(total, 86400)
     hours, rest = divmod(rest, 3600)
@@ -122,10 +194,18 @@ def usage(seconds: float) -> str:
     return f"{days} {hours:02d}:{minutes:02d}:{secs:02d}"
 
 
-def terminated_event(end: JobTermination) -> bytes:
-    """The 005 "Job terminated" event of ``end``, closing ``...`` included."""
+def rusage_line(user: float, system: float) -> str:
+    return f"Usr {usage(user)}, Sys {usage(system)}"
+
+
+def terminated_event(end: JobTermination, form: UserLogFormat = UserLogFormat()) -> bytes:
+    """The 005 "Job terminated" event of ``end``, closing ``...`` included. The job's CPU
+    time is local usage (the local universe's starter runs the job on the submit machine);
+    the remote and total lines and the byte counts are zero, as that starter writes them.
+    A core file's path is written when known (HTCondor's shadow writes it for its jobs;
+    the local starter does not know it and writes ``(0) No core file``)."""
     lines = [f"{JOB_TERMINATED:03d} ({end.cluster:03d}.{end.proc:03d}.000) "
-             f"{event_time(end.exited_at)} Job terminated."]
+             f"{event_time(end.exited_at, form)} Job terminated."]
     if end.exit_signal is None:
         lines.append(f"\t(1) Normal termination (return value {end.exit_code})")
     else:
@@ -137,14 +217,12 @@ def terminated_event(end: JobTermination) -> bytes:
                 raise ValueError(f"job {end.job_id}: core file path {end.core_file!r} has a "
                                  "control character, which would break the event log")
             lines.append(f"\t(1) Corefile in: {end.core_file}")
-    remote = f"Usr {usage(end.remote_user_cpu)}, Sys {usage(end.remote_sys_cpu)}"
-    local = f"Usr {usage(0)}, Sys {usage(0)}"
-    lines += [f"\t\t{remote}  -  Run Remote Usage", f"\t\t{local}  -  Run Local Usage",
-              f"\t\t{remote}  -  Total Remote Usage", f"\t\t{local}  -  Total Local Usage"]
-    lines += [f"\t{end.bytes_sent}  -  Run Bytes Sent By Job",
-              f"\t{end.bytes_received}  -  Run Bytes Received By Job",
-              f"\t{end.bytes_sent}  -  Total Bytes Sent By Job",
-              f"\t{end.bytes_received}  -  Total Bytes Received By Job", "..."]
+    zero = rusage_line(0, 0)
+    lines += [f"\t\t{zero}  -  Run Remote Usage",
+              f"\t\t{rusage_line(end.remote_user_cpu, end.remote_sys_cpu)}  -  Run Local Usage",
+              f"\t\t{zero}  -  Total Remote Usage", f"\t\t{zero}  -  Total Local Usage"]
+    lines += ["\t0  -  Run Bytes Sent By Job", "\t0  -  Run Bytes Received By Job",
+              "\t0  -  Total Bytes Sent By Job", "\t0  -  Total Bytes Received By Job", "..."]
     return ("\n".join(lines) + "\n").encode("utf-8")
 
 
@@ -152,14 +230,34 @@ def terminated_event(end: JobTermination) -> bytes:
 
 IDENTITY_ATTRIBUTES = ("ClusterId", "ProcId", "Owner", "Cmd")
 TERMINAL_ATTRIBUTES = (
-    "JobStatus", "LastJobStatus", "ExitBySignal", "ExitCode", "ExitSignal", "JobCoreDumped",
-    "CompletionDate", "EnteredCurrentStatus", "RemoteUserCpu", "RemoteSysCpu",
-    "RemoteWallClockTime", "BytesSent", "BytesRecvd",
+    "JobStatus", "LastJobStatus", "ExitBySignal", "ExitCode", "ExitSignal", "ExitReason",
+    "JobCoreDumped", "JobDuration", "CompletionDate", "EnteredCurrentStatus",
+    "RemoteUserCpu", "RemoteSysCpu", "RemoteWallClockTime", "ImageSize",
 )
 
 
+def signal_name(number: int) -> str:
+    """The C library's description of a signal (``strsignal``), as HTCondor prints it."""
+    try:
+        name = signal.strsignal(number)
+    except ValueError:
+        name = None
+    return name or f"Unknown signal {number}"
+
+
+def exit_reason(end: JobTermination) -> str | None:
+    """``ExitReason`` as the starter sets it for a job killed by a signal
+    (``UserProc::PublishUpdateAd``: "died on " and ``DaemonCore::GetExceptionString``);
+    None for a normal exit, which has none."""
+    if end.exit_signal is None:
+        return None
+    return f"died on signal {end.exit_signal} ({signal_name(end.exit_signal)})"
+
+
 def terminal_attributes(end: JobTermination) -> dict[str, ClassAdValue]:
-    """What a job's end sets in its ad: ``JobStatus = 4`` and the exit attributes."""
+    """What a job's end sets in its ad: ``JobStatus = 4`` and the exit attributes, with the
+    real ad's types. ``JobCoreDumped`` is set (true) only when the job dumped core, as the
+    starter does (``OsProc::PublishUpdateAd``)."""
     attributes: dict[str, ClassAdValue] = {
         "JobStatus": COMPLETED,
         "LastJobStatus": RUNNING,
@@ -170,23 +268,32 @@ def terminal_attributes(end: JobTermination) -> dict[str, ClassAdValue]:
         attributes["ExitCode"] = end.exit_code
     else:
         attributes["ExitSignal"] = end.exit_signal
+        attributes["ExitReason"] = exit_reason(end) or ""
+    if end.core_dumped:
+        attributes["JobCoreDumped"] = True
     attributes.update({
-        "JobCoreDumped": end.core_dumped,
+        "JobDuration": float(end.wall_clock),
         "CompletionDate": end.completion_date,
         "EnteredCurrentStatus": end.completion_date,
         "RemoteUserCpu": float(end.remote_user_cpu),
         "RemoteSysCpu": float(end.remote_sys_cpu),
         "RemoteWallClockTime": float(end.wall_clock),
-        "BytesSent": float(end.bytes_sent),
-        "BytesRecvd": float(end.bytes_received),
+        "ImageSize": end.image_size,
     })
     return attributes
 
 
 def final_ad(end: JobTermination) -> dict[str, ClassAdValue]:
     """The job's final ad, as the output ad holds it."""
-    return {"ClusterId": end.cluster, "ProcId": end.proc, "Owner": end.owner, "Cmd": end.cmd,
-            **terminal_attributes(end)}
+    ad: dict[str, ClassAdValue] = {
+        "ClusterId": end.cluster, "ProcId": end.proc, "Owner": end.owner, "Cmd": end.cmd,
+        "JobUniverse": LOCAL_UNIVERSE}
+    if end.submitted_at is not None:
+        ad["QDate"] = int(end.submitted_at.timestamp())
+    if end.started_at is not None:
+        ad["JobStartDate"] = int(end.started_at.timestamp())
+    ad.update(terminal_attributes(end))
+    return ad
 
 
 def quote(value: str) -> str:
@@ -248,27 +355,44 @@ def displayed(text: str) -> str:
     return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
 
 
-def metric_units(count: float) -> str:
-    value = float(count)
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if value < 1024.0 or unit == "TB":
-            return f"{value:.1f} {unit}"
-        value /= 1024.0
-    raise AssertionError("unreachable")
+def duration(seconds: float) -> str:
+    """``format_time``'s ``DDD+HH:MM:SS`` (days right-aligned in three columns), HTCondor's
+    format for times in mail."""
+    total = int(seconds)
+    days, rest = divmod(total, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{days:3d}+{hours:02d}:{minutes:02d}:{secs:02d}"
+
+
+def ctime(when: dt.datetime) -> str:
+    """C's ``ctime`` in local time (the process's time zone), without its newline:
+    ``Wed Dec  2 10:01:00 2026``."""
+    moment = when.astimezone()
+    return f"{moment:%a %b} {moment.day:2d} {moment:%H:%M:%S} {moment.year}"
 
 
 def exit_text(end: JobTermination) -> str:
-    if end.exit_signal is not None:
-        return f"died on signal {end.exit_signal}"
+    """``printExitString``: the exit reason for a signal, else the status."""
+    reason = exit_reason(end)
+    if reason is not None:
+        return reason
     return f"exited normally with status {end.exit_code}"
 
 
+SIGNATURE = ("\n\n-=-=-=-=-=-=-=-=-=-=-=-=-=-=-=-=-=-=-=-=-=\n"
+             "Questions about this message or HTCondor in general?\n"
+             "The Official HTCondor Homepage is https://htcondor.org/\n")
+
+
 def notification_text(end: JobTermination) -> tuple[str, str]:
-    """Subject and body of the job's notification mail, like HTCondor's. The subject holds
-    nothing but the job id; strings from the job appear only in the body, escaped."""
-    subject = f"Condor Job {end.cluster}.{end.proc}"
-    cpu = end.remote_user_cpu + end.remote_sys_cpu
-    when = end.exited_at.astimezone(UTC).strftime("%a %b %d %H:%M:%S %Y UTC")
+    """Subject and body of the job's notification mail, as ``Email::sendExit`` writes them
+    for a local-universe job (no network section: a local job transfers nothing). Dates are
+    in local time, as ``ctime`` writes them; "Submitted at" and "Real Time" need the job's
+    ``submitted_at`` (``QDate``) and are left out without it. The subject holds nothing but
+    the job id; strings from the job appear only in the body, escaped."""
+    subject = f"{EMAIL_SUBJECT_PROLOG}Condor Job {end.cluster}.{end.proc}"
+    cpu = int(end.remote_user_cpu + end.remote_sys_cpu)
     lines = [
         "This is an automated email from the Condor system",
         f'on machine "{displayed(end.submit_host)}".  Do not reply.',
@@ -277,29 +401,35 @@ def notification_text(end: JobTermination) -> tuple[str, str]:
         f"\t{displayed(end.cmd)}",
         exit_text(end),
     ]
-    if end.core_file is not None:
-        lines.append(f"Core file is: {displayed(end.core_file)}")
+    if end.core_dumped:
+        lines.append("Core file generated")
+    lines += ["", ""]
+    if end.submitted_at is not None:
+        lines.append(f"Submitted at:        {ctime(end.submitted_at)}")
+    lines.append(f"Completed at:        {ctime(end.exited_at)}")
+    if end.submitted_at is not None:
+        real = int(end.exited_at.timestamp()) - int(end.submitted_at.timestamp())
+        lines.append(f"Real Time:           {duration(real)}")
     lines += [
         "",
-        "",
-        f"Completed at:        {when}",
-        f"Real Time:           {usage(end.wall_clock)}",
+        f"Virtual Image Size:  {end.image_size} Kilobytes",
         "",
         "Statistics from last run:",
-        f"Allocation/Run time:     {usage(end.wall_clock)}",
-        f"Remote User CPU Time:    {usage(end.remote_user_cpu)}",
-        f"Remote System CPU Time:  {usage(end.remote_sys_cpu)}",
-        f"Total Remote CPU Time:   {usage(cpu)}",
+        f"Allocation/Run time:     {duration(end.wall_clock)}",
+        f"Remote User CPU Time:    {duration(end.remote_user_cpu)}",
+        f"Remote System CPU Time:  {duration(end.remote_sys_cpu)}",
+        f"Total Remote CPU Time:   {duration(cpu)}",
         "",
-        "Network:",
-        f"{metric_units(end.bytes_received):>10} Run Bytes Received By Job",
-        f"{metric_units(end.bytes_sent):>10} Run Bytes Sent By Job",
+        "Statistics totaled from all runs:",
+        f"Allocation/Run time:     {duration(end.wall_clock)}",
     ]
-    return subject, "\n".join(lines) + "\n"
+    return subject, "\n".join(lines) + "\n" + SIGNATURE
 
 
 __all__ = [
-    "COMPLETED", "IDENTITY_ATTRIBUTES", "JOB_STATUS_NAMES", "RUNNING", "TERMINAL_ATTRIBUTES",
-    "ClassAdValue", "JobId", "JobTermination", "event_time", "final_ad", "format_ad",
-    "notification_text", "quote", "terminal_attributes", "terminated_event", "usage",
+    "COMPLETED", "EMAIL_SUBJECT_PROLOG", "IDENTITY_ATTRIBUTES", "JOB_STATUS_NAMES",
+    "LOCAL_UNIVERSE", "RUNNING", "TERMINAL_ATTRIBUTES", "ClassAdValue", "JobId",
+    "JobTermination", "UserLogFormat", "ctime", "duration", "event_time", "exit_reason",
+    "final_ad", "format_ad", "notification_text", "quote", "signal_name",
+    "terminal_attributes", "terminated_event", "usage",
 ]

@@ -11,27 +11,45 @@ before (a), and (d) always follows (c). ``notification`` decides whether (d) is 
 ``queue_updated`` goes to ``emailing`` or straight to ``done`` by the guard
 ``notification_wanted``, whose verdict the journal keeps.
 
-A failing step is retried by the worker with backoff, never by a sleep (default like
-HTCondor's ``LOCAL_UNIVERSE_MAX_JOB_CLEANUP_RETRIES`` and ``..._RETRY_DELAY``: 5 attempts,
-30 s apart; ``$LIFECYCLE_JOB_EXIT_ATTEMPTS``, ``$LIFECYCLE_JOB_EXIT_RETRY_DELAY``). After the
-last attempt the effect fails for good and ``gave_up`` moves the resource to
-``stuck_<step>``, visible in ``lifecycle list`` and ``lifecycle stuck``; ``lifecycle retry``
-runs the failed step again, and the resource goes on from there.
+Identity: the key must be the job id of the data (checked whenever the data is validated,
+at creation and at every change), and the ``exited`` payload carries the exit fields and
+nothing else (:data:`EXIT_FIELDS`), so no exit can change which job exits, who is mailed or
+which files are written.
+
+A failing step is retried by the worker, never by a sleep, with HTCondor's knobs and
+defaults: ``LOCAL_UNIVERSE_MAX_JOB_CLEANUP_RETRIES`` (5 retries after the first attempt)
+and ``LOCAL_UNIVERSE_JOB_CLEANUP_RETRY_DELAY`` (30 s, no jitter), here
+``$LIFECYCLE_JOB_EXIT_MAX_RETRIES`` and ``$LIFECYCLE_JOB_EXIT_RETRY_DELAY`` and for every
+step, where HTCondor retries the queue update only. After the last attempt the effect
+fails for good and ``gave_up`` moves the resource to ``stuck_<step>``, visible in
+``lifecycle list`` and ``lifecycle stuck``; ``lifecycle retry`` runs the failed step again,
+and the resource goes on from there. Every setting is read by :func:`settings_from_environment`.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import glob
+import itertools
 import logging
 import os
+import posixpath
 import re
+import stat
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from ..adapters import htcondor, smtp
 from ..adapters.job_queue import DatabaseJobQueue, JobQueue
@@ -45,16 +63,126 @@ from .builtin import Builtin
 
 log = logging.getLogger(__name__)
 
-ATTEMPTS_VARIABLE = "LIFECYCLE_JOB_EXIT_ATTEMPTS"
+MAX_RETRIES_VARIABLE = "LIFECYCLE_JOB_EXIT_MAX_RETRIES"
 RETRY_DELAY_VARIABLE = "LIFECYCLE_JOB_EXIT_RETRY_DELAY"
-DEFAULT_ATTEMPTS = 5
-DEFAULT_RETRY_DELAY = 30.0
+USERLOG_FORMAT_VARIABLE = "LIFECYCLE_USERLOG_FORMAT_OPTIONS"
+DIRECTORIES_VARIABLE = "LIFECYCLE_JOB_EXIT_DIRECTORIES"
+RETIRED_VARIABLES = {"LIFECYCLE_JOB_EXIT_ATTEMPTS": MAX_RETRIES_VARIABLE}
+DEFAULT_MAX_RETRIES = 5
+DEFAULT_RETRY_DELAY = 30
 HANDLER_TIMEOUT = 60.0
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _MAX_ID = 2**31 - 1
-Notification = Literal["Never", "Always", "Complete", "Error"]
-_NOTIFICATIONS: tuple[str, ...] = ("Never", "Always", "Complete", "Error")
+MAX_SECONDS = float(2**31 - 1)
+"""The most seconds of CPU or wall time: what the user log's usage lines read back
+(``ULogEvent::readRusageLine`` adds them up in a C ``int``)."""
+EARLIEST = dt.datetime(1970, 1, 2, tzinfo=dt.UTC)
+LATEST = dt.datetime(9999, 12, 30, tzinfo=dt.UTC)
+"""Times lie between these, so that a ClassAd date (seconds since the epoch, 0 meaning
+"never") is positive and the user log's date has four digits of year in any time zone."""
+
+Notification = Literal["Never", "Always", "Complete", "Error", "Start"]
+_NOTIFICATIONS: tuple[str, ...] = ("Never", "Always", "Complete", "Error", "Start")
+
+EXIT_FIELDS = ("exit_code", "exit_signal", "core_file", "remote_user_cpu", "remote_sys_cpu",
+               "wall_clock", "image_size", "exited_at")
+"""What the ``exited`` payload may carry: how the job ended and what it used."""
+
+
+# -- settings --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """How job exits are carried out (see :func:`settings_from_environment`)."""
+
+    max_retries: int = DEFAULT_MAX_RETRIES
+    """Retries of a failed step after its first attempt (HTCondor's
+    ``LOCAL_UNIVERSE_MAX_JOB_CLEANUP_RETRIES``): 5 means 6 attempts in all."""
+    retry_delay: int = DEFAULT_RETRY_DELAY
+    """Seconds between attempts, without jitter (``LOCAL_UNIVERSE_JOB_CLEANUP_RETRY_DELAY``)."""
+    userlog_format: htcondor.UserLogFormat = field(default_factory=htcondor.UserLogFormat)
+    directories: tuple[str, ...] = ()
+    """When not empty, user logs and output ads must lie under one of these directories."""
+
+    @property
+    def retry(self) -> Retry:
+        return Retry(max_attempts=self.max_retries + 1, base=float(self.retry_delay),
+                     cap=float(self.retry_delay), jitter=0.0)
+
+
+def settings_from_environment(environ: Mapping[str, str] | None = None) -> Settings:
+    """The job exit's settings, every one of them read here:
+
+    - ``LIFECYCLE_JOB_EXIT_MAX_RETRIES`` (default 5) and ``LIFECYCLE_JOB_EXIT_RETRY_DELAY``
+      (default 30): whole numbers, at least 0, with the meaning of HTCondor's
+      ``LOCAL_UNIVERSE_MAX_JOB_CLEANUP_RETRIES`` and ``..._RETRY_DELAY``;
+    - ``LIFECYCLE_USERLOG_FORMAT_OPTIONS``: as HTCondor's ``DEFAULT_USERLOG_FORMAT_OPTIONS``
+      (``ISO_DATE``, ``UTC``, ``SUB_SECOND``, ``LEGACY``; default ISO date in local time);
+    - ``LIFECYCLE_JOB_EXIT_DIRECTORIES``: absolute directories separated by ``:``; when set,
+      every user log and output ad must lie under one of them.
+    """
+    env = os.environ if environ is None else environ
+    for retired, current in RETIRED_VARIABLES.items():
+        if env.get(retired, "").strip():
+            raise LifecycleError(f"{retired} is no longer read: set {current}, the retries "
+                                 "after the first attempt (as HTCondor counts them)")
+    return Settings(
+        max_retries=_whole(env, MAX_RETRIES_VARIABLE, DEFAULT_MAX_RETRIES),
+        retry_delay=_whole(env, RETRY_DELAY_VARIABLE, DEFAULT_RETRY_DELAY),
+        userlog_format=_userlog_format(env),
+        directories=_directories(env))
+
+
+def _whole(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    if not re.fullmatch(r"\d{1,9}", raw):
+        raise LifecycleError(f"{name}={raw!r} is not a whole number of at least 0 (HTCondor's "
+                             "knob is an integer too)")
+    return int(raw)
+
+
+def _userlog_format(env: Mapping[str, str]) -> htcondor.UserLogFormat:
+    raw = env.get(USERLOG_FORMAT_VARIABLE, "")
+    try:
+        return htcondor.UserLogFormat.parse(raw)
+    except ValueError as exc:
+        raise LifecycleError(f"{USERLOG_FORMAT_VARIABLE}: {exc}") from None
+
+
+def _directories(env: Mapping[str, str]) -> tuple[str, ...]:
+    found: list[str] = []
+    for part in env.get(DIRECTORIES_VARIABLE, "").split(":"):
+        if not part.strip():
+            continue
+        try:
+            found.append(normalised_path(part, DIRECTORIES_VARIABLE))
+        except ValueError as exc:
+            raise LifecycleError(str(exc)) from None
+    return tuple(found)
+
+
+def normalised_path(value: str, what: str) -> str:
+    """``value`` if it is an absolute path without control characters or ``..``, with ``.``
+    components, repeated and trailing slashes taken out; ValueError otherwise."""
+    _text(value, what)
+    if _CONTROL.search(value):
+        raise ValueError(f"{what} {value!r} contains a control character")
+    if not value.startswith("/"):
+        raise ValueError(f"{what} {value!r} is not an absolute path")
+    if ".." in value.split("/"):
+        raise ValueError(f"{what} {value!r} contains '..': give the path without it")
+    return "/" + posixpath.normpath(value).lstrip("/")
+
+
+def _under(path: str, directories: tuple[str, ...]) -> bool:
+    return any(path == d or path.startswith(d.rstrip("/") + "/") for d in directories)
+
+
+# -- data ------------------------------------------------------------------------------------
 
 
 def _text(value: str, field: str) -> str:
@@ -67,47 +195,48 @@ def _text(value: str, field: str) -> str:
     return value
 
 
-def _path(value: str | None, field: str) -> str | None:
-    if value is None:
-        return None
-    _text(value, field)
-    if _CONTROL.search(value):
-        raise ValueError(f"{field} {value!r} contains a control character")
-    return value
+def _seconds(default: float) -> Any:
+    return Field(default, ge=0, le=MAX_SECONDS, allow_inf_nan=False, strict=True)
 
 
 class JobExitData(BaseModel):
     """A job_exit resource's data: the job, set at creation, and its exit, merged from the
-    ``exited`` payload."""
+    ``exited`` payload. Numbers are strict (a string or a boolean is not a number), times
+    are ISO 8601 with a zone between 1970-01-02 and 9999-12-30. Validated with the context
+    ``{"key": KEY}`` (as the engine does), the key must be ``CLUSTER.PROC``."""
 
     model_config = ConfigDict(extra="forbid")
 
-    cluster: int = Field(ge=0, le=_MAX_ID)
-    proc: int = Field(ge=0, le=_MAX_ID)
-    owner: str
-    cmd: str
-    submit_host: str
-    userlog: str | None = None
-    output_ad: str | None = None
-    notify_user: str | None = None
+    cluster: int = Field(ge=0, le=_MAX_ID, strict=True)
+    proc: int = Field(ge=0, le=_MAX_ID, strict=True)
+    owner: str = Field(strict=True)
+    cmd: str = Field(strict=True)
+    submit_host: str = Field(strict=True)
+    userlog: str | None = Field(None, strict=True)
+    output_ad: str | None = Field(None, strict=True)
+    notify_user: str | None = Field(None, strict=True)
     notification: Notification = "Never"
-    success_exit_code: int = Field(0, ge=-_MAX_ID - 1, le=_MAX_ID)
-    # the exit: exit_code, or exit_signal with an optional core_file
-    exit_code: int | None = Field(None, ge=-_MAX_ID - 1, le=_MAX_ID)
-    exit_signal: int | None = Field(None, ge=1, le=255)
-    core_file: str | None = None
-    remote_user_cpu: float = Field(0.0, ge=0, allow_inf_nan=False)
-    remote_sys_cpu: float = Field(0.0, ge=0, allow_inf_nan=False)
-    wall_clock: float = Field(0.0, ge=0, allow_inf_nan=False)
-    bytes_sent: int = Field(0, ge=0)
-    bytes_received: int = Field(0, ge=0)
+    success_exit_code: int = Field(0, ge=0, le=255, strict=True)
+    submitted_at: dt.datetime | None = None
+    """When the job was submitted (``QDate``), if known."""
+    started_at: dt.datetime | None = None
+    """When the job started (``JobStartDate``), if known."""
+    # the exit (EXIT_FIELDS): exit_code, or exit_signal with an optional core_file
+    exit_code: int | None = Field(None, ge=0, le=255, strict=True)
+    exit_signal: int | None = Field(None, ge=1, le=64, strict=True)
+    core_file: str | None = Field(None, strict=True)
+    remote_user_cpu: float = _seconds(0.0)
+    remote_sys_cpu: float = _seconds(0.0)
+    wall_clock: float = _seconds(0.0)
+    image_size: int = Field(0, ge=0, le=_MAX_ID, strict=True)
+    """The job's virtual image size in KiB (``ImageSize``)."""
     exited_at: dt.datetime | None = None
     """When the job exited; when the payload does not say, the time step (a) first ran."""
 
     @field_validator("owner", "cmd")
     @classmethod
-    def _plain_text(cls, value: str, info: Any) -> str:
-        return _text(value, info.field_name)
+    def _plain_text(cls, value: str, info: ValidationInfo) -> str:
+        return _text(value, str(info.field_name))
 
     @field_validator("submit_host")
     @classmethod
@@ -118,16 +247,24 @@ class JobExitData(BaseModel):
 
     @field_validator("userlog", "output_ad")
     @classmethod
-    def _absolute_path(cls, value: str | None, info: Any) -> str | None:
-        checked = _path(value, info.field_name)
-        if checked is not None and not checked.startswith("/"):
-            raise ValueError(f"{info.field_name} {checked!r} is not an absolute path")
-        return checked
+    def _file(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return None
+        path = normalised_path(value, str(info.field_name))
+        directories = settings_from_environment().directories
+        if directories and not _under(path, directories):
+            raise ValueError(f"{info.field_name} {path!r} is outside the directories "
+                             f"{DIRECTORIES_VARIABLE} allows ({':'.join(directories)})")
+        return path
 
     @field_validator("core_file")
     @classmethod
     def _core_file(cls, value: str | None) -> str | None:
-        return _path(value, "core_file")
+        if value is not None:
+            _text(value, "core_file")
+            if _CONTROL.search(value):
+                raise ValueError(f"core_file {value!r} contains a control character")
+        return value
 
     @field_validator("notify_user")
     @classmethod
@@ -147,21 +284,50 @@ class JobExitData(BaseModel):
                     return name
         return value
 
-    @field_validator("exited_at")
+    @field_validator("submitted_at", "started_at", "exited_at", mode="before")
     @classmethod
-    def _aware(cls, value: dt.datetime | None) -> dt.datetime | None:
-        if value is not None and value.tzinfo is None:
-            raise ValueError("exited_at needs a time zone (e.g. 2026-12-02T10:01:00Z)")
+    def _iso_time(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is not None and not isinstance(value, str | dt.datetime):
+            raise ValueError(f"{info.field_name} must be an ISO 8601 time with a zone (e.g. "
+                             f"2026-12-02T10:01:00Z), not {type(value).__name__} {value!r}")
+        return value
+
+    @field_validator("submitted_at", "started_at", "exited_at")
+    @classmethod
+    def _bounded(cls, value: dt.datetime | None, info: ValidationInfo) -> dt.datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"{info.field_name} needs a time zone (e.g. 2026-12-02T10:01:00Z)")
+        try:
+            inside = EARLIEST <= value.astimezone(dt.UTC) <= LATEST
+        except (OverflowError, ValueError):
+            inside = False
+        if not inside:
+            raise ValueError(f"{info.field_name} {value.isoformat()} is outside what the user "
+                             f"log and ClassAds can hold ({EARLIEST:%Y-%m-%d} to "
+                             f"{LATEST:%Y-%m-%d}, UTC)")
         return value
 
     @model_validator(mode="after")
-    def _one_exit(self) -> JobExitData:
+    def _consistent(self, info: ValidationInfo) -> JobExitData:
+        key = info.context.get("key") if isinstance(info.context, dict) else None
+        if key is not None and key != f"{self.cluster}.{self.proc}":
+            raise ValueError(f"the key {key!r} is not this job's id {self.cluster}.{self.proc}: "
+                             "a job_exit resource's key is CLUSTER.PROC of its data")
         if self.exit_code is not None and self.exit_signal is not None:
             raise ValueError("give exit_code (a normal exit) or exit_signal (killed by a "
                              "signal), not both")
         if self.core_file is not None and self.exit_signal is None:
             raise ValueError("core_file goes with exit_signal: only a job killed by a "
                              "signal leaves a core")
+        order = [(n, t) for n, t in (("submitted_at", self.submitted_at),
+                                     ("started_at", self.started_at),
+                                     ("exited_at", self.exited_at)) if t is not None]
+        for (first, earlier), (then, later) in itertools.pairwise(order):
+            if later < earlier:
+                raise ValueError(f"{then} {later.isoformat()} is before {first} "
+                                 f"{earlier.isoformat()}")
         return self
 
     @property
@@ -174,18 +340,19 @@ class JobExitData(BaseModel):
             submit_host=self.submit_host, exited_at=exited_at, exit_code=self.exit_code,
             exit_signal=self.exit_signal, core_file=self.core_file,
             remote_user_cpu=self.remote_user_cpu, remote_sys_cpu=self.remote_sys_cpu,
-            wall_clock=self.wall_clock, bytes_sent=self.bytes_sent,
-            bytes_received=self.bytes_received)
+            wall_clock=self.wall_clock, image_size=self.image_size,
+            submitted_at=self.submitted_at, started_at=self.started_at)
 
     def wants_mail(self) -> bool:
-        """HTCondor's rule for a job that exited: Never, Always, Complete, or Error (a
-        signal, a core dump, or an exit code other than ``success_exit_code``)."""
-        if self.notification == "Never":
+        """HTCondor's rule for a job that exited (``Email::shouldSend``): Never and Start
+        send none, Always and Complete one, Error one for a signal, a core dump, or an exit
+        code other than ``success_exit_code``."""
+        if self.notification in ("Never", "Start"):
             return False
         if self.notification in ("Always", "Complete"):
             return True
         return (self.exit_signal is not None or self.core_file is not None
-                or self.exit_code != self.success_exit_code)
+                or (self.exit_code or 0) != self.success_exit_code)
 
     def recipient(self) -> str:
         """``notify_user``, else the owner at the submit host (as HTCondor adds a domain)."""
@@ -215,32 +382,34 @@ SPEC = MachineSpec.model_validate({
     ],
     "transitions": [
         {"trigger": "exited", "source": "running", "dest": "writing_userlog",
-         "guards": ["exit_status_given", "key_is_job_id"],
+         "guards": ["exit_fields_only", "exit_status_given", "key_is_job_id"],
          "effects": [{"name": "write_terminated_event", "on_failure": "gave_up"}],
          "ref": "docs/incidents.md: what HTCondor does today",
-         "description": "the job exited (exit_code, or exit_signal with core_file)"},
+         "description": "the job exited (exit_code, or exit_signal with core_file); the "
+                        "payload carries the exit fields and nothing else"},
         {"trigger": "userlog_written", "source": ["writing_userlog", "stuck_userlog"],
-         "dest": "writing_output_ad",
+         "dest": "writing_output_ad", "guards": ["exit_time_only"],
          "effects": [{"name": "write_output_ad", "on_failure": "gave_up"}],
          "ref": "exit step (a)",
-         "description": "the 005 event is in the user log"},
+         "description": "the 005 event is in the user log (the payload: the exit time it "
+                        "recorded)"},
         {"trigger": "output_ad_written", "source": ["writing_output_ad", "stuck_output_ad"],
-         "dest": "updating_queue",
+         "dest": "updating_queue", "merge_payload": False,
          "effects": [{"name": "update_job_queue", "on_failure": "gave_up"}],
          "ref": "exit step (b)",
          "description": "the output ad is written"},
         {"trigger": "queue_updated", "source": ["updating_queue", "stuck_queue"],
-         "dest": "emailing", "guards": ["notification_wanted"],
+         "dest": "emailing", "guards": ["notification_wanted"], "merge_payload": False,
          "effects": [{"name": "send_job_notification", "on_failure": "gave_up"}],
          "ref": "exit step (c)",
          "description": "the queue holds the job as Completed; its notification asks "
                         "for mail"},
         {"trigger": "queue_updated", "source": ["updating_queue", "stuck_queue"],
-         "dest": "done", "unless": ["notification_wanted"],
+         "dest": "done", "unless": ["notification_wanted"], "merge_payload": False,
          "ref": "exit step (c)",
          "description": "the queue holds the job as Completed; no mail is asked for"},
         {"trigger": "email_sent", "source": ["emailing", "stuck_email"], "dest": "done",
-         "ref": "exit step (d)",
+         "merge_payload": False, "ref": "exit step (d)",
          "description": "the notification mail was accepted"},
         {"trigger": "gave_up", "source": "writing_userlog", "dest": "stuck_userlog",
          "merge_payload": False, "description": "(a) failed for good"},
@@ -261,6 +430,26 @@ STUCK = ("stuck_userlog", "stuck_output_ad", "stuck_queue", "stuck_email")
 # -- guards ----------------------------------------------------------------------------------
 
 
+def _only(context: GuardContext, allowed: tuple[str, ...], trigger: str) -> bool:
+    extra = sorted(set(context.payload) - set(allowed))
+    if extra:
+        raise ValueError(f"the {trigger} payload carries {', '.join(map(repr, extra))}, which "
+                         f"it may not: it carries only {', '.join(allowed)}")
+    return True
+
+
+def exit_fields_only(context: GuardContext) -> bool:
+    """The ``exited`` payload carries the exit fields and nothing else: raises, naming the
+    field, for any other (a payload must not change which job exits, who is mailed or which
+    files are written), so that the fire is refused and nothing changes."""
+    return _only(context, EXIT_FIELDS, "exited")
+
+
+def exit_time_only(context: GuardContext) -> bool:
+    """``userlog_written`` carries at most the exit time step (a) recorded."""
+    return _only(context, ("exited_at",), "userlog_written")
+
+
 def exit_status_given(context: GuardContext) -> bool:
     """The ``exited`` payload says how the job ended."""
     return (context.payload.get("exit_code") is not None
@@ -268,7 +457,8 @@ def exit_status_given(context: GuardContext) -> bool:
 
 
 def key_is_job_id(context: GuardContext) -> bool:
-    """The resource's key is its job id, ``CLUSTER.PROC``."""
+    """The resource's key is its job id, ``CLUSTER.PROC`` (a resource created before keys
+    were checked at creation may have another)."""
     return context.key == f"{context.data.get('cluster')}.{context.data.get('proc')}"
 
 
@@ -277,7 +467,8 @@ def notification_wanted(context: GuardContext) -> bool:
     return JobExitData.model_validate(context.data).wants_mail()
 
 
-GUARDS = {"exit_status_given": exit_status_given, "key_is_job_id": key_is_job_id,
+GUARDS = {"exit_fields_only": exit_fields_only, "exit_time_only": exit_time_only,
+          "exit_status_given": exit_status_given, "key_is_job_id": key_is_job_id,
           "notification_wanted": notification_wanted}
 
 
@@ -287,13 +478,19 @@ GUARDS = {"exit_status_given": exit_status_given, "key_is_job_id": key_is_job_id
 class JobExitHandlers:
     """The four steps' handlers, talking to ``queue`` and ``mailer``."""
 
-    def __init__(self, queue: JobQueue, mailer: smtp.Mailer, clock: Clock) -> None:
+    def __init__(self, queue: JobQueue, mailer: smtp.Mailer, clock: Clock,
+                 settings: Settings) -> None:
         self.queue = queue
         self.mailer = mailer
         self.clock = clock
+        self.settings = settings
 
     def _job(self, call: EffectCall) -> JobExitData:
-        return JobExitData.model_validate(call.data)
+        try:
+            return JobExitData.model_validate(call.data, context={"key": call.key})
+        except ValidationError as exc:
+            detail = "; ".join(str(e["msg"]) for e in exc.errors())
+            raise PermanentError(f"job {call.key}: its data is not valid here: {detail}") from None
 
     @staticmethod
     def _exited_at(job: JobExitData) -> dt.datetime:
@@ -302,13 +499,28 @@ class JobExitHandlers:
         raise PermanentError(f"job {job.job_id}: its exit time is unknown (step (a) records "
                              "it); was the resource moved by hand?")
 
+    def _writable(self, job: JobExitData, path: str) -> None:
+        """Refuse a file that resolves (through symbolic links) outside the configured
+        directories, or that exists and is not a regular file."""
+        directories = self.settings.directories
+        if directories and not _under(os.path.realpath(path),
+                                      tuple(os.path.realpath(d) for d in directories)):
+            raise PermanentError(f"job {job.job_id}: {path} resolves to "
+                                 f"{os.path.realpath(path)}, outside {DIRECTORIES_VARIABLE}")
+        try:
+            mode = os.stat(path).st_mode
+        except FileNotFoundError:
+            return
+        if not stat.S_ISREG(mode):
+            raise PermanentError(f"job {job.job_id}: {path} is not a regular file")
+
     def write_terminated_event(self, call: EffectCall) -> FollowUp:
-        """(a) Append the 005 event to the user log, exactly once (verified append)."""
+        """(a) Append the 005 event to the user log, exactly once (verified append). The
+        exit time and the event's bytes are decided once and kept across attempts."""
         job = self._job(call)
         payload: dict[str, Any] = {}
         exited_at = job.exited_at
         if exited_at is None:
-            # the exit time is decided once, kept across attempts, and merged into the data
             saved = call.progress.get("exited_at")
             if isinstance(saved, str):
                 exited_at = dt.datetime.fromisoformat(saved)
@@ -317,7 +529,14 @@ class JobExitHandlers:
                 call.save_progress({"exited_at": exited_at.isoformat()})
             payload["exited_at"] = exited_at.isoformat()
         if job.userlog is not None:
-            event = htcondor.terminated_event(job.termination(exited_at))
+            self._writable(job, job.userlog)
+            saved_event = call.progress.get("event")
+            if isinstance(saved_event, str):
+                event = saved_event.encode("utf-8")
+            else:
+                event = htcondor.terminated_event(job.termination(exited_at),
+                                                  self.settings.userlog_format)
+                call.save_progress({"event": event.decode("utf-8")})
             if not verified_append(call, job.userlog, event, name="userlog"):
                 log.info("job %s: the terminate event was already in %s", job.job_id,
                          job.userlog)
@@ -327,6 +546,7 @@ class JobExitHandlers:
         """(b) Write the final ad to the output ad file, whole or not at all."""
         job = self._job(call)
         if job.output_ad is not None:
+            self._writable(job, job.output_ad)
             ad = htcondor.final_ad(job.termination(self._exited_at(job)))
             _remove_temporaries(Path(job.output_ad))
             atomic_write(job.output_ad, htcondor.format_ad(ad))
@@ -370,36 +590,21 @@ def _remove_temporaries(target: Path) -> None:
 
 
 def retry_from_environment() -> Retry:
-    """5 attempts 30 s apart (a tenth of each taken off at random), or as configured."""
-    attempts = _setting(ATTEMPTS_VARIABLE, DEFAULT_ATTEMPTS, int)
-    delay = _setting(RETRY_DELAY_VARIABLE, DEFAULT_RETRY_DELAY, float)
-    if attempts < 1 or delay <= 0:
-        raise LifecycleError(f"{ATTEMPTS_VARIABLE} must be at least 1 and "
-                             f"{RETRY_DELAY_VARIABLE} more than 0 seconds")
-    return Retry(max_attempts=attempts, base=delay, cap=delay, jitter=0.1)
-
-
-def _setting(name: str, default: Any, kind: type) -> Any:
-    raw = os.environ.get(name)
-    if raw is None or not raw.strip():
-        return default
-    try:
-        return kind(raw)
-    except ValueError:
-        raise LifecycleError(f"{name}={raw!r} is not a {'whole ' if kind is int else ''}"
-                             "number") from None
+    """HTCondor's retries: 5 after the first attempt, 30 s apart, no jitter; or as set."""
+    return settings_from_environment().retry
 
 
 def make(*, queue: JobQueue | None = None, mailer: smtp.Mailer | None = None,
          retry: Retry | None = None, timeout: float | None = HANDLER_TIMEOUT,
-         clock: Clock | None = None) -> Builtin:
+         clock: Clock | None = None, settings: Settings | None = None) -> Builtin:
     """The machine with its handlers bound to ``queue`` (default: the job queue in
     lifecycle's database) and ``mailer`` (default: SMTP at ``$LIFECYCLE_SMTP_URL``).
-    ``retry`` applies to every step (default: :func:`retry_from_environment`); ``timeout``
-    abandons an attempt that hangs."""
+    ``settings`` default to :func:`settings_from_environment`; ``retry`` (default: theirs)
+    applies to every step; ``timeout`` abandons an attempt that hangs."""
+    chosen = settings or settings_from_environment()
     handlers = JobExitHandlers(queue or DatabaseJobQueue(), mailer or smtp.SmtpMailer(),
-                               clock or SystemClock())
-    policy = retry or retry_from_environment()
+                               clock or SystemClock(), chosen)
+    policy = retry or chosen.retry
     effects: Mapping[str, Effect] = {
         name: Effect(getattr(handlers, name), policy, timeout=timeout)
         for name in ("write_terminated_event", "write_output_ad", "update_job_queue",
@@ -444,9 +649,10 @@ class _ScenarioMailer:
 
 
 def _simulation(world: Any) -> tuple[Any, Any, Any]:
-    """For scenario files: the queue in the scenario's database and a mailer that records."""
+    """For scenario files: the queue in the scenario's database, a mailer that records, and
+    HTCondor's default retries (6 attempts, 30 s apart)."""
     machine = make(queue=_ScenarioQueue(world), mailer=_ScenarioMailer(world),
-                   retry=Retry(max_attempts=5, base=30, cap=30, jitter=0), clock=world.clock)
+                   settings=Settings(), clock=world.clock)
     return machine.guards, machine.effects, {}
 
 

@@ -4,14 +4,16 @@ doing them dies at random points and the job queue goes away for a while.
 Before, the seed's procedure (HTCondor's starter): the four steps run one after the other in
 memory; a death before the queue update leaves the job Running, so it runs again and exits
 again (a second 005 event, a second output ad); a death between the queue update and the
-mail loses the mail; a queue that does not answer is retried five times, 30 s apart, in a
-blocking sleep, then given up (the job runs again).
+mail loses the mail; a queue that does not answer is tried six times (HTCondor's default of
+five retries after the first attempt), 30 s apart, blocking, then given up (the job runs
+again).
 
 After, the ``job_exit`` machine with its real handlers (user log files, output ads, the job
 queue table, a mailer that keeps what it sends) on a temporary database: a death drops the
 worker with its claims (the effect stays claimed until its lease expires and another worker
 takes it over); the queue outage makes the update fail and retry with backoff, and jobs
-that ran out of attempts are resumed with ``retry`` once the queue is back.
+that ran out of attempts (HTCondor's defaults: six, 30 s apart, whatever the environment
+says) are resumed with ``retry`` once the queue is back.
 
 Both runs share one fault plan drawn from the seed: which step of which job the process dies
 at (after the step's I/O, before anything records it), and when the queue is down.
@@ -98,7 +100,7 @@ def before(plan: Plan) -> dict[str, Any]:
                 reruns += 1
                 continue
             down = plan.outage[0] <= exited < plan.outage[1]
-            if down:                                         # (c) 5 tries, 30 s apart, blocking
+            if down:                       # (c) 6 attempts, 30 s apart: 5 waits, blocking
                 longest_block = max(longest_block, 5 * 30.0)
                 if exited + 150 < plan.outage[1]:
                     reruns += 1                              # gave up: the job runs again
@@ -172,7 +174,8 @@ def after(plan: Plan, loop: EventLoop, clock: SimulatedClock, directory: Path,
     store = Store(f"sqlite:///{directory / 'job_exit.db'}", upgrade=True)
     queue = SimQueue(loop, plan.outage)
     mailer = SimMailer()
-    machine = job_exit.make(queue=queue, mailer=mailer, clock=clock, timeout=None)
+    machine = job_exit.make(queue=queue, mailer=mailer, clock=clock, timeout=None,
+                            settings=job_exit.Settings())
     died: set[tuple[int, int]] = set()
 
     def dying(step: int, effect: Effect) -> Effect:
@@ -214,6 +217,7 @@ def after(plan: Plan, loop: EventLoop, clock: SimulatedClock, directory: Path,
             submit(store, _job_id(key), {"Owner": "alice"}, clock.now())
             engine.create("job_exit", key, data, actor="schedd")
             engine.fire(key, "exited", {"exit_code": 0, "wall_clock": 60.0,
+                                        "remote_user_cpu": 42.0,
                                         "exited_at": clock.now().isoformat()},
                         actor="starter")
             work()
