@@ -25,7 +25,7 @@ def run_demo(engine: Engine, out: Console, *, seed: int = 1) -> list[dict[str, A
     started = time.perf_counter()
     store = engine.store
     out.print(f"[bold]lifecycle demo[/] on {store.display_url}: each incident's race, as it "
-              "happened and with lifecycle's machine\n")
+              "happened and with lifecycle's machine\n", soft_wrap=False)
     runs = 1 + sum(1 for r in engine.resources() if r.key.endswith("-d00001"))
     prefix = f"demo{runs}-"
     reports = []

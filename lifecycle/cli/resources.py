@@ -196,10 +196,13 @@ def list_(machine: str | None, state: str | None, db_url: str | None, as_json: b
     if as_json:
         print(json.dumps([r.to_json() for r in items], indent=2))
         return
-    table = Table("resource", "state", "version", "updated")
+    table = layout.table("resource", "state", "version", "updated")
+    blocks = []
     for r in items:
         table.add_row(f"{r.machine}:{r.key}", r.state, str(r.version), time_text(r.updated_at))
-    out.print(table)
+        blocks.append(layout.block(Text(f"{r.machine}:{r.key}", style="bold"), [
+            f"{r.state}, version {r.version}, updated {time_text(r.updated_at)}"]))
+    out.print(layout.fitted(out, table, blocks), soft_wrap=False)
     out.print(plural(len(items), "resource"))
 
 
@@ -225,7 +228,7 @@ def history(key: str, db_url: str | None, as_json: bool) -> None:
     title = Text(full_key, style="bold")
     if one_day:
         title.append(f", {next(iter(days)).isoformat()}, times UTC", style="not bold")
-    out.print(title)
+    out.print(title, soft_wrap=False)
     table = Table("seq", "at", "what", box=None, pad_edge=False, header_style="dim")
     table.columns[0].justify = "right"
     table.columns[0].no_wrap = table.columns[1].no_wrap = True

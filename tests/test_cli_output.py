@@ -1,0 +1,147 @@
+"""What a person reads in an 80-column terminal: no name cut, no line wider than the
+terminal, documents as ``key=value`` lines; and the demo's next steps, run as printed, show
+what the demo says they show.
+
+The commands run as a user runs them: the installed ``lifecycle`` program in a subprocess
+with ``COLUMNS`` set (rich reads the width when the program starts)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lifecycle.cli.machines import describe_json
+from lifecycle.machines import builtins
+from lifecycle.render import dot_program
+
+PROGRAM = Path(sys.executable).with_name("lifecycle")
+
+
+def user_env(columns: int) -> dict[str, str]:
+    """A new user's environment: the virtualenv not activated, no database or plugins set."""
+    path = [p for p in os.environ.get("PATH", "").split(os.pathsep)
+            if p and Path(p).resolve() != PROGRAM.parent.resolve()]
+    env = {**os.environ, "COLUMNS": str(columns), "PATH": os.pathsep.join(path)}
+    env.pop("LIFECYCLE_DATABASE_URL", None)
+    env.pop("LIFECYCLE_PLUGINS", None)
+    return env
+
+
+def lifecycle(*args: str, cwd: Path, columns: int = 80, code: int = 0) -> str:
+    done = subprocess.run([str(PROGRAM), *args], cwd=cwd, env=user_env(columns),
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == code, f"{args}: exit {done.returncode}\n{done.stdout}{done.stderr}"
+    return "".join(line.rstrip() + "\n" for line in done.stdout.splitlines())
+
+
+def assert_fits(text: str, columns: int) -> None:
+    wide = [line for line in text.splitlines() if len(line.rstrip()) > columns]
+    assert not wide, f"lines wider than {columns} columns:\n" + "\n".join(wide)
+    assert "…" not in text, f"something was cut:\n{text}"
+
+
+def assert_whole(text: str, names: set[str]) -> None:
+    """Every name appears whole: as a word of its own, not cut or broken over a line."""
+    words = set(re.findall(r"[\w.]+", text))
+    missing = sorted(n for n in names if n not in words)
+    assert not missing, f"not shown whole: {missing}\n{text}"
+
+
+def spec_names(machine: str) -> set[str]:
+    doc = describe_json(builtins()[machine].spec)
+    names = {s["name"] for s in doc["states"]}
+    for t in doc["transitions"]:
+        names |= {t["trigger"] or "eventless", t["dest"], *t["source"], *t["guards"],
+                  *t["unless"], *t["effects"]}
+        if t["fresh"] and t["fresh"]["probe"]:
+            names.add(t["fresh"]["probe"])
+    return names
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+@pytest.mark.parametrize("machine", sorted(builtins()))
+def test_describe_cuts_no_name(machine: str, columns: int, tmp_path: Path) -> None:
+    text = lifecycle("describe", machine, cwd=tmp_path, columns=columns)
+    assert_fits(text, columns)
+    assert_whole(text, spec_names(machine))
+
+
+def test_describe_is_a_table_when_it_fits_and_blocks_when_not(tmp_path: Path) -> None:
+    narrow = lifecycle("describe", "batch_job", cwd=tmp_path, columns=80)
+    assert "exit: running.executing -> succeeded\n    guards: exit_ok\n" in narrow
+    wide = lifecycle("describe", "batch_job", cwd=tmp_path, columns=160)
+    assert re.search(r"┃ trigger +┃ source +┃ dest +┃ guards +┃ about", wide)
+    assert "running.executing" in wide and "not holds_left" in wide
+
+
+def test_machines_list_show_and_history_fit_80_columns(tmp_path: Path) -> None:
+    lifecycle("db", "upgrade", cwd=tmp_path)
+    text = lifecycle("machines", cwd=tmp_path)
+    assert_fits(text, 80)
+    assert_whole(text, set(builtins()))
+    long_key = "slot1@a-worker-node-with-a-rather-long-name.example.org"
+    lifecycle("create", "drone", long_key, "--state", "booting", cwd=tmp_path)
+    lifecycle("update", long_key, json.dumps({"demand": 0, "drain_requested": True,
+                                              "note": "a long note " * 8}), cwd=tmp_path)
+    lifecycle("observe", long_key, '{"resource_status": "Running", "machine_status": '
+              '"NotAvailable"}', "--source", "status-cache", cwd=tmp_path)
+    lifecycle("step", long_key, cwd=tmp_path)
+    for args in (("list",), ("show", long_key), ("history", long_key)):
+        text = lifecycle(*args, cwd=tmp_path)
+        assert_fits(text, 80)
+        assert long_key in text.replace("\n", "") or long_key in text
+    history = lifecycle("history", long_key, cwd=tmp_path)
+    # payloads and statuses are key=value lines, not JSON
+    assert '{"' not in history
+    for line in ("demand=0", "drain_requested=true", "resource_status=Running",
+                 "machine_status=NotAvailable"):
+        assert re.search(rf"^ +{line}$", history, re.MULTILINE), line
+    assert "observed by status-cache (#1)" in history
+    assert "booting -> integrate" in history
+    assert "effect integrate: pending" in history
+    show = lifecycle("show", long_key, cwd=tmp_path)
+    assert re.search(r"^ data +demand=0$", show, re.MULTILINE)
+
+
+def test_the_demo_next_steps_run_as_printed_and_show_the_story(tmp_path: Path) -> None:
+    text = lifecycle("demo", cwd=tmp_path)
+    assert_fits(text, 80)
+    after = text.split("Look further with:\n", 1)[1]
+    commands = [line.strip() for line in after.splitlines()
+                if line.startswith("  ") and not line.startswith("      ")]
+    assert len(commands) == 5, after
+    outputs = {}
+    for command in commands:
+        argv = shlex.split(command)
+        assert Path(argv[0]).resolve() == PROGRAM.resolve(), command  # not on $PATH
+        done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True,
+                              timeout=600, env=user_env(80))
+        assert done.returncode == 0, f"{command}:\n{done.stdout}{done.stderr}"
+        outputs[" ".join(argv[1:3])] = "\n".join(
+            line.rstrip() for line in (done.stdout + done.stderr).splitlines())
+    killed = next(v for k, v in outputs.items() if k.startswith("history drone_tardis:"))
+    assert_fits(killed, 80)
+    # the removal, the status it rested on and its age, and what the site said it removed
+    removal = re.search(r"\(eventless\): booting -> cleanup, by tardis\n(.*?)\n +\d+ ",
+                        killed, re.DOTALL)
+    assert removal, killed
+    assert re.search(r"on observation #\d+ by status-cache, \d+\.\d s old", removal[1])
+    assert "resource_status=Booting" in removal[1]
+    assert re.search(r"detail=removed the job while it was Running .*its payload was\s+killed",
+                     removal[1], re.DOTALL), removal[1]
+    saved = next(v for k, v in outputs.items() if k.startswith("history drone:"))
+    assert "fresh=yes" in saved and "observed by site" in saved
+    assert re.search(r"detail=left alone: the job is Running", saved)
+    picture = next(v for k, v in outputs.items() if k.startswith("diagram drone"))
+    if dot_program() is not None:
+        assert picture.strip() == "wrote drone.svg"
+        assert "<svg" in (tmp_path / "drone.svg").read_text()
+    else:
+        assert (tmp_path / "drone.mmd").read_text().startswith("stateDiagram-v2")
