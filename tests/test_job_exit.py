@@ -5,8 +5,10 @@ crashes. What it writes is read back with the real HTCondor bindings (``htcondor
 
 from __future__ import annotations
 
+import ctypes
 import datetime as dt
 import json
+import os
 import re
 import signal
 import subprocess
@@ -29,12 +31,15 @@ from procs.mail_sink import MailSink
 from lifecycle import (
     Effect,
     Engine,
+    GuardError,
     InvalidData,
+    LifecycleError,
     Retry,
     SimulatedClock,
     Store,
     Worker,
     effect_records,
+    files,
     outbox_counts,
     retry_failed,
 )
@@ -335,6 +340,8 @@ def test_an_exit_without_status_is_refused(sqlite_url: str, tmp_path: Path) -> N
     ("Error", {"exit_code": 1}, True),
     ("Error", {"exit_signal": 15}, True),
     ("Error", {"exit_signal": 11, "core_file": "/tmp/core.11"}, True),
+    ("Start", {"exit_code": 1}, False),  # mail when the job starts, none at its exit
+    ("start", {"exit_signal": 11, "core_file": "/tmp/core.11"}, False),
 ])
 def test_notification_decides_whether_mail_is_sent(sqlite_url: str, tmp_path: Path,
                                                    notification: str, exit: dict[str, Any],
@@ -787,3 +794,567 @@ def _crash_run(url: str, tmp_path: Path, jobs: int, probability: float) -> None:
 
 def test_crashes_at_random_points_across_200_exits(db_url: str, tmp_path: Path) -> None:
     _crash_run(db_url, tmp_path, jobs=200, probability=0.015)
+
+
+# -- identity: a payload never changes which job exits ------------------------------------------
+
+
+def _nothing_changed(engine: Engine, store: Store, key: str, data: dict[str, Any],
+                     where: Path, mailer: RecordingMailer) -> None:
+    """The job is as created: running, version 1, its data, one journal row; no effect, no
+    file, no mail, and the queue holds every job as it was."""
+    resource = engine.get(key)
+    assert (resource.state, resource.version, resource.data) == ("running", 1, {
+        **job_exit.JobExitData.model_validate(data).model_dump(mode="json")})
+    assert [e.kind for e in engine.history(key)] == ["create"]
+    assert outbox_counts(engine) == {}
+    assert Worker(engine).run_until_idle().done == 0
+    assert sorted(p.name for p in where.iterdir()) == []
+    assert mailer.sent == []
+    for cluster in (42, 7):
+        found = queue_ad(store, JobId(cluster, 0))
+        assert found is not None and (found.job_status, found.updates) == (2, 0)
+
+
+def test_the_identity_attack_is_refused_and_changes_nothing(
+        db_url: str, tmp_path: Path, clock: SimulatedClock,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Job 42.0's exit may not name job 7.0 (another user's running job), another owner, a
+    mail address or a log: refused, naming the fields, and nothing anywhere changes."""
+    store = Store(db_url, upgrade=True)
+    files = tmp_path / "files"
+    files.mkdir()
+    submit(store, JobId(42, 0), {"Owner": "alice", "Cmd": "/home/alice/analyse"},
+           now=clock.now())
+    submit(store, JobId(7, 0), {"Owner": "bob", "Cmd": "/home/bob/simulate"}, now=clock.now())
+    mailer = RecordingMailer()
+    engine = make_engine(store, clock, mailer=mailer)
+    data = job(42, 0, files, notification="Always", notify_user="alice@example.org")
+    engine.create("job_exit", "42.0", data)
+    attack = {"exit_code": 0, "cluster": 7, "owner": "mallory",
+              "notify_user": "mallory@evil.example.org", "userlog": str(files / "7.log")}
+    with pytest.raises(GuardError, match=re.escape(
+            "the exited payload carries 'cluster', 'notify_user', 'owner', 'userlog', which "
+            "it may not: it carries only exit_code, exit_signal, core_file")):
+        engine.fire("42.0", "exited", attack)
+    _nothing_changed(engine, store, "42.0", data, files, mailer)
+    # nor from the command line
+    monkeypatch.setenv(smtp.URL_VARIABLE, "smtp://127.0.0.1:1")
+    refused = CliRunner().invoke(main, ["fire", "42.0", "exited", "--payload",
+                                        json.dumps(attack), "--db", db_url])
+    assert refused.exit_code == 1 and "'cluster'" in refused.output
+    _nothing_changed(engine, store, "42.0", data, files, mailer)
+    # the job's own exit goes through, and job 7.0 is left alone
+    engine.fire("42.0", "exited", exit_payload(exit_code=0))
+    Worker(engine).run_until_idle()
+    assert engine.get("42.0").state == "done"
+    [(recipient, message)] = mailer.sent
+    assert (recipient, message["Subject"]) == ("alice@example.org", "[Condor] Condor Job 42.0")
+    assert [(e.cluster, e.proc) for e in events(files / "42.log")] == [(42, 0)]
+    for cluster, status, updates in ((42, 4, 1), (7, 2, 0)):
+        found = queue_ad(store, JobId(cluster, 0))
+        assert found is not None and (found.job_status, found.updates) == (status, updates)
+    store.dispose()
+
+
+@pytest.mark.parametrize("field", [
+    "cluster", "proc", "owner", "cmd", "submit_host", "userlog", "output_ad", "notify_user",
+    "notification", "success_exit_code", "submitted_at", "started_at", "JobStatus"])
+def test_every_field_but_the_exit_fields_is_refused_in_the_exit(
+        sqlite_url: str, tmp_path: Path, field: str) -> None:
+    store = Store(sqlite_url, upgrade=True)
+    files = tmp_path / "files"
+    files.mkdir()
+    for cluster in (42, 7):
+        submit(store, JobId(cluster, 0), {"Owner": "alice"})
+    mailer = RecordingMailer()
+    engine = make_engine(store, mailer=mailer)
+    data = job(42, 0, files, notification="Always")
+    engine.create("job_exit", "42.0", data)
+    with pytest.raises(GuardError, match=f"carries '{field}', which it may not"):
+        engine.fire("42.0", "exited", {"exit_code": 0, field: data.get(field, 1)})
+    _nothing_changed(engine, store, "42.0", data, files, mailer)
+    store.dispose()
+
+
+def test_the_key_is_the_job_id_at_creation_and_at_every_change(db_url: str, tmp_path: Path,
+                                                               clock: SimulatedClock) -> None:
+    store = Store(db_url, upgrade=True)
+    engine = make_engine(store, clock)
+    data = job(42, 0, tmp_path)
+    for key in ("myjob", "43.0", "42.1", "042.0", "42.00"):
+        with pytest.raises(InvalidData, match=re.escape(
+                f"the key {key!r} is not this job's id 42.0: a job_exit resource's key is "
+                "CLUSTER.PROC of its data")):
+            engine.create("job_exit", key, data)
+    assert engine.resources() == []
+    refused = CliRunner().invoke(main, ["create", "job_exit", "myjob", "--data",
+                                        json.dumps(data), "--db", db_url])
+    assert refused.exit_code == 1 and "is not this job's id 42.0" in refused.output
+    engine.create("job_exit", "42.0", data)
+    with pytest.raises(InvalidData, match=re.escape("the key '42.0' is not this job's id 7.0")):
+        engine.update("42.0", {"cluster": 7})
+    # the follow-up of step (a) carries the exit time and nothing else
+    engine.fire("42.0", "exited", {"exit_code": 0})
+    with pytest.raises(GuardError, match="the userlog_written payload carries 'owner'"):
+        engine.fire("42.0", "userlog_written", {"owner": "mallory"})
+    assert engine.get("42.0").data["owner"] == "alice"
+    assert engine.get("42.0").state == "writing_userlog"
+    store.dispose()
+
+
+@pytest.mark.parametrize(("exit", "message"), [
+    ({"exit_code": "0"}, "exit_code: Input should be a valid integer"),
+    ({"exit_code": True}, "exit_code: Input should be a valid integer"),
+    ({"exit_code": 0.0}, "exit_code: Input should be a valid integer"),
+    ({"exit_code": 256}, "exit_code: Input should be less than or equal to 255"),
+    ({"exit_code": -1}, "exit_code: Input should be greater than or equal to 0"),
+    ({"exit_signal": "9"}, "exit_signal: Input should be a valid integer"),
+    ({"exit_signal": 65}, "exit_signal: Input should be less than or equal to 64"),
+    ({"exit_code": 0, "remote_user_cpu": "1.5"}, "remote_user_cpu: Input should be a valid "
+                                                 "number"),
+    ({"exit_code": 0, "wall_clock": True}, "wall_clock: Input should be a valid number"),
+    ({"exit_code": 0, "remote_sys_cpu": 2.0**31}, "remote_sys_cpu: Input should be less than "
+                                                  "or equal to 2147483647"),
+    ({"exit_code": 0, "image_size": "1"}, "image_size: Input should be a valid integer"),
+    ({"exit_code": 0, "exited_at": 1796205600}, "exited_at must be an ISO 8601 time"),
+    ({"exit_code": 0, "exited_at": "0999-12-31T23:59:59Z"}, "exited_at 0999-12-31T23:59:59"
+                                                            "+00:00 is outside what the user "
+                                                            "log and ClassAds can hold"),
+    ({"exit_code": 0, "exited_at": "0001-01-01T00:00:00+14:00"}, "is outside what the user "
+                                                                 "log and ClassAds"),
+    ({"exit_code": 0, "exited_at": "1970-01-01T00:00:00Z"}, "(1970-01-02 to 9999-12-30, UTC)"),
+    ({"exit_code": 0, "exited_at": "9999-12-31T00:00:00Z"}, "is outside what the user log"),
+    ({"exit_code": 0, "exited_at": "2026-12-02T10:01:00"}, "exited_at needs a time zone"),
+    ({"exit_signal": 9, "exited_at": "2026-12-02T08:00:00Z"},
+     "exited_at 2026-12-02T08:00:00+00:00 is before started_at"),
+])
+def test_an_exit_out_of_bounds_is_refused_and_changes_nothing(
+        db_url: str, tmp_path: Path, exit: dict[str, Any], message: str) -> None:
+    store = Store(db_url, upgrade=True)
+    files = tmp_path / "files"
+    files.mkdir()
+    for cluster in (42, 7):
+        submit(store, JobId(cluster, 0), {"Owner": "alice"})
+    mailer = RecordingMailer()
+    engine = make_engine(store, mailer=mailer)
+    data = job(42, 0, files, notification="Always", started_at="2026-12-02T09:00:00Z")
+    engine.create("job_exit", "42.0", data)
+    with pytest.raises(InvalidData, match=re.escape(message)):
+        engine.fire("42.0", "exited", exit)
+    _nothing_changed(engine, store, "42.0", data, files, mailer)
+    store.dispose()
+
+
+@pytest.fixture(params=["Pacific/Kiritimati", "Etc/GMT+12"])
+def time_zone(request: pytest.FixtureRequest) -> Any:
+    """The process's local time zone (the user log's and the mail's dates are local)."""
+    old = os.environ.get("TZ")
+    os.environ["TZ"] = request.param
+    time.tzset()
+    yield request.param
+    if old is None:
+        del os.environ["TZ"]
+    else:
+        os.environ["TZ"] = old
+    time.tzset()
+
+
+@pytest.mark.parametrize("when", ["1970-01-02T00:00:00Z", "9999-12-30T00:00:00Z"])
+def test_the_bounds_themselves_are_written_and_read_back(sqlite_url: str, tmp_path: Path,
+                                                         time_zone: str, when: str) -> None:
+    engine = make_engine(Store(sqlite_url, upgrade=True))
+    engine.create("job_exit", "42.0", job(42, 0, tmp_path))
+    most = 2**31 - 1
+    engine.fire("42.0", "exited", {"exit_code": 0, "exited_at": when,
+                                   "remote_user_cpu": float(most), "wall_clock": most})
+    Worker(engine).run_until_idle()
+    assert engine.get("42.0").state == "done"
+    [event] = events(tmp_path / "42.log")
+    epoch = int(dt.datetime.fromisoformat(when).timestamp())
+    assert event.timestamp == epoch
+    assert event["RunLocalUsage"] == "Usr 24855 03:14:07, Sys 0 00:00:00"
+    ad = classad2.parseOne((tmp_path / "42.0.ad").read_text())
+    assert (ad["CompletionDate"], ad["RemoteUserCpu"]) == (epoch, float(most))
+
+
+def test_paths_are_normalised_and_an_administrator_can_confine_them(
+        sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    allowed, other = tmp_path / "allowed", tmp_path / "other"
+    allowed.mkdir()
+    other.mkdir()
+    store = Store(sqlite_url, upgrade=True)
+    engine = make_engine(store)
+    created = engine.create("job_exit", "42.0", job(
+        42, 0, tmp_path, userlog=f"{allowed}//logs/./42.log/", output_ad=None))
+    assert created.data["userlog"] == f"{allowed}/logs/42.log"
+
+    monkeypatch.setenv(job_exit.DIRECTORIES_VARIABLE, f"{allowed}:/nonexistent/spool")
+    engine = make_engine(store)  # the worker's settings are read when the machine is made
+    with pytest.raises(InvalidData, match=re.escape(
+            f"userlog '{other}/43.log' is outside the directories "
+            f"{job_exit.DIRECTORIES_VARIABLE} allows ({allowed}:/nonexistent/spool)")):
+        engine.create("job_exit", "43.0", job(43, 0, other))
+    with pytest.raises(InvalidData, match="is outside the directories"):
+        engine.create("job_exit", "43.0", job(43, 0, allowed, output_ad=f"{allowed}x/43.ad"))
+    assert [r.key for r in engine.resources()] == ["42.0"]
+    engine.create("job_exit", "44.0", job(44, 0, allowed))
+    (allowed / "45.log").symlink_to(other / "45.log")  # inside by name, outside in fact
+    engine.create("job_exit", "45.0", job(45, 0, allowed))
+    for key in ("44.0", "45.0"):
+        engine.fire(key, "exited", {"exit_code": 0})
+    Worker(engine).run_until_idle()
+    assert engine.get("44.0").state == "done" and len(events(allowed / "44.log")) == 1
+    assert engine.get("45.0").state == "stuck_userlog"
+    [failed] = effect_records(engine, statuses=("failed",))
+    assert f"resolves to {other}/45.log, outside {job_exit.DIRECTORIES_VARIABLE}" in (
+        failed.last_error or "")
+    assert not (other / "45.log").exists()
+    monkeypatch.setenv(job_exit.DIRECTORIES_VARIABLE, "relative/dir")
+    with pytest.raises(LifecycleError, match="is not an absolute path"):
+        job_exit.settings_from_environment()
+
+
+# -- the verified append reads what it compares, no more ------------------------------------
+
+
+class _Progress:
+    """An effect call's progress, without the rest of the call."""
+
+    def __init__(self, progress: dict[str, Any]) -> None:
+        self.progress = dict(progress)
+
+    def save_progress(self, values: dict[str, Any]) -> None:
+        self.progress.update(values)
+
+
+def test_the_verified_append_reads_only_the_bytes_it_compares(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    read: list[int] = []
+    real_open = open
+
+    class Counting:
+        def __init__(self, handle: Any) -> None:
+            self.handle = handle
+
+        def __enter__(self) -> Counting:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.handle.close()
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.handle, name)
+
+        def read(self, size: int = -1) -> bytes:
+            data: bytes = self.handle.read(size)
+            read.append(len(data))
+            return data
+
+    monkeypatch.setattr(files, "open", lambda *a, **k: Counting(real_open(*a, **k)),
+                        raising=False)
+    log = tmp_path / "shared.log"
+    record = b"005 (042.000.000) 2026-12-02 10:01:00 Job terminated.\n...\n"
+    log.write_bytes(b"000 (001.000.000) ...\n...\n" + record + b"x" * (4 << 20))
+    call = _Progress({"userlog": 26})  # an earlier attempt wrote the record at 26
+    assert files.verified_append(call, log, record, name="userlog") is False  # type: ignore[arg-type]
+    assert sum(read) == len(record)
+    read.clear()
+    other = _Progress({"userlog": 0})  # at 0 there is something else: append
+    assert files.verified_append(other, log, record, name="userlog") is True  # type: ignore[arg-type]
+    assert sum(read) == len(record)
+    assert log.read_bytes().endswith(b"x" * 100 + record)
+
+
+def test_a_retry_on_dev_full_fails_at_once_instead_of_reading_without_end(tmp_path: Path) -> None:
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    program = (
+        "import sys\n"
+        "from lifecycle import files\n"
+        "class Call:\n"
+        "    progress = {'userlog': 0}\n"
+        "    def save_progress(self, values): self.progress.update(values)\n"
+        "try:\n"
+        "    files.verified_append(Call(), '/dev/full', b'005 ...\\n...\\n', name='userlog')\n"
+        "except OSError as exc:\n"
+        "    print(exc.strerror)\n")
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).parents[1])
+    assert done.stdout.strip() == "No space left on device", done.stderr[-2000:]
+
+
+# -- fidelity: what HTCondor's own code writes --------------------------------------------------
+# The expected texts below follow HTCondor's C code line by line, with its printf formats:
+# ULogEvent::formatHeader and TerminatedEvent::formatBody (src/condor_utils/condor_event.cpp),
+# with what LocalUserLog::logTerminate sets (src/condor_starter.V6.1/local_user_log.cpp);
+# Email::writeJobId, writeExit and email_close (src/condor_utils/email_cpp.cpp, email.cpp);
+# format_time (src/condor_utils/format_time.cpp); printExitString (classad_helpers.cpp).
+
+_LIBC = ctypes.CDLL(None)
+_LIBC.strsignal.restype = ctypes.c_char_p
+
+
+def printf(form: str, *args: Any) -> str:
+    """C's printf, for HTCondor's own format strings."""
+    return form % args
+
+
+def condor_header(number: int, cluster: int, proc: int, clock: int, *, utc: bool = False,
+                  iso: bool = True, usec: int | None = None) -> str:
+    lt = time.gmtime(clock) if utc else time.localtime(clock)
+    out = printf("%03d (%03d.%03d.%03d) ", number, cluster, proc, 0)
+    if iso:
+        out += printf("%04d-%02d-%02d %02d:%02d:%02d", lt.tm_year, lt.tm_mon, lt.tm_mday,
+                      lt.tm_hour, lt.tm_min, lt.tm_sec)
+    else:
+        out += printf("%02d/%02d %02d:%02d:%02d", lt.tm_mon, lt.tm_mday, lt.tm_hour,
+                      lt.tm_min, lt.tm_sec)
+    if usec is not None:
+        out += printf(".%03d", usec // 1000)
+    if utc:
+        out += "Z"
+    return out + " "
+
+
+def condor_rusage(usr_secs: int, sys_secs: int) -> str:
+    def split(secs: int) -> tuple[int, int, int, int]:
+        return secs // 86400, secs % 86400 // 3600, secs % 3600 // 60, secs % 60
+
+    return printf("\tUsr %lld %02lld:%02lld:%02lld, Sys %lld %02lld:%02lld:%02lld".replace(
+        "ll", ""), *split(usr_secs), *split(sys_secs))
+
+
+def condor_terminated_body(payload: dict[str, Any]) -> str:
+    out = "Job terminated.\n"
+    if "exit_signal" not in payload:
+        out += printf("\t(1) Normal termination (return value %d)\n\t", payload["exit_code"])
+    else:
+        out += printf("\t(0) Abnormal termination (signal %d)\n", payload["exit_signal"])
+        if payload.get("core_file"):  # the shadow's core_file; the local starter's is empty
+            out += printf("\t(1) Corefile in: %s\n\t", payload["core_file"])
+        else:
+            out += printf("\t(0) No core file\n\t")
+    local = condor_rusage(int(payload.get("remote_user_cpu", 0.0)),  # (time_t) casts
+                          int(payload.get("remote_sys_cpu", 0.0)))
+    out += condor_rusage(0, 0) + "  -  Run Remote Usage\n\t"
+    out += local + "  -  Run Local Usage\n\t"
+    out += condor_rusage(0, 0) + "  -  Total Remote Usage\n\t"
+    out += condor_rusage(0, 0) + "  -  Total Local Usage\n"
+    for what in ("Run Bytes Sent By", "Run Bytes Received By", "Total Bytes Sent By",
+                 "Total Bytes Received By"):
+        out += printf("\t%.0f  -  %s %s\n", 0.0, what, "Job")  # JICLocal::bytesSent() is 0
+    return out + "...\n"
+
+
+def condor_format_time(secs: int) -> str:
+    return printf("%3d+%02d:%02d:%02d", secs // 86400, secs % 86400 // 3600,
+                  secs % 3600 // 60, secs % 60)
+
+
+def condor_mail_body(data: dict[str, Any], payload: dict[str, Any]) -> str:
+    q_date = int(dt.datetime.fromisoformat(data["submitted_at"]).timestamp())
+    now = int(dt.datetime.fromisoformat(payload["exited_at"]).timestamp())
+    out = printf('This is an automated email from the Condor system\non machine "%s".  Do not '
+                 "reply.\n\n", data["submit_host"])
+    out += printf("Condor job %d.%d\n", data["cluster"], data["proc"])
+    out += printf("\t%s", data["cmd"]) + "\n"
+    if "exit_signal" in payload:
+        signal_text = _LIBC.strsignal(payload["exit_signal"]).decode()
+        reason = "died on " + printf("signal %d (%s)", payload["exit_signal"], signal_text)
+        out += printf("%s\n", reason)
+    else:
+        out += printf("%s\n", "exited normally with status " + str(payload["exit_code"]))
+    if "core_file" in payload:
+        out += "Core file generated\n"
+    out += printf("\n\nSubmitted at:        %s", time.ctime(q_date) + "\n")
+    out += printf("Completed at:        %s", time.ctime(now) + "\n")
+    out += printf("Real Time:           %s\n", condor_format_time(now - q_date))
+    out += "\n"
+    out += printf("Virtual Image Size:  %d Kilobytes\n\n", payload.get("image_size", 0))
+    user, system = payload.get("remote_user_cpu", 0.0), payload.get("remote_sys_cpu", 0.0)
+    wall = int(payload.get("wall_clock", 0))
+    out += "Statistics from last run:\n"
+    out += printf("Allocation/Run time:     %s\n", condor_format_time(wall))
+    out += printf("Remote User CPU Time:    %s\n", condor_format_time(int(user)))
+    out += printf("Remote System CPU Time:  %s\n", condor_format_time(int(system)))
+    out += printf("Total Remote CPU Time:   %s\n\n", condor_format_time(int(user + system)))
+    out += "Statistics totaled from all runs:\n"
+    out += printf("Allocation/Run time:     %s\n", condor_format_time(0 + wall))
+    out += "\n\n-=-=-=-=-=-=-=-=-=-=-=-=-=-=-=-=-=-=-=-=-=\n"
+    out += "Questions about this message or HTCondor in general?\n"
+    out += "The Official HTCondor Homepage is https://htcondor.org/\n"
+    return out
+
+
+FIDELITY = {
+    "normal exit": exit_payload(exit_code=0),
+    "an exit code": exit_payload(exit_code=3, remote_user_cpu=90061.9, wall_clock=200000.5),
+    "a signal without core file": exit_payload(exit_code=None, exit_signal=9,
+                                               image_size=0),
+    "a signal with a core file": exit_payload(exit_code=None, exit_signal=11,
+                                              core_file="/home/alice/core.4242"),
+}
+
+
+@pytest.fixture
+def chicago() -> Any:
+    old = os.environ.get("TZ")
+    os.environ["TZ"] = "America/Chicago"
+    time.tzset()
+    yield
+    if old is None:
+        del os.environ["TZ"]
+    else:
+        os.environ["TZ"] = old
+    time.tzset()
+
+
+@pytest.mark.parametrize("case", list(FIDELITY))
+def test_log_ad_and_mail_are_what_htcondor_writes(case: str, db_url: str, tmp_path: Path,
+                                                  clock: SimulatedClock, chicago: None,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(job_exit.USERLOG_FORMAT_VARIABLE, raising=False)  # HTCondor's default
+    payload = FIDELITY[case]
+    data = job(42, 0, tmp_path, notification="Always", notify_user="alice@example.org",
+               submitted_at="2026-12-02T09:00:00Z", started_at="2026-12-02T09:05:00Z")
+    with MailSink() as sink:
+        engine = make_engine(Store(db_url, upgrade=True), clock,
+                             mailer=smtp.SmtpMailer(sink.url, sender="condor@example.org"))
+        engine.create("job_exit", "42.0", data)
+        engine.fire("42.0", "exited", payload)
+        Worker(engine).run_until_idle()
+        assert engine.get("42.0").state == "done"
+        [mail] = sink.received
+    exited = int(EXITED_AT.timestamp())
+
+    # the user log: HTCondor's text, and every field of the event as htcondor2 reads it
+    text = (tmp_path / "42.log").read_text()
+    assert text == condor_header(5, 42, 0, exited) + condor_terminated_body(payload)
+    [event] = events(tmp_path / "42.log")
+    local = condor_rusage(int(payload["remote_user_cpu"]), int(payload["remote_sys_cpu"]))
+    expected: dict[str, Any] = {
+        "MyType": "JobTerminatedEvent", "EventTypeNumber": 5, "Cluster": 42, "Proc": 0,
+        "Subproc": 0, "EventTime": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(exited)),
+        "TerminatedNormally": "exit_signal" not in payload,
+        "RunRemoteUsage": "Usr 0 00:00:00, Sys 0 00:00:00",
+        "RunLocalUsage": local.strip(),
+        "TotalRemoteUsage": "Usr 0 00:00:00, Sys 0 00:00:00",
+        "TotalLocalUsage": "Usr 0 00:00:00, Sys 0 00:00:00",
+        "SentBytes": 0.0, "ReceivedBytes": 0.0, "TotalSentBytes": 0.0,
+        "TotalReceivedBytes": 0.0}
+    if "exit_signal" in payload:
+        expected["TerminatedBySignal"] = payload["exit_signal"]
+    else:
+        expected["ReturnValue"] = payload["exit_code"]
+    if "core_file" in payload:
+        expected["CoreFile"] = payload["core_file"]
+    assert dict(event.items()) == expected
+    assert event.timestamp == exited
+
+    # the output ad: attribute by attribute, with the real ad's types
+    ad = classad2.parseOne((tmp_path / "42.0.ad").read_text())
+    wanted = expected_ad(data, payload)
+    assert sorted(ad.keys()) == sorted(wanted)
+    for name, value in wanted.items():
+        assert (name, type(ad[name]), ad[name]) == (name, type(value), value)
+    assert ad["JobStartDate"] == int(dt.datetime(2026, 12, 2, 9, 5, tzinfo=dt.UTC).timestamp())
+
+    # the mail: HTCondor's subject and body
+    assert mail.subject == "[Condor] Condor Job 42.0"
+    assert mail.body == condor_mail_body(data, payload)
+
+
+@pytest.mark.parametrize(("options", "utc", "iso", "sub_second"), [
+    ("UTC", True, True, False),
+    ("utc, SUB_SECOND", True, True, True),
+    ("SUB_SECOND", False, True, True),
+    ("LEGACY", False, False, False),
+    ("LEGACY !LEGACY UTC", True, True, False),
+    ("UTC !UTC", False, True, False),
+])
+def test_the_user_log_date_follows_htcondors_format_options(
+        sqlite_url: str, tmp_path: Path, chicago: None, monkeypatch: pytest.MonkeyPatch,
+        options: str, utc: bool, iso: bool, sub_second: bool) -> None:
+    monkeypatch.setenv(job_exit.USERLOG_FORMAT_VARIABLE, options)
+    engine = make_engine(Store(sqlite_url, upgrade=True))
+    engine.create("job_exit", "42.0", job(42, 0, tmp_path))
+    when = EXITED_AT.replace(microsecond=456789)
+    engine.fire("42.0", "exited", {"exit_code": 0, "exited_at": when.isoformat()})
+    Worker(engine).run_until_idle()
+    header = (tmp_path / "42.log").read_text().split("Job terminated.")[0]
+    assert header == condor_header(5, 42, 0, int(when.timestamp()), utc=utc, iso=iso,
+                                   usec=456789 if sub_second else None)
+    if iso:  # the legacy date has no year: a reader guesses it
+        [event] = events(tmp_path / "42.log")
+        assert event.timestamp == int(when.timestamp())
+
+
+@pytest.mark.parametrize(("variable", "value", "message"), [
+    (job_exit.USERLOG_FORMAT_VARIABLE, "XML", "'XML' is not a user log format option"),
+    (job_exit.MAX_RETRIES_VARIABLE, "nan", "'nan' is not a whole number"),
+    (job_exit.MAX_RETRIES_VARIABLE, "-1", "'-1' is not a whole number"),
+    (job_exit.RETRY_DELAY_VARIABLE, "1.5", "'1.5' is not a whole number"),
+    (job_exit.RETRY_DELAY_VARIABLE, "inf", "'inf' is not a whole number"),
+    ("LIFECYCLE_JOB_EXIT_ATTEMPTS", "6", "is no longer read: set "
+                                         "LIFECYCLE_JOB_EXIT_MAX_RETRIES"),
+])
+def test_bad_settings_are_refused_naming_the_variable(
+        monkeypatch: pytest.MonkeyPatch, variable: str, value: str, message: str) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(LifecycleError, match=re.escape(message)):
+        job_exit.settings_from_environment()
+
+
+def test_the_retry_knobs_mean_what_htcondors_mean(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in (job_exit.MAX_RETRIES_VARIABLE, job_exit.RETRY_DELAY_VARIABLE):
+        monkeypatch.delenv(name, raising=False)
+    assert job_exit.settings_from_environment().retry == Retry(
+        max_attempts=6, base=30.0, cap=30.0, jitter=0.0)
+    monkeypatch.setenv(job_exit.MAX_RETRIES_VARIABLE, "0")  # no retry: one attempt
+    monkeypatch.setenv(job_exit.RETRY_DELAY_VARIABLE, "10")
+    assert job_exit.settings_from_environment().retry == Retry(
+        max_attempts=1, base=10.0, cap=10.0, jitter=0.0)
+
+
+class TimedQueue(FaultyQueue):
+    """A queue that never answers and notes the simulated time of each call."""
+
+    def __init__(self, clock: SimulatedClock) -> None:
+        super().__init__(fail_times=10**6)
+        self.clock = clock
+        self.times: list[dt.datetime] = []
+
+    def complete(self, job: JobId, ad: Any, *, key: str, now: dt.datetime) -> Any:
+        self.times.append(self.clock.now())
+        return super().complete(job, ad, key=key, now=now)
+
+
+def test_six_attempts_of_the_queue_update_30_s_apart_with_the_defaults(
+        db_url: str, tmp_path: Path, clock: SimulatedClock,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in (job_exit.MAX_RETRIES_VARIABLE, job_exit.RETRY_DELAY_VARIABLE):
+        monkeypatch.delenv(name, raising=False)
+    store = Store(db_url, upgrade=True)
+    queue = TimedQueue(clock)
+    engine = make_engine(store, clock, queue=queue, retry=None)
+    engine.create("job_exit", "42.0", job(42, 0, tmp_path))
+    engine.fire("42.0", "exited", {"exit_code": 0})
+    worker = Worker(engine)
+    worker.run_until_idle()
+    start = clock.now()
+    while engine.get("42.0").state == "updating_queue":
+        calls = len(queue.times)
+        clock.advance(29)
+        worker.run_until_idle()
+        assert len(queue.times) == calls  # not a second early: no jitter
+        clock.advance(1)
+        worker.run_until_idle()
+    assert engine.get("42.0").state == "stuck_queue"
+    assert [(t - start).total_seconds() for t in queue.times] == [0, 30, 60, 90, 120, 150]
+    clock.advance(3600)
+    worker.run_until_idle()
+    assert len(queue.times) == 6
+    [failed] = effect_records(engine, statuses=("failed",))
+    assert (failed.name, failed.attempts) == ("update_job_queue", 6)
+    store.dispose()
