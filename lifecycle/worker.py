@@ -1,10 +1,14 @@
 """The worker: claims the outbox's due effects and the due timers, and carries them out.
 
 Effects of one resource run strictly in order; effects of different resources run
-concurrently. A claim has a lease: an effect whose worker died is claimed again when the
-lease expires. A failing effect is rescheduled with exponential backoff and jitter, never
-waited for with a sleep; after its last attempt it fires the ``on_failure`` trigger its
-transition declared, or marks its resource stuck until ``retry``.
+concurrently. A claim has a lease, which the worker renews on a heartbeat of its own for as
+long as it holds the claim: a claim lives exactly as long as its worker. The claims of a
+worker that died are taken over when their lease runs out, or at once by a worker on the same
+host, which can see that the claimant's process is gone. A lost database connection costs
+nothing but time: finished outcomes are kept and recorded once the database is back, and the
+worker backs off and goes on. A failing effect is rescheduled with exponential backoff and
+jitter, never waited for with a sleep; after its last attempt it fires the ``on_failure``
+trigger its transition declared, or marks its resource stuck until ``retry``.
 
 Timers are the timeouts of states: the worker fires a timer's trigger when it is due, in one
 transaction with marking it fired, and only while the resource is still in the visit of the
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import math
 import os
 import queue
 import random
@@ -31,11 +36,12 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from sqlalchemy import and_, bindparam, exists, literal, or_, select, update
+from sqlalchemy import and_, bindparam, exists, func, literal, or_, select, update
 
 from .effects import DONE, FAILED, PENDING, RUNNING, Effect, EffectCall, FollowUp, Retry
 from .engine import Engine
 from .errors import DatabaseError, LostClaim, PermanentError, RetryableError, UnknownResource
+from .processes import host_prefix, is_gone, this_process
 from .records import FireResult
 from .store import journal, outbox, resources, timers
 from .transaction import Within
@@ -45,6 +51,23 @@ log = logging.getLogger(__name__)
 IDLE_THREAD_SECONDS = 5.0
 TIMER_LOOK = 0.5
 """Seconds between looks for due timers while effects keep the worker busy."""
+DEAD_LOOK = 1.0
+"""Seconds between looks, while idle, for claims of workers on this host that died."""
+DEFAULT_LEASE = 30.0
+"""Seconds a claim holds without a heartbeat: how long the claims of a worker that died on
+another host wait before another worker takes them over."""
+OUTAGE_BACKOFF = (0.1, 5.0)
+"""First and longest wait, in seconds, before trying a database that failed again."""
+
+
+@dataclass(frozen=True, slots=True)
+class HeldClaims:
+    """Effects another worker holds: how many, by whom, and until when (renewed while that
+    worker lives)."""
+
+    claimed_by: str
+    effects: int
+    lease_until: dt.datetime
 
 
 @dataclass(slots=True)
@@ -65,18 +88,29 @@ class Worker:
 
     ``concurrency`` handlers run at once (threads); ``batch`` effects (default four per
     thread) are claimed in one transaction. A claim holds for ``lease`` seconds of the
-    engine's clock, which must outlast a batch's wait for a free thread. ``seed`` makes the
-    backoff jitter reproducible."""
+    engine's clock and is renewed every ``heartbeat`` seconds (default: a third of the
+    lease) while the worker holds it, however long its handler runs. ``name`` must be unique
+    among the workers of a database (the default is). ``seed`` makes the backoff jitter
+    reproducible."""
 
-    def __init__(self, engine: Engine, *, concurrency: int = 1, lease: float = 300.0,
+    def __init__(self, engine: Engine, *, concurrency: int = 1, lease: float = DEFAULT_LEASE,
                  poll: float = 0.5, name: str | None = None, seed: int | None = None,
-                 batch: int | None = None) -> None:
+                 batch: int | None = None, heartbeat: float | None = None) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, not {concurrency}")
+        heartbeat = lease / 3 if heartbeat is None else heartbeat
+        for label, value in (("lease", lease), ("heartbeat", heartbeat), ("poll", poll)):
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{label} must be a positive number of seconds, not {value}")
+        if heartbeat * 2 > lease:
+            raise ValueError(f"a lease of {lease:g} s must span at least two heartbeats "
+                             f"(every {heartbeat:g} s): a claim would expire while its "
+                             "worker lives")
         self.engine = engine
         self.store = engine.store
         self.concurrency = concurrency
         self.lease = lease
+        self.heartbeat = heartbeat
         self.poll = poll
         self.batch = batch or 4 * concurrency
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{id(self) & 0xFFFF:04x}"
@@ -96,6 +130,18 @@ class Worker:
         self._results: dict[int, tuple[str, Any]] = {}
         self._lock = threading.Condition()
         self._sigterms = 0
+        self.claimant = this_process()
+        self._claims: set[int] = set()
+        """Ids of the effects this worker holds (claimed, running, or finished and not yet
+        recorded), under ``_lock``: what the heartbeat renews."""
+        self._beating = False
+        self._heart = threading.Event()
+        """Wakes the heartbeat early: on a fast stop, and when the last claim was let go."""
+        self._heartbeat_thread: threading.Thread | None = None
+        self._unrecorded: deque[tuple[EffectCall, str, Any]] = deque()
+        """Finished outcomes not recorded yet (the database failed): kept until it is back."""
+        self._dead_seen = 0.0
+        self._outage = 0.0
 
     # -- public ----------------------------------------------------------------------
 
@@ -103,14 +149,68 @@ class Worker:
         """Carry out every effect and timer due now (by the engine's clock), including those
         their completion makes due, then return. The stats are the worker's, cumulative."""
         while not self._stop.is_set():
-            busy = self._cycle()
-            if not (self._running or self._queue):
-                # nothing claimed or running: before calling it idle, every timer due now
-                if not busy and not self._fire_due_timers():
+            busy = self._guarded(self._cycle)
+            if busy is None:  # the database failed: backed off, try again
+                continue
+            if not (self._running or self._queue or self._unrecorded):
+                # nothing held: before calling it idle, every timer due now, and the
+                # claims of workers on this host that died
+                if not busy and not self._guarded(self._idle_chores):
                     break
             elif not busy:
                 self._wait(self.poll)
+        self._heartbeat_stopped()
         return self.stats
+
+    def _idle_chores(self) -> int:
+        return self._fire_due_timers() + self._take_over_the_dead()
+
+    def held_elsewhere(self) -> list[HeldClaims]:
+        """Effects this worker could serve that other workers hold now, by worker: what
+        ``run_until_idle`` leaves to them (they are renewed while their worker lives, and
+        taken over when it dies)."""
+        now = self.engine.clock.now()
+        t = outbox.c
+        with self.store.read() as db:
+            rows = db.execute(
+                select(t.claimed_by, func.count(), func.max(t.lease_until))
+                .where(t.status == RUNNING, t.lease_until >= now, t.claimed_by != self.name,
+                       t.name.in_(sorted(self.engine.handlers)))
+                .group_by(t.claimed_by).order_by(t.claimed_by)).all()
+        return [HeldClaims(str(by), int(count), self.store.time_value(until))
+                for by, count, until in rows]
+
+    def _guarded(self, work: Callable[[], Any]) -> Any:
+        """``work()``, or None when the database failed: then the worker waits (backing off
+        while the failures go on) and the caller tries again; the worker never dies of it."""
+        try:
+            result = work()
+        except DatabaseError as exc:
+            first, longest = OUTAGE_BACKOFF
+            self._outage = min(longest, max(first, self._outage * 2))
+            log.warning("worker %s: %s; trying again in %.1f s", self.name, exc, self._outage)
+            self._stop.wait(self._outage)
+            return None
+        if self._outage:
+            log.info("worker %s: the database answers again", self.name)
+            self._outage = 0.0
+            self._guarded(self._give_back_orphans)
+        return result
+
+    def _give_back_orphans(self) -> None:
+        """Give back claims this worker took in a transaction whose commit it never heard
+        of (the connection broke after the database committed): their handlers never ran."""
+        with self._lock:
+            held = sorted(self._claims)
+        t = outbox.c
+        with self.store.begin() as db:
+            given = db.execute(update(outbox).where(
+                t.claimed_by == self.name, t.status == RUNNING, t.id.not_in(held))
+                .values(status=PENDING, claimed_by=None, claimant=None, lease_until=None,
+                        attempts=t.attempts - 1)).rowcount
+        if given:
+            log.info("worker %s: gave back %d effects claimed as the connection broke",
+                     self.name, given)
 
     def run(self, *, handle_signals: bool = False) -> WorkerStats:
         """Work until :meth:`stop` (or, with ``handle_signals``, SIGTERM: graceful, finishing
@@ -120,25 +220,21 @@ class Worker:
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGQUIT, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
-        log.info("worker %s: started (concurrency %d)", self.name, self.concurrency)
+        log.info("worker %s: started (concurrency %d, lease %g s, heartbeat %g s)",
+                 self.name, self.concurrency, self.lease, self.heartbeat)
         while not self._stop.is_set():
-            try:
-                busy = self._cycle()
-            except DatabaseError as exc:  # a database restart: keep the worker, try later
-                log.warning("worker %s: %s; trying again in %g s", self.name, exc,
-                            max(self.poll, 1.0))
-                self._stop.wait(max(self.poll, 1.0))
-                continue
-            if not busy:
+            busy = self._guarded(self._cycle)
+            if busy is not None and not busy:
                 self._wait(self.poll)
         self._give_back(list(self._queue))  # claimed, never started: another worker's now
         self._queue.clear()
-        if not self._fast.is_set() and self._running:
+        if not self._fast.is_set() and (self._running or self._unrecorded):
             log.info("worker %s: finishing %d running handlers", self.name, len(self._running))
             self._drain()
         if self._fast.is_set():
             self._give_back([call for call, _, _ in self._running.values()])
             self._running.clear()
+        self._heartbeat_stopped()
         log.info("worker %s: stopped (%s)", self.name, self.stats.to_json())
         return self.stats
 
@@ -154,6 +250,8 @@ class Worker:
             busy, found_none = bool(claimed), not claimed
         if found_none or time.monotonic() - self._timers_seen >= TIMER_LOOK:
             busy = self._fire_due_timers() > 0 or busy
+        if found_none and time.monotonic() - self._dead_seen >= DEAD_LOOK:
+            busy = self._take_over_the_dead() > 0 or busy
         while self._queue and len(self._running) < self.concurrency and not self._stop.is_set():
             self._start(self._queue.popleft())
             busy = True
@@ -186,13 +284,14 @@ class Worker:
         with store.write() as cursor:
             cursor.execute(claim, {**claim_params, "now": store.time_param(now),
                                    "limit": min(limit, self.batch), "claimed_by": self.name,
-                                   "lease_until": lease_until})
+                                   "claimant": self.claimant, "lease_until": lease_until})
             ids = {row[0] for row in cursor.fetchall()}
             if not ids:
                 return []
             cursor.execute(claimed, {**claimed_params, "claimed_by": self.name,
                                      "low": min(ids), "high": max(ids)})
             rows = [row for row in cursor.fetchall() if row[0] in ids]
+        self._hold(ids)
         value = store.json_value
         return [EffectCall(id_, name, machine, key, dict(value(args)), idempotency_key,
                            value(fence) if fence is not None else None, attempts, seq, trigger,
@@ -216,13 +315,93 @@ class Worker:
                                     (str(claimed), dict(claimed.params)))
         return self._claim_compiled
 
+    # -- keeping claims alive, and taking over those of the dead ------------------------
+
+    def _hold(self, ids: set[int]) -> None:
+        """Note claims taken, and make sure the heartbeat renews them."""
+        with self._lock:
+            self._claims |= ids
+            if self._beating:
+                return
+            self._beating = True
+        self._heart.clear()
+        self._heartbeat_thread = threading.Thread(
+            target=self._beat, name=f"lifecycle-heartbeat-{self.name}", daemon=True)
+        self._heartbeat_thread.start()
+
+    def _let_go(self, ids: list[int]) -> None:
+        with self._lock:
+            self._claims.difference_update(ids)
+            if not self._claims:
+                self._heart.set()
+
+    def _heartbeat_stopped(self) -> None:
+        """Wait for the heartbeat thread to leave (it does once nothing is held), so that
+        nothing of this worker's touches the database after run() or run_until_idle()."""
+        thread = self._heartbeat_thread
+        if thread is not None and not (self._claims and not self._fast.is_set()):
+            self._heart.set()
+            thread.join()
+
+    def _beat(self) -> None:
+        """Renew the leases of every claim this worker holds, every ``heartbeat`` seconds,
+        until it holds none (a thread of its own: a handler may run far longer than a lease).
+        A failed renewal is tried again on the next beat."""
+        failing = False
+        while True:
+            self._heart.wait(self.heartbeat)
+            with self._lock:
+                self._heart.clear()
+                ids = sorted(self._claims)
+                if not ids or self._fast.is_set():
+                    self._beating = False
+                    return
+            until = self.engine.clock.now() + dt.timedelta(seconds=self.lease)
+            try:
+                with self.store.begin() as db:
+                    db.execute(update(outbox).where(
+                        outbox.c.id.in_(ids), outbox.c.claimed_by == self.name,
+                        outbox.c.status == RUNNING).values(lease_until=until))
+            except Exception as exc:  # the next beat tries again; the lease has slack
+                if not failing:
+                    log.warning("worker %s: could not renew %d leases: %s", self.name,
+                                len(ids), exc)
+                failing = True
+                continue
+            if failing:
+                log.info("worker %s: leases renewed again", self.name)
+            failing = False
+
+    def _take_over_the_dead(self) -> int:
+        """End the leases of claims whose worker process ran on this host and is gone, so
+        that they are claimed again now rather than when their leases run out; how many."""
+        self._dead_seen = time.monotonic()
+        prefix = host_prefix()
+        if prefix is None:
+            return 0
+        t = outbox.c
+        with self.store.read() as db:
+            claimants = db.execute(select(t.claimant).distinct().where(
+                t.status == RUNNING, t.claimant.like(f"{prefix}%"))).scalars().all()
+        dead = [c for c in claimants if c != self.claimant and is_gone(c, prefix)]
+        if not dead:
+            return 0
+        expired = self.engine.clock.now() - dt.timedelta(seconds=1)
+        with self.store.begin() as db:
+            taken = db.execute(update(outbox).where(t.status == RUNNING,
+                                                    t.claimant.in_(dead))
+                               .values(lease_until=expired)).rowcount
+        log.warning("worker %s: %d effects were held by %d worker processes of this host "
+                    "that are gone; they are claimed again now", self.name, taken, len(dead))
+        return int(taken)
+
     # -- running ---------------------------------------------------------------------
 
     def _start(self, call: EffectCall) -> None:
         effect = self.engine.handlers.get(call.name)
-        if effect is None:
-            self._finish(call, "failed", PermanentError(
-                f"no handler for effect {call.name!r} is registered in this worker"))
+        if effect is None:  # recorded with the finished ones
+            self._unrecorded.append((call, "failed", PermanentError(
+                f"no handler for effect {call.name!r} is registered in this worker")))
             return
 
         deadline = time.monotonic() + effect.timeout if effect.timeout else float("inf")
@@ -267,7 +446,10 @@ class Worker:
                 self._lock.notify_all()
 
     def _reap(self) -> int:
-        """Record the outcome of every handler that finished or ran out of time; how many."""
+        """Record the outcome of every handler that finished or ran out of time; how many.
+        An outcome the database fails to take is kept (and its claim renewed) until it
+        does: a finished handler is never run again, nor counted as timed out, for a
+        database that blinked."""
         now = time.monotonic()
         with self._lock:
             ready = [(effect_id, self._results.pop(effect_id, None))
@@ -280,8 +462,15 @@ class Worker:
                     self._written_off.add((effect_id, call.attempt))
                 timeout = self.engine.handlers[call.name].timeout or 0.0
                 outcome = ("error", RetryableError(f"handler timed out after {timeout:g} s"))
-            self._finish(call, *outcome)
-        return len(ready)
+            self._unrecorded.append((call, *outcome))
+        recorded = 0
+        while self._unrecorded:  # a DatabaseError leaves the rest for the next round
+            call, kind, value = self._unrecorded[0]
+            self._finish(call, kind, value)
+            self._unrecorded.popleft()
+            self._let_go([call.id])
+            recorded += 1
+        return recorded
 
     def _wait(self, limit: float) -> None:
         """Sleep until a handler finishes, the nearest handler deadline, a stop, or
@@ -297,8 +486,8 @@ class Worker:
     def _drain(self) -> int:
         """Wait for every running handler (finished or timed out); how many were recorded."""
         finished = 0
-        while self._running and not self._fast.is_set():
-            finished += self._reap()
+        while (self._running or self._unrecorded) and not self._fast.is_set():
+            finished += self._guarded(self._reap) or 0
             if self._running:
                 self._wait(self.poll)
         return finished
@@ -407,12 +596,13 @@ class Worker:
         if not calls:
             return
         ids = [call.id for call in calls]
+        self._let_go(ids)
         try:
             with self.store.begin() as db:
                 db.execute(update(outbox).where(
                     outbox.c.id.in_(ids), outbox.c.claimed_by == self.name,
                     outbox.c.status == RUNNING).values(
-                    status=PENDING, claimed_by=None, lease_until=None,
+                    status=PENDING, claimed_by=None, claimant=None, lease_until=None,
                     attempts=outbox.c.attempts - 1))
         except Exception as exc:  # the leases will expire instead
             log.warning("worker %s: could not give back %d effects (%s); they are claimed "
@@ -486,7 +676,8 @@ def _claim_statements(postgresql: bool, names: list[str]) -> _ClaimStatements:
     t = outbox.c
     claim = (update(outbox).where(t.id.in_(picked))
              .values(status=RUNNING, claimed_by=bindparam("claimed_by"),
-                     lease_until=bindparam("lease_until"), attempts=t.attempts + 1)
+                     claimant=bindparam("claimant"), lease_until=bindparam("lease_until"),
+                     attempts=t.attempts + 1)
              .returning(t.id))
     claimed = (
         select(t.id, t.name, t.args, t.idempotency_key, t.fence, t.attempts, t.seq, t.progress,
@@ -507,4 +698,5 @@ _DUE_TIMERS = (
     .order_by(timers.c.due_at, timers.c.id).limit(bindparam("limit")))
 
 
-__all__ = ["IDLE_THREAD_SECONDS", "TIMER_LOOK", "Worker", "WorkerStats"]
+__all__ = ["DEFAULT_LEASE", "IDLE_THREAD_SECONDS", "TIMER_LOOK", "HeldClaims", "Worker",
+           "WorkerStats"]

@@ -3,7 +3,9 @@ of its own, dropped afterwards)."""
 
 from __future__ import annotations
 
+import gc
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -58,10 +60,37 @@ def postgres_url() -> Iterator[str]:
         conn.execute(f'CREATE SCHEMA "{schema}"')
     sep = "&" if "?" in POSTGRES_URL else "?"
     try:
-        yield f"{POSTGRES_URL}{sep}options=-csearch_path%3D{schema}"
+        # the schema's name is also the connections' application_name: how they are counted
+        yield f"{POSTGRES_URL}{sep}options=-csearch_path%3D{schema}&application_name={schema}"
+        leaked = _connections_left(schema)
     finally:
         with psycopg.connect(_libpq(POSTGRES_URL), autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+    if leaked:
+        pytest.fail(f"the test left {leaked} connections to PostgreSQL open (a Store not "
+                    "disposed, or a process still running)", pytrace=False)
+
+
+LEAK_GRACE_SECONDS = 30.0
+"""How long a closed connection may take to leave pg_stat_activity (the server ends its
+backend after the client said goodbye)."""
+
+
+def _connections_left(application_name: str) -> int:
+    """Connections still open under ``application_name`` once everything the test dropped was
+    collected, waiting for the server to notice the ones already closed."""
+    import psycopg
+
+    gc.collect()
+    deadline = time.monotonic() + LEAK_GRACE_SECONDS
+    with psycopg.connect(_libpq(POSTGRES_URL), autocommit=True) as conn:
+        while True:
+            row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name "
+                               "= %s AND pid <> pg_backend_pid()", (application_name,)).fetchone()
+            left = int(row[0]) if row else 0
+            if left == 0 or time.monotonic() > deadline:
+                return left
+            time.sleep(0.05)
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 
 import click
 from rich.table import Table
@@ -11,18 +12,22 @@ from rich.table import Table
 from ..effects import FAILED, PENDING, RUNNING
 from ..machines import builtins
 from ..outbox import effect_records, outbox_counts, retry_failed
-from ..worker import Worker
-from .common import db_option, escape, json_option, out, plural
+from ..worker import DEFAULT_LEASE, HeldClaims, Worker, WorkerStats
+from .common import db_option, err, escape, json_option, out, plural, time_text
 from .context import make_engine
 
 
 @click.command()
 @click.option("--until-idle", is_flag=True,
-              help="Stop when nothing is due, instead of waiting for more work.")
+              help="Stop when nothing is due, instead of waiting for more work. Effects "
+                   "that other workers hold are waited for (and said so) until they are "
+                   "done or their worker is gone.")
 @click.option("--concurrency", default=4, show_default=True, type=click.IntRange(1, 256),
               help="Handlers running at once.")
-@click.option("--lease", default=300.0, show_default=True, type=click.FloatRange(1),
-              help="Seconds a claim holds before another worker may take the effect over.")
+@click.option("--lease", default=DEFAULT_LEASE, show_default=True, type=click.FloatRange(1),
+              help="Seconds a claim holds without its worker's heartbeat (renewed every "
+                   "third of it while the worker lives): how long the effects of a worker "
+                   "that died on another host wait to be taken over.")
 @click.option("--poll", default=0.5, show_default=True, type=click.FloatRange(0.01),
               help="Seconds between looks for new work when idle.")
 @db_option
@@ -44,8 +49,8 @@ def worker(until_idle: bool, concurrency: int, lease: float, poll: float, db_url
                 "not serving %s: no %s here (LIFECYCLE_PLUGINS)", name, ", ".join(missing))
             continue
         engine.register(spec)
-    runner = Worker(engine, concurrency=concurrency, lease=lease, poll=poll)
-    stats = runner.run_until_idle() if until_idle else runner.run(handle_signals=True)
+    worker = Worker(engine, concurrency=concurrency, lease=lease, poll=poll)
+    stats = _until_idle(worker) if until_idle else worker.run(handle_signals=True)
     left = outbox_counts(engine)
     if as_json:
         print(json.dumps({**stats.to_json(), "outbox": left}, indent=2))
@@ -56,6 +61,25 @@ def worker(until_idle: bool, concurrency: int, lease: float, poll: float, db_url
         waiting = {k: v for k, v in left.items() if k in (PENDING, RUNNING, FAILED)}
         if waiting:
             out.print("outbox: " + ", ".join(f"{v} {k}" for k, v in sorted(waiting.items())))
+
+
+def _until_idle(worker: Worker) -> WorkerStats:
+    """Work until nothing is due; then, while other workers hold effects this one could
+    serve, say so and wait: for them to finish, or for a dead worker's claims to come free."""
+    said: list[HeldClaims] = []
+    while True:
+        stats = worker.run_until_idle()
+        held = worker.held_elsewhere()
+        if not held:
+            return stats
+        if [(h.claimed_by, h.effects) for h in held] != [(h.claimed_by, h.effects)
+                                                         for h in said]:
+            for h in held:
+                err.print(f"waiting for {plural(h.effects, 'effect')} held by worker "
+                          f"{escape(h.claimed_by)} (lease until {time_text(h.lease_until)}, "
+                          "renewed while that worker lives)")
+            said = held
+        time.sleep(worker.poll)
 
 
 @click.command()

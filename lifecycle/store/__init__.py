@@ -305,7 +305,8 @@ class Statements:
             last_error=bindparam("error"), lease_until=null()))
         self.reschedule_effect = sql(update(outbox).where(*claimed).values(
             status=_constant(PENDING), next_attempt_at=bindparam("next_attempt_at"),
-            last_error=bindparam("error"), lease_until=null(), claimed_by=null()))
+            last_error=bindparam("error"), lease_until=null(), claimed_by=null(),
+            claimant=null()))
         self.save_progress = sql(update(outbox).where(*claimed).values(
             progress=bindparam("progress")))
         self.fire_timer = sql(

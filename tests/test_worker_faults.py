@@ -1,0 +1,266 @@
+"""The worker under faults: claims that live exactly as long as their worker (a heartbeat
+renews them; a worker that died on this host loses them at once, elsewhere within one
+lease), `--until-idle` that waits for what others hold, and lost database connections that
+cost nothing but time. Every wait here waits for an event, with a deadline only against a
+hang."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from procs import gated
+from sqlalchemy import select, update
+
+from lifecycle import Effect, EffectCall, Engine, FollowUp, Store, Worker, effect_records
+from lifecycle.spec import load_spec
+from lifecycle.store import outbox
+from lifecycle.worker import DEFAULT_LEASE
+
+TESTS = Path(__file__).resolve().parent
+LIFECYCLE = [sys.executable, "-m", "lifecycle"]
+
+
+def _until(condition: Callable[[], bool], what: str, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def plugin_env(tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "LIFECYCLE_PLUGINS": "procs.gated",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS),
+                                                        os.environ.get("PYTHONPATH")])),
+            "GATED_CALLS": str(tmp_path / "calls"), "GATED_GATE": str(tmp_path / "gate")}
+
+
+def _gated_engine(url: str, tmp_path: Path) -> Engine:
+    return Engine(Store(url, upgrade=True), [load_spec(gated.SPEC)], effects=gated.effects)
+
+
+@pytest.fixture
+def gated_engine(db_url: str, tmp_path: Path, plugin_env: dict[str, str]) -> Iterator[Engine]:
+    os.environ.update({k: plugin_env[k] for k in ("GATED_CALLS", "GATED_GATE")})
+    engine = _gated_engine(db_url, tmp_path)
+    yield engine
+    engine.store.dispose()
+
+
+def _ends(tmp_path: Path) -> Counter[str]:
+    return Counter(key for what, key, _ in gated.calls(tmp_path / "calls") if what == "end")
+
+
+def _starts(tmp_path: Path) -> Counter[str]:
+    return Counter(key for what, key, _ in gated.calls(tmp_path / "calls") if what == "start")
+
+
+def _running(engine: Engine) -> list[tuple[str, str | None, dt.datetime | None]]:
+    with engine.store.read() as db:
+        rows = db.execute(select(outbox.c.status, outbox.c.claimed_by, outbox.c.lease_until)
+                          .where(outbox.c.status == "running")).all()
+    return [(r.status, r.claimed_by, r.lease_until) for r in rows]
+
+
+# -- a worker that dies -------------------------------------------------------------------------
+
+
+def test_a_killed_workers_claims_are_taken_over_within_its_lease(
+        gated_engine: Engine, db_url: str, tmp_path: Path, plugin_env: dict[str, str]) -> None:
+    """SIGKILL a `lifecycle worker` (default settings) while its handlers run; `lifecycle
+    worker --until-idle` started next takes its claims over (the claimant's process is gone
+    from this host) and finishes everything before the dead worker's leases would have
+    ended, each handler finishing exactly once."""
+    engine = gated_engine
+    keys = [f"g{i}" for i in range(6)]
+    for key in keys:
+        engine.create("gated", key)
+        engine.fire(key, "go")
+    (tmp_path / "gate").touch()
+    first = subprocess.Popen([*LIFECYCLE, "worker", "--db", db_url, "--concurrency", "3"],
+                             env=plugin_env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        _until(lambda: sum(_starts(tmp_path).values()) == 3, "three handlers to start")
+        leases = {lease for _, _, lease in _running(engine)}
+        assert len(_running(engine)) >= 3 and None not in leases
+    finally:
+        first.kill()
+        first.wait()
+    killed_at = engine.clock.now()
+    (tmp_path / "gate").unlink()
+    done = subprocess.run([*LIFECYCLE, "worker", "--until-idle", "--db", db_url],
+                          env=plugin_env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "claimed again now" in done.stderr  # taken over, not waited out
+    assert {engine.get(key).state for key in keys} == {"done"}
+    assert _ends(tmp_path) == Counter(keys)  # every handler finished exactly once
+    records = effect_records(engine)
+    assert {r.status for r in records} == {"done"}
+    earliest_lease_end = min(lease for lease in leases if lease is not None)
+    with engine.store.read() as db:
+        finished = db.execute(select(outbox.c.finished_at)).scalars().all()
+    assert max(finished) < earliest_lease_end, "the claims were only taken when leases ended"
+    recovery = engine.store.time_value(max(finished)) - killed_at
+    print(f"every effect done {recovery.total_seconds():.2f} s after the SIGKILL, a new "
+          f"worker process started included (lease {DEFAULT_LEASE:g} s)")
+
+
+def test_until_idle_waits_for_effects_another_host_holds(
+        gated_engine: Engine, db_url: str, tmp_path: Path, plugin_env: dict[str, str]) -> None:
+    """A claim of a worker on another host cannot be judged from here: `--until-idle` says
+    what it waits for and finishes the effect once that lease has run out."""
+    engine = gated_engine
+    engine.create("gated", "far")
+    engine.fire("far", "go")
+    lease_end = engine.clock.now() + dt.timedelta(seconds=2)
+    with engine.store.begin() as db:
+        db.execute(update(outbox).values(
+            status="running", attempts=1, claimed_by="elsewhere:4242:beef",
+            claimant="another-boot/pid:[1]/4242/777", lease_until=lease_end))
+    done = subprocess.run([*LIFECYCLE, "worker", "--until-idle", "--db", db_url],
+                          env=plugin_env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "waiting for 1 effect held by worker elsewhere:4242:beef" in done.stderr
+    assert engine.get("far").state == "done"
+    [record] = effect_records(engine)
+    assert (record.status, record.attempts) == ("done", 2)
+    assert _ends(tmp_path) == Counter(["far"])
+
+
+def test_a_claim_of_a_live_process_is_never_taken_over(gated_engine: Engine,
+                                                      tmp_path: Path) -> None:
+    """Claims of a process that lives (here: this one, under another worker's name) wait for
+    their lease: a worker takes over only what it knows to be dead."""
+    engine = gated_engine
+    engine.create("gated", "mine")
+    engine.fire("mine", "go")
+    other = Worker(engine, name="other")
+    with engine.store.begin() as db:
+        db.execute(update(outbox).values(
+            status="running", attempts=1, claimed_by="other", claimant=other.claimant,
+            lease_until=engine.clock.now() + dt.timedelta(hours=1)))
+    worker = Worker(engine)
+    worker.run_until_idle()
+    assert worker.held_elsewhere()[0].claimed_by == "other"
+    assert [r.status for r in effect_records(engine)] == ["running"]
+    assert _starts(tmp_path) == Counter()
+
+
+# -- a handler slower than the lease ------------------------------------------------------------
+
+
+def test_a_handler_slower_than_its_lease_runs_once(store: Store) -> None:
+    """The heartbeat renews the claim while the handler runs: a second worker polling all
+    along never takes it, though the first lease ran out many times over."""
+    release = threading.Event()
+    started = threading.Event()
+    calls: list[str] = []
+
+    def slow(call: EffectCall) -> FollowUp:
+        calls.append(call.key)
+        started.set()
+        assert release.wait(120), "never released"
+        return FollowUp("finished")
+
+    engine = Engine(store, [load_spec(gated.SPEC)],
+                    effects={"work": Effect(slow, timeout=600.0)})
+    engine.create("gated", "s1")
+    engine.fire("s1", "go")
+    lease = 0.6
+    first, second = (Worker(engine, lease=lease, poll=0.02, name=n) for n in ("one", "two"))
+    threads = [threading.Thread(target=w.run) for w in (first, second)]
+    for thread in threads:
+        thread.start()
+    try:
+        assert started.wait(60), "the handler never started"
+        [(_, holder, lease_until)] = _running(engine)
+        assert lease_until is not None
+        claimed_until = engine.store.time_value(lease_until)
+        # wait until the first lease has run out three times over, by the engine's clock
+        _until(lambda: engine.clock.now() > claimed_until + dt.timedelta(seconds=3 * lease),
+               "the first lease to run out")
+        [(_, still, renewed)] = _running(engine)
+        assert still == holder and renewed is not None
+        assert engine.store.time_value(renewed) > claimed_until  # the heartbeat renewed it
+        release.set()
+        _until(lambda: engine.get("s1").state == "done", "the effect to finish")
+    finally:
+        release.set()
+        for w in (first, second):
+            w.stop()
+        for thread in threads:
+            thread.join(60)
+    assert calls == ["s1"]
+    assert [(r.status, r.attempts) for r in effect_records(engine)] == [("done", 1)]
+
+
+def test_a_lease_shorter_than_two_heartbeats_is_refused(store: Store) -> None:
+    engine = Engine(store, [])
+    with pytest.raises(ValueError, match="must span at least two heartbeats"):
+        Worker(engine, lease=10, heartbeat=6)
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="lease must be a positive number"):
+            Worker(engine, lease=bad)
+
+
+# -- lost connections ---------------------------------------------------------------------------
+
+
+def _terminate(postgres_url: str, application_name: str) -> int:
+    base = postgres_url.split("?", 1)[0].replace("postgresql+psycopg://", "postgresql://", 1)
+    with psycopg.connect(base, autocommit=True) as conn:
+        rows = conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
+                            "application_name = %s", (application_name,)).fetchall()
+    return len(rows)
+
+
+def test_lost_connections_cost_nothing_but_time(postgres_url: str, tmp_path: Path,
+                                                plugin_env: dict[str, str]) -> None:
+    """Every connection of a running `lifecycle worker` is cut, again and again, while it
+    works off 120 effects: each runs exactly once, no attempt is burnt, and the worker is
+    still running at the end."""
+    os.environ.update({k: plugin_env[k] for k in ("GATED_CALLS", "GATED_GATE")})
+    engine = _gated_engine(postgres_url, tmp_path)
+    keys = [f"c{i:03d}" for i in range(120)]
+    for key in keys:
+        engine.create("gated", key)
+        engine.fire(key, "go")
+    worker_url = postgres_url.replace("application_name=", "application_name=worker_")
+    worker_name = "worker_" + postgres_url.rsplit("application_name=", 1)[1]
+    env = {**plugin_env, "GATED_SECONDS": "0.05"}
+    process = subprocess.Popen([*LIFECYCLE, "worker", "--db", worker_url, "--concurrency", "4",
+                                "--poll", "0.05"], env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+    cuts = 0
+    try:
+        for round_ in range(6):
+            # cut when some work is done and more is left, on every round
+            _until(lambda r=round_: sum(_ends(tmp_path).values()) >= 15 * (r + 1),
+                   f"progress before cut {round_ + 1}")
+            cuts += _terminate(postgres_url, worker_name)
+        _until(lambda: {engine.get(k).state for k in keys} == {"done"}, "every effect done")
+        assert process.poll() is None, "the worker died"
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 0, stderr[-3000:]
+    assert cuts >= 6, f"only {cuts} connections were cut"
+    assert _ends(tmp_path) == Counter(keys), "an effect ran twice or never"
+    assert _starts(tmp_path) == Counter(keys), "a handler was started twice"
+    records = effect_records(engine)
+    assert {(r.status, r.attempts) for r in records} == {("done", 1)}, "an attempt was burnt"
+    assert "Traceback" not in stderr
+    print(f"{cuts} connections cut; 120 effects each done once")
+    engine.store.dispose()
