@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 RUNTIME := $(VENV)/.runtime-installed
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench lint diagrams clean
+.PHONY: demo test test-loaded bench lint diagrams clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ demo: $(RUNTIME)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# the whole suite again with every core kept busy: no test may depend on the machine's speed
+test-loaded: $(STAMP)
+	$(BIN)/python tests/under_load.py $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: $(VENV)/.bench-installed
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)

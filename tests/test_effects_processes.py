@@ -93,15 +93,18 @@ def test_four_workers_share_postgres_without_running_anything_twice(postgres_url
 
 def _start_slow_worker(db_url: str, tmp_path: Path) -> tuple[subprocess.Popen[str], Engine,
                                                               Path]:
+    """A worker process whose handler has started and waits until the test removes its
+    gate file."""
     marker = tmp_path / "done"
-    engine = machines.slow_engine(db_url, marker, 2.0)
+    marker.with_suffix(".gate").touch()
+    engine = machines.slow_engine(db_url, marker)
     engine.store.upgrade()
     engine.create("slow", "s1")
     engine.fire("s1", "go")
-    process = subprocess.Popen([*RUN, "slow", db_url, str(marker), "2.0"],
+    process = subprocess.Popen([*RUN, "slow", db_url, str(marker)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert process.stdout is not None and process.stdout.readline().strip() == "ready"
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120
     while not marker.with_suffix(".started").exists():
         assert time.monotonic() < deadline, "the worker never started the handler"
         assert process.poll() is None, process.communicate()
@@ -110,28 +113,45 @@ def _start_slow_worker(db_url: str, tmp_path: Path) -> tuple[subprocess.Popen[st
     return process, engine, marker
 
 
+def _stderr_until(process: subprocess.Popen[str], text: str) -> str:
+    """The worker's log up to the first line that holds ``text``."""
+    assert process.stderr is not None
+    seen = []
+    for line in process.stderr:
+        seen.append(line)
+        if text in line:
+            return "".join(seen)
+    raise AssertionError(f"the worker ended without saying {text!r}: {''.join(seen)}")
+
+
 def test_sigterm_finishes_the_running_handler(sqlite_url: str, tmp_path: Path) -> None:
-    Store(sqlite_url, upgrade=True)
+    """SIGTERM: the worker stops claiming and waits for its running handler, however long."""
+    Store(sqlite_url, upgrade=True).dispose()
     process, engine, marker = _start_slow_worker(sqlite_url, tmp_path)
     process.send_signal(signal.SIGTERM)
-    assert process.wait(timeout=30) == 0
+    _stderr_until(process, "finishing 1 running handlers")
+    assert process.poll() is None  # still waiting for the handler, which waits for its gate
+    marker.with_suffix(".gate").unlink()
+    assert process.wait(timeout=120) == 0
     assert marker.exists()
     assert effect_records(engine)[0].status == "done"
+    engine.store.dispose()
 
 
 @pytest.mark.parametrize("signals", [[signal.SIGTERM, signal.SIGTERM], [signal.SIGQUIT]])
-def test_fast_shutdown_abandons_within_a_second(sqlite_url: str, tmp_path: Path,
-                                               signals: list[int]) -> None:
-    Store(sqlite_url, upgrade=True)
+def test_fast_shutdown_abandons_the_running_handler(sqlite_url: str, tmp_path: Path,
+                                                    signals: list[int]) -> None:
+    """A second SIGTERM, or SIGQUIT: the worker leaves at once, its handler still running
+    (it waits for a gate nobody opens), and gives the effect back for another worker."""
+    Store(sqlite_url, upgrade=True).dispose()
     process, engine, marker = _start_slow_worker(sqlite_url, tmp_path)
-    sent = time.monotonic()
-    for number in signals:
+    first, *then = signals
+    process.send_signal(first)
+    for number in then:
+        _stderr_until(process, "graceful shutdown")
         process.send_signal(number)
-        time.sleep(0.05)
-    assert process.wait(timeout=10) == 0
-    assert time.monotonic() - sent < 1.0
-    assert not marker.exists()
+    assert process.wait(timeout=120) == 0
+    assert marker.with_suffix(".gate").exists() and not marker.exists()
     [effect] = effect_records(engine)
     assert (effect.status, effect.attempts) == ("pending", 0)  # given back, not lost
-
-
+    engine.store.dispose()

@@ -114,13 +114,15 @@ def ticker_engine(url: str, calls_table: str, worker: str) -> Engine:
     return Engine(Store(url), [TICKER], effects={"e0": count, "e1": count})
 
 
-def slow_engine(url: str, marker: Path, seconds: float) -> Engine:
+def slow_engine(url: str, marker: Path) -> Engine:
+    """A handler that writes ``MARKER.started`` when it begins, waits while ``MARKER.gate``
+    exists (at most ten minutes), then writes ``MARKER``: a test decides when it ends."""
     def slow(call: EffectCall) -> None:
         # the handler has begun (a claimed effect not yet started is given back on SIGTERM)
         marker.with_suffix(".started").write_text(f"{call.idempotency_key}\n")
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            time.sleep(0.05)
+        deadline = time.monotonic() + 600
+        while marker.with_suffix(".gate").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
         marker.write_text(f"{call.idempotency_key}\n")
 
     return Engine(Store(url), [SLOW], effects={"slow": slow})

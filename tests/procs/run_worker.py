@@ -34,8 +34,9 @@ def main() -> None:
             if worker.stats.done == before:
                 time.sleep(0.005)
     elif kind == "slow":
-        marker, seconds = Path(sys.argv[3]), float(sys.argv[4])
-        engine = machines.slow_engine(url, marker, seconds)
+        marker = Path(sys.argv[3])
+        engine = machines.slow_engine(url, marker)
+        logging.getLogger("lifecycle").setLevel(logging.INFO)  # the tests read its log
         print("ready", flush=True)
         Worker(engine, poll=0.05, name="slow-worker").run(handle_signals=True)
     else:
