@@ -28,12 +28,18 @@ class EffectRecord:
     next_attempt_at: dt.datetime
     last_error: str | None
     idempotency_key: str
+    claimed_by: str | None = None
+    """The worker that holds (or last held) the claim."""
+    lease_until: dt.datetime | None = None
+    """While the effect runs: when its claim ends unless its worker renews it."""
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "machine": self.machine, "key": self.key, "seq": self.seq,
                 "position": self.position, "name": self.name, "status": self.status,
                 "attempts": self.attempts, "next_attempt_at": self.next_attempt_at.isoformat(),
-                "last_error": self.last_error, "idempotency_key": self.idempotency_key}
+                "last_error": self.last_error, "idempotency_key": self.idempotency_key,
+                "claimed_by": self.claimed_by,
+                "lease_until": self.lease_until.isoformat() if self.lease_until else None}
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +78,8 @@ def effect_records(engine: Engine, key: str | None = None,
                    statuses: tuple[str, ...] | None = None) -> list[EffectRecord]:
     rows = _rows_of(engine, outbox, (outbox.c.id,), key, statuses)
     return [EffectRecord(r.id, r.machine, r.key, r.seq, r.position, r.name, r.status,
-                         r.attempts, r.next_attempt_at, r.last_error, r.idempotency_key)
+                         r.attempts, r.next_attempt_at, r.last_error, r.idempotency_key,
+                         r.claimed_by, r.lease_until)
             for r in rows]
 
 
@@ -91,7 +98,7 @@ def retry_failed(engine: Engine, key: str) -> int:
         moved = db.execute(update(outbox).where(
             outbox.c.resource_id == rid, outbox.c.status == FAILED).values(
             status=PENDING, attempts=0, next_attempt_at=now, finished_at=None,
-            claimed_by=None, lease_until=None))
+            claimed_by=None, claimant=None, lease_until=None))
     return int(moved.rowcount)
 
 

@@ -154,8 +154,14 @@ def test_a_claim_of_a_live_process_is_never_taken_over(gated_engine: Engine,
     worker = Worker(engine)
     worker.run_until_idle()
     assert worker.held_elsewhere()[0].claimed_by == "other"
-    assert [r.status for r in effect_records(engine)] == ["running"]
+    [record] = effect_records(engine)
+    assert (record.status, record.claimed_by) == ("running", "other")
+    assert record.lease_until is not None and record.lease_until > engine.clock.now()
     assert _starts(tmp_path) == Counter()
+    shown = subprocess.run([*LIFECYCLE, "show", "gated:mine", "--db", engine.store.url],
+                           capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "COLUMNS": "200"})
+    assert "work running, attempt 1, held by worker other until" in shown.stdout, shown
 
 
 # -- a handler slower than the lease ------------------------------------------------------------

@@ -179,6 +179,9 @@ def show(key: str, db_url: str | None, as_json: bool) -> None:
         line = f"{effect.name} {effect.status}, attempt {effect.attempts}"
         if effect.status == PENDING:
             line += f", due {time_text(effect.next_attempt_at)}"
+        if effect.status == RUNNING and effect.lease_until is not None:
+            line += (f", held by worker {effect.claimed_by} until "
+                     f"{time_text(effect.lease_until)} (renewed while it lives)")
         if effect.last_error:
             line += f": {effect.last_error}"
         table.add_row("[red]stuck[/]" if effect.status == FAILED else "effect", escape(line))
