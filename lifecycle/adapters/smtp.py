@@ -8,7 +8,8 @@ is ``$LIFECYCLE_SMTP_FROM`` (default ``lifecycle@localhost``).
 No header can be injected: addresses must be plain ``local@domain`` (no spaces, quotes,
 angle brackets or line breaks), subjects lose their control characters, and the message is
 built with the ``email`` package's strict SMTP policy, which refuses a line break in any
-header. The ``Message-ID`` is derived from the effect's idempotency key, so a message sent
+header. A body of plain ASCII text is sent as it is (7bit), any other as quoted-printable.
+The ``Message-ID`` is derived from the effect's idempotency key, so a message sent
 again after a crash carries the same id and a receiver can drop the duplicate.
 
 A 5xx answer (the server will never take this message) raises :class:`PermanentError`;
@@ -86,7 +87,9 @@ def build_message(*, sender: str, recipient: str, subject: str, body: str,
     message["Date"] = email.utils.format_datetime(date.astimezone(dt.UTC))
     message["Message-ID"] = message_id
     message["Auto-Submitted"] = "auto-generated"
-    message.set_content(body, charset="utf-8", cte="quoted-printable")
+    # plain 7-bit text, as HTCondor's mail is, when it can be; else quoted-printable
+    plain = body.isascii() and all(len(line) <= 998 for line in body.splitlines())
+    message.set_content(body, charset="utf-8", cte="7bit" if plain else "quoted-printable")
     return message
 
 
