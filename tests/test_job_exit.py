@@ -1263,6 +1263,7 @@ def test_log_ad_and_mail_are_what_htcondor_writes(case: str, db_url: str, tmp_pa
     # the mail: HTCondor's subject and body
     assert mail.subject == "[Condor] Condor Job 42.0"
     assert mail.body == condor_mail_body(data, payload)
+    assert mail.message["Content-Transfer-Encoding"] == "7bit"  # plain text, as HTCondor's
 
 
 @pytest.mark.parametrize(("options", "utc", "iso", "sub_second"), [
