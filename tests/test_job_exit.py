@@ -1359,3 +1359,26 @@ def test_six_attempts_of_the_queue_update_30_s_apart_with_the_defaults(
     [failed] = effect_records(engine, statuses=("failed",))
     assert (failed.name, failed.attempts) == ("update_job_queue", 6)
     store.dispose()
+
+
+def test_the_queue_takes_the_terminal_attributes_and_keeps_its_own(db_url: str,
+                                                                     tmp_path: Path) -> None:
+    """As HTCondor's terminate update: the exit attributes change, the job's QDate,
+    JobStartDate, owner and the rest stay the queue's."""
+    store = Store(db_url, upgrade=True)
+    own = {"Owner": "alice", "Cmd": "/home/alice/analyse", "QDate": 100, "JobStartDate": 200,
+           "JobUniverse": 12, "RequestCpus": 4}
+    submit(store, JobId(42, 0), own)
+    engine = make_engine(store)
+    engine.create("job_exit", "42.0", job(42, 0, tmp_path, submitted_at="2026-12-02T09:00:00Z",
+                                          started_at="2026-12-02T09:05:00Z"))
+    payload = exit_payload(exit_code=None, exit_signal=11, core_file="/tmp/core.42")
+    engine.fire("42.0", "exited", payload)
+    Worker(engine).run_until_idle()
+    found = queue_ad(store, JobId(42, 0))
+    assert found is not None
+    terminal = {k: v for k, v in expected_ad(job(42, 0, tmp_path), payload).items()
+                if k in htcondor.TERMINAL_ATTRIBUTES}
+    assert found.ad == {"ClusterId": 42, "ProcId": 0, **own, **terminal}
+    assert found.ad["ExitReason"] == "died on signal 11 (Segmentation fault)"
+    store.dispose()

@@ -36,7 +36,7 @@ from sqlalchemy.dialects.postgresql import psycopg as postgres_psycopg
 from ..clock import SystemClock
 from ..store import Store
 from ..store.schema import Document, UtcDateTime, metadata, sqlite_time
-from .htcondor import COMPLETED, IDENTITY_ATTRIBUTES, RUNNING, ClassAdValue, JobId
+from .htcondor import COMPLETED, RUNNING, TERMINAL_ATTRIBUTES, ClassAdValue, JobId
 
 Writes = Callable[[Any], None]
 """Writes to run on the DBAPI cursor of the transaction that marks the effect done."""
@@ -167,8 +167,9 @@ def _statements(cursor: Any) -> _Statements:
 
 def record_completion(cursor: Any, *, job: JobId, ad: Mapping[str, ClassAdValue], key: str,
                       now: dt.datetime) -> bool:
-    """In the caller's transaction: set the terminal attributes of ``ad`` on ``job``, or
-    enter the job with the whole ``ad`` when the queue does not hold it. False, changing
+    """In the caller's transaction: set the terminal attributes of ``ad``
+    (``htcondor.TERMINAL_ATTRIBUTES``) on ``job``, or enter the job with the whole ``ad`` when
+    the queue does not hold it. False, changing
     nothing, when the job is already Completed."""
     sql = _statements(cursor)
     where = {"cluster": job.cluster, "proc": job.proc}
@@ -182,13 +183,16 @@ def record_completion(cursor: Any, *, job: JobId, ad: Mapping[str, ClassAdValue]
     current, status = sql.value(row[0]), int(row[1])
     if status == COMPLETED:
         return False
-    terminal = {name: value for name, value in ad.items() if name not in IDENTITY_ATTRIBUTES}
+    # what a job's end changes (HTCondor's terminate update); the rest (QDate, JobStartDate,
+    # ...) is the queue's own
+    terminal = {name: value for name, value in ad.items() if name in TERMINAL_ATTRIBUTES}
     terminal["LastJobStatus"] = status
     merged = {**current, **terminal}
     if "ExitSignal" in terminal:
         merged.pop("ExitCode", None)
     elif "ExitCode" in terminal:
-        merged.pop("ExitSignal", None)
+        for stale in ("ExitSignal", "ExitReason"):
+            merged.pop(stale, None)
     cursor.execute(sql.update, {**where, "ad": sql.json(merged), "now": sql.time(now),
                                 "key": key})
     return bool(cursor.rowcount == 1)
