@@ -9,7 +9,14 @@ from .records import FireResult
 
 
 class LifecycleError(Exception):
-    """Base class of every error lifecycle raises on purpose."""
+    """Base class of every error lifecycle raises on purpose.
+
+    Its message ends with what a Python caller can do about it; :meth:`for_command_line`
+    gives the same error with the remedy of a command-line user, which ``lifecycle`` prints.
+    """
+
+    def for_command_line(self) -> str:
+        return str(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,10 +26,16 @@ class Problem:
     location: str
     message: str
     suggestion: str | None = None
+    command_line: str | None = None
+    """The suggestion for a command-line user, where it differs (a module named in
+    LIFECYCLE_PLUGINS instead of ``Engine(guards=...)``)."""
 
     def __str__(self) -> str:
+        return self.text(self.suggestion)
+
+    def text(self, suggestion: str | None) -> str:
         text = f"{self.location}: {self.message}" if self.location else self.message
-        return f"{text}; {self.suggestion}" if self.suggestion else text
+        return f"{text}; {suggestion}" if suggestion else text
 
 
 class SpecError(LifecycleError):
@@ -31,9 +44,17 @@ class SpecError(LifecycleError):
     def __init__(self, machine: str, problems: Sequence[Problem]) -> None:
         self.machine = machine
         self.problems = list(problems)
-        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(self._listed(command_line=False))
+
+    def _listed(self, *, command_line: bool) -> str:
+        lines = "\n".join(
+            f"  - {p.text(p.command_line or p.suggestion) if command_line else p}"
+            for p in self.problems)
         noun = "problem" if len(self.problems) == 1 else "problems"
-        super().__init__(f"machine {machine!r} has {len(self.problems)} {noun}:\n{lines}")
+        return f"machine {self.machine!r} has {len(self.problems)} {noun}:\n{lines}"
+
+    def for_command_line(self) -> str:
+        return self._listed(command_line=True)
 
 
 class UnknownMachine(LifecycleError):
@@ -92,7 +113,9 @@ class InvalidData(LifecycleError):
     def __init__(self, machine: str, key: str, detail: str) -> None:
         self.machine = machine
         self.key = key
-        super().__init__(f"resource {machine}:{key}: invalid data: {detail}")
+        self.detail = detail
+        where = key if machine == "?" else f"{machine}:{key}"  # "?": not looked up yet
+        super().__init__(f"resource {where}: invalid data: {detail}")
 
 
 class StrandedResources(LifecycleError):
@@ -122,9 +145,12 @@ class SchemaOutOfDate(LifecycleError):
             what = "has no lifecycle schema yet"
         else:
             what = f"is at schema revision {current}, this code needs {head}"
-        super().__init__(
-            f"database {url} {what}; run `lifecycle db upgrade` (or pass upgrade=True)"
-        )
+        self.what = what
+        super().__init__(f"database {url} {what}; run `lifecycle db upgrade`, or open it "
+                         "with Store(url, upgrade=True)")
+
+    def for_command_line(self) -> str:
+        return f"database {self.url} {self.what}; run `lifecycle db upgrade`"
 
 
 class ConcurrencyError(LifecycleError):

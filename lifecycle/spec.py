@@ -20,6 +20,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from . import values
 from .documents import DocumentError, load_json, load_yaml, read_text
 from .errors import Problem, SpecError
 
@@ -227,7 +228,9 @@ class MachineSpec(_Strict):
                 if name not in known:
                     problems.append(Problem(
                         ", ".join(where), f"{kind} {name!r} is not registered with this engine",
-                        f"pass it in Engine({plural}={{{name!r}: ...}})"))
+                        f"pass it in Engine({plural}={{{name!r}: ...}})",
+                        f"name a module in LIFECYCLE_PLUGINS that defines "
+                        f"{plural} = {{{name!r}: ...}}"))
         return problems
 
     # -- validation -----------------------------------------------------------------------
@@ -354,7 +357,7 @@ def _check(spec: MachineSpec) -> list[Problem]:
     graph = spec.graph
     edges = _Located.of(spec)
     problems = [*_check_states(spec), *_check_edges(spec, edges), *_check_effects(spec, edges),
-                *_check_timeouts(spec, edges), *_check_overlaps(edges)]
+                *_check_timeouts(spec, edges), *_check_overlaps(edges), *_check_values(spec)]
     if spec.initial in graph.parent and not graph.duplicates:
         problems += _check_reachable(spec, edges)
     problems.sort(key=lambda p: _location_order(p.location))
@@ -451,6 +454,28 @@ def _check_effects(spec: MachineSpec, edges: list[_Located]) -> Iterator[Problem
             if effect.on_failure is not None and effect.on_failure not in triggers:
                 yield Problem(f"{where}[{i}].on_failure", f"{effect.on_failure!r} is not a "
                               "trigger", suggest(effect.on_failure, triggers))
+
+
+def _check_values(spec: MachineSpec) -> Iterator[Problem]:
+    """What the spec holds as free values (effect args, fences, the data schema, texts) is
+    what the database keeps as it is (see :mod:`lifecycle.values`): no NaN, no NUL."""
+    free: list[tuple[str, Any]] = [("description", spec.description),
+                                   ("data_schema", spec.data_schema)]
+    for kind, listed in (("transitions", spec.transitions), ("eventless", spec.eventless)):
+        for i, edge in enumerate(listed):
+            free += [(f"{kind}[{i}].{name}", getattr(edge, name))
+                     for name in ("fence", "description", "ref")]
+            free += [(f"{kind}[{i}].effects[{j}].args", e.args)
+                     for j, e in enumerate(edge.effects)]
+    states = [(f"states[{i}]", state) for i, state in enumerate(spec.states)]
+    while states:
+        where, state = states.pop()
+        free.append((f"{where}.description", state.description))
+        free += [(f"{where}.effects[{j}].args", e.args) for j, e in enumerate(state.effects)]
+        states += [(f"{where}.states[{i}]", child) for i, child in enumerate(state.states)]
+    for where, value in free:
+        if value is not None:
+            yield from (Problem(p.path, p.reason) for p in values.problems(value, where))
 
 
 def _check_timeouts(spec: MachineSpec, edges: list[_Located]) -> Iterator[Problem]:

@@ -15,7 +15,8 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "lifecycle"
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("foundation", ("records", "errors", "clock", "transaction", "documents")),
+    ("foundation", ("records", "errors", "clock", "transaction", "documents", "values",
+                    "redact")),
     ("spec", ("spec",)),
     ("store", ("store", "store.schema", "store.database", "store.migrate")),
     ("pieces", ("fresh", "compiled", "effects", "files", "registry", "queries", "verify",

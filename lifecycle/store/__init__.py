@@ -7,17 +7,23 @@ import json
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, bindparam, insert, literal_column, null, select, update
 from sqlalchemy.dialects import sqlite as sqlite_dialect
-from sqlalchemy.engine import Dialect, make_url
+from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from ..errors import DatabaseError, SchemaOutOfDate
 from . import migrate
-from .database import HeldConnections, create_sa_engine, display_url, resolve_url
+from .database import (
+    HeldConnections,
+    create_sa_engine,
+    display_url,
+    parse_url,
+    resolve_url,
+    sqlite_file,
+)
 from .schema import (
     CANCELLED,
     FIRED,
@@ -49,11 +55,8 @@ class Store:
     def __init__(self, url: str | None = None, *, upgrade: bool = False, check: bool = True):
         self.url = resolve_url(url)
         self.display_url = display_url(self.url)
-        parsed = make_url(self.url)
-        in_file = parsed.get_backend_name() == "sqlite" and parsed.database not in (
-            None, "", ":memory:")
-        self._sqlite_file = parsed.database if in_file else None
-        if check and not upgrade and self._sqlite_file and not Path(self._sqlite_file).exists():
+        self._sqlite_file = sqlite_file(parse_url(self.url))  # DatabaseError if unusable
+        if check and not upgrade and self._sqlite_file and not self._sqlite_file.exists():
             raise SchemaOutOfDate(self.display_url, None, migrate.head_revision())
         self.engine = create_sa_engine(self.url)
         self._held = HeldConnections(self.engine)

@@ -6,17 +6,21 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import urllib.parse
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, create_engine, event
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.engine import Engine as SAEngine
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
+from .. import redact
 from ..errors import DatabaseError
+from ..values import text_problem
 
 log = logging.getLogger(__name__)
 
@@ -28,37 +32,93 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 def resolve_url(url: str | None = None) -> str:
     """The database URL: the argument, else ``$LIFECYCLE_DATABASE_URL``, else
-    ``./lifecycle.db``. A plain path means a SQLite file; ``postgresql://`` means psycopg 3."""
+    ``./lifecycle.db``. A plain path means a SQLite file; ``postgresql://`` means psycopg 3.
+    A password holding ``@`` that is not percent-encoded is encoded (its user information
+    ends at the URL's last ``@``)."""
     url = url or os.environ.get(URL_VARIABLE) or DEFAULT_URL
     if "://" not in url:
         return f"sqlite:///{url}"
     for plain in ("postgresql://", "postgres://"):
         if url.startswith(plain):
-            return "postgresql+psycopg://" + url[len(plain):]
+            url = "postgresql+psycopg://" + url[len(plain):]
+    head, user, password, rest = redact.split_credentials(url)
+    if password is not None and "@" in password:
+        url = f"{head}{user}:{password.replace('@', '%40')}@{rest}"
     return url
 
 
 def display_url(url: str) -> str:
-    """The URL without its password, for messages."""
+    """The URL without its password, for messages, logs and anything stored."""
+    return redact.url(url)
+
+
+def parse_url(url: str) -> URL:
+    """The URL, parsed; :class:`DatabaseError` for one lifecycle cannot open (not a URL, a
+    database or driver other than SQLite and PostgreSQL through psycopg 3)."""
+    shown = display_url(url)
+    problem = text_problem(url, 10_000)
+    if problem is not None:
+        raise DatabaseError(f"invalid database URL {shown!r}: it {problem}")
     try:
-        return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        return url
+        parsed = make_url(url)
+    except (ArgumentError, ValueError) as exc:
+        reason = "its port is not a number" if isinstance(exc, ValueError) else \
+            "write postgresql://USER@HOST/DB, sqlite:///PATH, or a plain file path"
+        raise DatabaseError(f"invalid database URL {shown!r}: {reason}") from None
+    backend, driver = parsed.get_backend_name(), parsed.get_driver_name()
+    if backend not in _DRIVERS:
+        raise DatabaseError(f"unsupported database {backend!r} in {shown!r}: lifecycle runs "
+                            "on SQLite (sqlite:///PATH) and PostgreSQL (postgresql://...)")
+    if driver != _DRIVERS[backend]:
+        raise DatabaseError(f"database URL {shown!r} asks for the driver {driver!r}; "
+                            f"lifecycle uses {_DRIVERS[backend]!r}: write "
+                            f"{'postgresql://' if backend == 'postgresql' else 'sqlite:///'}...")
+    return parsed
+
+
+_DRIVERS = {"sqlite": "pysqlite", "postgresql": "psycopg"}
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def sqlite_file(parsed: URL) -> Path | None:
+    """The file of a SQLite URL (None for an in-memory database), once it is known that its
+    directory exists and that, if the file exists, it is a SQLite database: opening it
+    otherwise fails later with a message that names neither."""
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    name = parsed.database
+    if parsed.query.get("uri") in ("true", "1") and name.startswith("file:"):
+        name = urllib.parse.unquote(name[len("file:"):].split("?", 1)[0])
+        if name in ("", ":memory:") or parsed.query.get("mode") == "memory":
+            return None
+    path = Path(name)
+    shown = display_url(parsed.render_as_string(hide_password=False))
+    if not path.parent.is_dir():
+        raise DatabaseError(f"database {shown}: the directory {str(path.parent)!r} does not "
+                            "exist; create it, or name a file in a directory that does")
+    if path.is_dir():
+        raise DatabaseError(f"database {shown}: {str(path)!r} is a directory, not a file")
+    try:
+        with path.open("rb") as file:
+            header = file.read(len(_SQLITE_HEADER))
+    except FileNotFoundError:
+        return path
+    except OSError as exc:
+        raise DatabaseError(f"database {shown}: cannot read {str(path)!r}: "
+                            f"{exc.strerror or exc}") from None
+    if header and header != _SQLITE_HEADER:
+        raise DatabaseError(f"database {shown}: {str(path)!r} is not a SQLite database "
+                            "(its first bytes are not SQLite's header)")
+    return path
 
 
 def create_sa_engine(url: str) -> SAEngine:
-    try:
-        parsed = make_url(url)
-    except ArgumentError as exc:
-        raise DatabaseError(f"invalid database URL {url!r}: {exc}") from None
+    parsed = parse_url(url)
     if parsed.get_backend_name() == "sqlite":
         return _sqlite_engine(url)
-    if parsed.get_backend_name() == "postgresql":
-        # No pre-ping: it costs a round trip per transaction; a broken connection is thrown
-        # away when it fails (HeldConnections) and the next transaction opens a new one.
-        return create_engine(url)
-    raise DatabaseError(f"unsupported database {parsed.get_backend_name()!r} in {url!r}: "
-                        "lifecycle runs on SQLite and PostgreSQL")
+    # No pre-ping: it costs a round trip per transaction; a broken connection is thrown
+    # away when it fails (HeldConnections) and the next transaction opens a new one.
+    return create_engine(url)
 
 
 def _sqlite_engine(url: str) -> SAEngine:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -10,8 +11,13 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from alembic.util import CommandError
 from sqlalchemy import Connection
 from sqlalchemy.engine import Engine as SAEngine
+from sqlalchemy.exc import DBAPIError
+
+from .. import redact
+from ..errors import DatabaseError
 
 VERSION_TABLE = "lifecycle_alembic_version"
 
@@ -60,11 +66,27 @@ def revisions() -> list[tuple[str, str | None, str]]:
 
 
 def upgrade(engine: SAEngine, revision: str = "head") -> None:
-    _run(engine, lambda config: command.upgrade(config, revision))
+    _run(engine, lambda config: command.upgrade(config, known(revision)))
 
 
 def downgrade(engine: SAEngine, revision: str) -> None:
-    _run(engine, lambda config: command.downgrade(config, revision))
+    _run(engine, lambda config: command.downgrade(config, known(revision)))
+
+
+def known(revision: str) -> str:
+    """``revision`` if it names one of lifecycle's revisions (``head``, ``base``, a
+    revision or a unique prefix of one, a relative step); :class:`DatabaseError` naming them
+    otherwise."""
+    if revision in ("head", "heads", "base") or re.fullmatch(r"(?:head|base)?[+-][0-9]+",
+                                                             revision):
+        return revision  # a relative step (head-1, -1) is checked by Alembic
+    names = [r for r, _, _ in revisions()]
+    matches = [r for r in names if r == revision] or [r for r in names if r.startswith(revision)]
+    if len(matches) != 1 or not revision:
+        raise DatabaseError(f"unknown schema revision {revision!r}: lifecycle's revisions are "
+                            f"{', '.join(names)} (and head, base); `lifecycle db history` "
+                            "lists them")
+    return matches[0]
 
 
 def _run(engine: SAEngine, step: Callable[[Config], None]) -> None:
@@ -72,6 +94,17 @@ def _run(engine: SAEngine, step: Callable[[Config], None]) -> None:
     copying it and dropping the original, and dropping a table with foreign keys enforced
     would cascade into the rows that point at it: enforcement is off while migrating (it can
     only be switched outside a transaction), and the keys are checked before the commit."""
+    try:
+        _migrate(engine, step)
+    except CommandError as exc:  # the database's revision is not one of the code's
+        raise DatabaseError(f"cannot migrate {redact.url(str(engine.url))}: {exc}; "
+                            "`lifecycle db current` says where it is") from None
+    except DBAPIError as exc:
+        raise DatabaseError(f"database {redact.url(str(engine.url))}: "
+                            f"{redact.text(str(exc.orig))}") from None
+
+
+def _migrate(engine: SAEngine, step: Callable[[Config], None]) -> None:
     sqlite = engine.dialect.name == "sqlite"
     with engine.connect() as connection:
         raw = connection.connection.dbapi_connection
