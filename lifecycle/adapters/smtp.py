@@ -32,6 +32,7 @@ from email.message import EmailMessage
 from typing import Protocol
 from urllib.parse import unquote, urlsplit
 
+from .. import redact
 from ..errors import MailConfigError, PermanentError, RetryableError
 
 log = logging.getLogger(__name__)
@@ -125,8 +126,8 @@ class SmtpServer:
 
 
 def _shown(url: str) -> str:
-    """The URL without its password."""
-    return re.sub(r"://([^:/@]*):[^@/]*@", r"://\1:***@", url)
+    """The URL without its password, whatever the password holds (``/``, ``@``, ``:``)."""
+    return redact.url(url)
 
 
 class Mailer(Protocol):

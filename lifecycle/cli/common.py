@@ -1,35 +1,259 @@
-"""What every command shares: the consoles, errors as one line, the --db and --json
-options, JSON arguments, times and counts as a person reads them."""
+"""What every command shares: the consoles, errors as one line and the exit statuses, the
+--db and --json options, JSON arguments, times and counts as a person reads them.
+
+Exit statuses (README, "The command line"): 0 done; 1 an error lifecycle reports (one line
+on stderr: a refused input, a missing resource, a database that cannot be used) or a check
+that found problems (``verify``, ``replay``, ``diagrams --check``, ``db current``); 2 bad
+arguments (click's usage errors); 3 a refused ``fire`` or ``step``; 4 an unexpected failure
+(a bug, or a plugin's code raising), also one line unless ``LIFECYCLE_TRACEBACK=1``. A
+command that committed exits 0 whatever happens while it prints: printing never raises.
+
+Everything a command prints that comes from data (keys, actors, data, payloads, errors) is
+text. The consoles read markup of lifecycle's own styles only (``[bold]``, ``[red]``, ...,
+closed by ``[/]``), a tag only where it is opened and closed; any other bracket, an
+unclosed tag, a ``[/]`` with nothing to close, prints as it is, and ``\\[`` (what
+:func:`escape` makes of data) is always a plain ``[``. Nothing printed can raise a markup
+error.
+"""
 
 from __future__ import annotations
 
-import json
+import io
+import math
+import os
+import re
 import sys
+import traceback
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 import click
 from rich.console import Console
+from rich.text import Text
 
+from .. import redact
+from ..documents import DocumentError, load_json
 from ..errors import LifecycleError
 
 F = TypeVar("F", bound=Callable[..., Any])
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_REFUSED = 3
+EXIT_INTERNAL = 4
+TRACEBACK_VARIABLE = "LIFECYCLE_TRACEBACK"
+
+STYLES = frozenset({"bold", "dim", "italic", "red", "green", "yellow", "cyan", "magenta",
+                    "bold red", "bold green", "bold yellow"})
+_TAG = re.compile(r"\\\[|\[(/?)([a-z ]*)\]")
+
+
+def markup(source: str) -> Text:
+    """``source`` as text, styled where it holds lifecycle's own markup: a tag of
+    :data:`STYLES` opened and later closed by ``[/]`` (or ``[/style]``). Every other
+    bracket is text; ``\\[`` is ``[``."""
+    tokens = list(_TAG.finditer(source))
+    paired: dict[int, int] = {}  # index of an opening tag -> index of its closing tag
+    opened: list[int] = []
+    for index, found in enumerate(tokens):
+        closing, style = found.group(1), found.group(2)
+        if found.group() == "\\[":
+            continue
+        if not closing and style in STYLES:
+            opened.append(index)
+        elif closing and opened and style in ("", tokens[opened[-1]].group(2)):
+            paired[opened.pop()] = index
+    closers = {close: start for start, close in paired.items()}
+    text = Text()
+    starts: dict[int, int] = {}
+    position = 0
+    for index, found in enumerate(tokens):
+        text.append(source[position:found.start()])
+        position = found.end()
+        if found.group() == "\\[":
+            text.append("[")
+        elif index in paired:
+            starts[index] = len(text)
+        elif index in closers:
+            opening = closers[index]
+            text.stylize(tokens[opening].group(2), starts[opening], len(text))
+        else:
+            text.append(found.group())
+    text.append(source[position:])
+    return text
+
+
+_styled = markup  # (render_str's parameter of that name hides the function)
+
+
+class SafeConsole(Console):
+    """A console whose strings are text with lifecycle's own styles (see :func:`markup`),
+    and whose printing never raises: a closed pipe or a character the terminal cannot show
+    loses output, never the command's outcome."""
+
+    def render_str(self, text: str, *, style: Any = "", justify: Any = None,
+                   overflow: Any = None, emoji: bool | None = None,
+                   markup: bool | None = None, highlight: bool | None = None,
+                   highlighter: Any = None) -> Text:
+        if markup is False or "[" not in text:
+            return Text(text, style=style, justify=justify, overflow=overflow)
+        styled = _styled(text)
+        styled.style, styled.justify, styled.overflow = style, justify, overflow
+        return styled
+
+    def print(self, *objects: Any, **options: Any) -> None:
+        try:
+            super().print(*objects, **options)
+        except (OSError, UnicodeError, ValueError) as exc:
+            lost_output(exc)
+
+
+def lost_output(exc: Exception) -> None:
+    """Printing failed (a closed pipe, a terminal that cannot show a character): the
+    command's outcome stands; further output goes nowhere."""
+    if isinstance(exc, BrokenPipeError):
+        _silence(sys.stdout)
+
+
+def _silence(stream: IO[str]) -> None:
+    try:
+        descriptor = stream.fileno()
+    except (OSError, ValueError, io.UnsupportedOperation):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, descriptor)  # the interpreter's last flush then has nowhere to fail
+    os.close(devnull)
+
+
+out = SafeConsole(highlight=False, soft_wrap=True, emoji=False)
+err = SafeConsole(stderr=True, highlight=False, soft_wrap=True, emoji=False)
+
+
+class _Forgiving(io.TextIOBase):
+    """sys.stdout or sys.stderr for the length of a command: what cannot be encoded is
+    written with backslash escapes, and a closed pipe swallows the rest."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.stream = stream
+        self.closed_pipe = False
+
+    def write(self, text: str) -> int:
+        if self.closed_pipe:
+            return len(text)
+        try:
+            self.stream.write(text)
+        except UnicodeEncodeError:
+            encoding = getattr(self.stream, "encoding", None) or "ascii"
+            self._write(text.encode(encoding, "backslashreplace").decode(encoding))
+        except (BrokenPipeError, ValueError):  # ValueError: the stream was closed
+            self.closed_pipe = True
+            _silence(self.stream)
+        return len(text)
+
+    def _write(self, text: str) -> None:
+        try:
+            self.stream.write(text)
+        except (OSError, ValueError, UnicodeError):
+            self.closed_pipe = True
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except (OSError, ValueError):
+            self.closed_pipe = True
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self.stream, "encoding", None) or "utf-8"
+
+
+LONGEST_SECONDS = 10 * 365 * 86400.0
+"""The largest value of a number option without a maximum of its own (ten years of seconds,
+as a spec's timeouts): a clock can add it."""
+
+
+class Finite(click.FloatRange):
+    """A float option's type: finite (``nan`` and ``inf`` are refused at start, not at the
+    first use), within its range, and at most :data:`LONGEST_SECONDS` when it has no
+    maximum."""
+
+    name = "float range"
+
+    def __init__(self, low: float | None = None, high: float | None = None, *,
+                 min_open: bool = False, max_open: bool = False) -> None:
+        super().__init__(low, LONGEST_SECONDS if high is None else high, min_open=min_open,
+                         max_open=max_open)
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)  # the range lets NaN through
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
+def finite_options(command: click.Command) -> None:
+    """Every float option of ``command`` (and its subcommands) made :class:`Finite`."""
+    for param in command.params:
+        kind = param.type
+        if isinstance(kind, click.FloatRange) and not isinstance(kind, Finite):
+            param.type = Finite(kind.min, kind.max, min_open=kind.min_open,
+                                max_open=kind.max_open)
+        elif isinstance(kind, click.types.FloatParamType) and not isinstance(kind, Finite):
+            param.type = Finite()
+    for sub in getattr(command, "commands", {}).values():
+        finite_options(sub)
 
 
 class OneLineErrors(click.Group):
-    """Errors lifecycle raises on purpose are one line on stderr and exit status 1."""
+    """Errors are one line on stderr with the command line's remedy, and the documented exit
+    statuses; no traceback reaches a user (``LIFECYCLE_TRACEBACK=1`` shows it for an
+    unexpected failure). Float options are finite (:class:`Finite`)."""
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        finite_options(cmd)
+        super().add_command(cmd, name)
 
     def invoke(self, ctx: click.Context) -> Any:
+        streams = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = _Forgiving(sys.stdout), _Forgiving(sys.stderr)
         try:
             return super().invoke(ctx)
         except LifecycleError as exc:
-            err.print(f"[bold red]error:[/] {escape(str(exc))}")
-            sys.exit(1)
+            report(exc.for_command_line())
+            sys.exit(EXIT_ERROR)
+        except OSError as exc:  # a file a command was asked to read or write
+            report(f"{exc.strerror}: {exc.filename}" if exc.strerror and exc.filename
+                   else str(exc))
+            sys.exit(EXIT_ERROR)
+        except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit,
+                KeyboardInterrupt):
+            raise
+        except Exception as exc:
+            if os.environ.get(TRACEBACK_VARIABLE) == "1":
+                traceback.print_exc()
+            where = traceback.extract_tb(exc.__traceback__)[-1]
+            report(f"unexpected {type(exc).__name__}: {exc} (at {os.path.basename(where.filename)}"
+                   f":{where.lineno}; a bug, or a plugin's code: {TRACEBACK_VARIABLE}=1 shows "
+                   "the traceback)")
+            sys.exit(EXIT_INTERNAL)
+        finally:
+            sys.stdout, sys.stderr = streams
+
+
+def report(message: str) -> None:
+    """An error, on stderr: ``error: MESSAGE``, the message as text, secrets hidden."""
+    err.print(Text.assemble(("error:", "bold red"), " ", redact.text(message)))
 
 
 def escape(text: str) -> str:
+    """Data inside a string that holds markup: every ``[`` printed as it is."""
     return text.replace("[", "\\[")
 
 
@@ -46,22 +270,24 @@ def json_option(f: F) -> F:
 
 
 def json_arg(value: str | None, option: str) -> dict[str, Any]:
+    """A JSON object given on the command line, read as spec files are (duplicate keys,
+    non-finite numbers, over-long integers and deep nesting refused); what the store cannot
+    keep is refused by the engine."""
     if value is None:
         return {}
-    def refuse(constant: str) -> Any:
-        raise click.BadParameter(f"not JSON: {constant} is not a JSON number",
-                                 param_hint=option)
-
     try:
-        parsed = json.loads(value, parse_constant=refuse)
-    except json.JSONDecodeError as exc:
-        raise click.BadParameter(f"not JSON: {exc.msg} at line {exc.lineno} column "
-                                 f"{exc.colno}", param_hint=option) from None
+        parsed = load_json(value, option)
+    except DocumentError as exc:
+        what = exc.what.removeprefix("invalid JSON: ").replace(
+            "is not a finite number", "is not a JSON number")  # NaN, Infinity
+        raise click.BadParameter(f"not JSON: {what}"
+                                 + (f" (at {exc.where.removeprefix(option + ':')})"
+                                    if exc.where != option else ""),
+                                 param_hint=option) from None
     if not isinstance(parsed, dict):
         raise click.BadParameter(f"must be a JSON object, not {type(parsed).__name__}",
                                  param_hint=option)
     return parsed
-
 
 
 def time_text(value: Any, clock_only: bool = False) -> str:

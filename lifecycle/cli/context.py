@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Callable
+import sys
+import traceback
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +43,10 @@ def make_engine(db_url: str | None, *, upgrade: bool = False) -> Engine:
         effects.update(getattr(provider, "effects", None) or {})
         probes.update(getattr(provider, "probes", None) or {})
         if hasattr(provider, "drone_site"):  # a site and a pool for the built-in drones
-            site, batch = provider.drone_site, provider.drone_batch_system
+            site, batch = provider.drone_site, getattr(provider, "drone_batch_system", None)
+            if batch is None:
+                raise LifecycleError(f"{PLUGINS_VARIABLE}: module {provider.__name__!r} "
+                                     "defines drone_site but no drone_batch_system")
             effects.update(drone.effects(site, batch))
             probes["site"] = drone.probe(site, batch)
     # not strict: a built-in drone is recorded, observed and moved without a site's adapters;
@@ -55,15 +60,44 @@ PLUGINS_VARIABLE = "LIFECYCLE_PLUGINS"
 
 def plugins() -> list[Any]:
     """Modules named in $LIFECYCLE_PLUGINS (comma-separated): each may define ``guards``,
-    ``effects`` and ``probes`` dicts, for machines declared in spec files."""
+    ``effects`` and ``probes`` dicts, for machines declared in spec files. A module in the
+    current directory is found without PYTHONPATH; a module that fails to import (whatever
+    it raises) is an error naming it, where it failed and why."""
     names = [n.strip() for n in os.environ.get(PLUGINS_VARIABLE, "").split(",") if n.strip()]
+    if names and os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())  # after everything installed: it shadows nothing
     modules = []
     for name in names:
         try:
-            modules.append(importlib.import_module(name))
-        except ImportError as exc:
-            raise LifecycleError(f"{PLUGINS_VARIABLE}: cannot import {name!r}: {exc}") from None
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and name != exc.name and not name.startswith(
+                    exc.name + "."):
+                raise LifecycleError(f"{PLUGINS_VARIABLE}: module {name!r} imports "
+                                     f"{exc.name!r}, which is not installed") from None
+            raise LifecycleError(
+                f"{PLUGINS_VARIABLE}: no module {name!r} (looked in the current directory "
+                f"{os.getcwd()!r} and the installed packages; is it {name}.py?)") from None
+        except Exception as exc:
+            raise LifecycleError(f"{PLUGINS_VARIABLE}: module {name!r} failed to import: "
+                                 f"{type(exc).__name__}: {exc}{_where(exc)}") from None
+        for attribute in ("guards", "effects", "probes"):
+            value = getattr(module, attribute, None)
+            if value is not None and not isinstance(value, Mapping):
+                raise LifecycleError(
+                    f"{PLUGINS_VARIABLE}: module {name!r} defines {attribute} as "
+                    f"{type(value).__name__}; it must be a dict of name -> function")
+        modules.append(module)
     return modules
+
+
+def _where(exc: BaseException) -> str:
+    """`` (at FILE:LINE)``: the innermost line of the plugin's own code that raised."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f" (at {exc.filename}:{exc.lineno})"
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if "importlib" not in f.filename]
+    return f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
 
 
 def builtin_spec(machine: str) -> MachineSpec | None:

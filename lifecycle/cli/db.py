@@ -6,7 +6,8 @@ import sys
 
 import click
 
-from ..store import migrate
+from ..errors import DatabaseError
+from ..store import Store, migrate
 from .common import db_option, out
 from .context import open_store
 
@@ -22,7 +23,7 @@ def db() -> None:
 def upgrade(revision: str, db_url: str | None) -> None:
     """Upgrade the schema to REVISION (default: the newest)."""
     store = open_store(db_url, check=False)
-    before = store.current_revision()
+    before = known_revision(store)
     store.upgrade(revision)
     after = store.current_revision()
     if before == after:
@@ -37,7 +38,7 @@ def upgrade(revision: str, db_url: str | None) -> None:
 def downgrade(revision: str, db_url: str | None) -> None:
     """Downgrade the schema to REVISION ('base' drops every lifecycle table)."""
     store = open_store(db_url, check=False)
-    before = store.current_revision()
+    before = known_revision(store)
     store.downgrade(revision)
     out.print(f"{store.display_url}: {before or 'empty'} -> {store.current_revision() or 'empty'}")
 
@@ -49,10 +50,26 @@ def current(db_url: str | None) -> None:
     store = open_store(db_url, check=False)
     revision = store.current_revision()
     head = migrate.head_revision()
-    state = "up to date" if revision == head else f"behind {head}: run `lifecycle db upgrade`"
+    if revision == head:
+        state = "up to date"
+    elif revision is not None and revision not in {r for r, _, _ in migrate.revisions()}:
+        state = f"newer than this lifecycle, whose newest is {head}: upgrade lifecycle itself"
+    else:
+        state = f"behind {head}: run `lifecycle db upgrade`"
     out.print(f"{store.display_url}: {revision or 'empty'} ({state})")
     if revision != head:
         sys.exit(1)
+
+
+def known_revision(store: Store) -> str | None:
+    """The database's revision, if this lifecycle knows it (not a newer one's)."""
+    revision = store.current_revision()
+    if revision is not None and revision not in {r for r, _, _ in migrate.revisions()}:
+        raise DatabaseError(
+            f"database {store.display_url} is at schema revision {revision}, newer than this "
+            f"lifecycle knows (its newest is {migrate.head_revision()}): upgrade lifecycle "
+            "itself, or migrate with the lifecycle that wrote it")
+    return revision
 
 
 @db.command("history")

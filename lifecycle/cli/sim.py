@@ -4,6 +4,7 @@ and a drone pool's heartbeat."""
 from __future__ import annotations
 
 import json
+import math
 import signal as signals
 import sys
 import time as timing
@@ -147,8 +148,11 @@ def simulate(name: str | None, seed: int, settings: tuple[str, ...], timing: boo
         kind = simulation.options[key][0]
         try:
             options[key] = (raw.lower() in ("1", "true", "yes")) if kind is bool else kind(raw)
+            if kind is float and not math.isfinite(options[key]):
+                raise ValueError(raw)
         except ValueError:
-            raise click.BadParameter(f"{setting!r}: {key} takes a {kind.__name__}",
+            raise click.BadParameter(f"{setting!r}: {key} takes a "
+                                     f"{'finite ' if kind is float else ''}{kind.__name__}",
                                      param_hint="--set") from None
     with Bar(console=err, transient=True) as bar:
         task = bar.add_task(name, total=1.0)
