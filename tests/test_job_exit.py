@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -946,18 +947,29 @@ def test_an_exit_out_of_bounds_is_refused_and_changes_nothing(
     store.dispose()
 
 
-@pytest.fixture(params=["Pacific/Kiritimati", "Etc/GMT+12"])
-def time_zone(request: pytest.FixtureRequest) -> Any:
+def _local_time_zone(name: str) -> Iterator[str]:
     """The process's local time zone (the user log's and the mail's dates are local)."""
     old = os.environ.get("TZ")
-    os.environ["TZ"] = request.param
+    os.environ["TZ"] = name
     time.tzset()
-    yield request.param
-    if old is None:
-        del os.environ["TZ"]
-    else:
-        os.environ["TZ"] = old
-    time.tzset()
+    try:
+        yield name
+    finally:
+        if old is None:
+            del os.environ["TZ"]
+        else:
+            os.environ["TZ"] = old
+        time.tzset()
+
+
+@pytest.fixture(params=["Pacific/Kiritimati", "Etc/GMT+12"])  # UTC+14 and UTC-12
+def time_zone(request: pytest.FixtureRequest) -> Iterator[str]:
+    yield from _local_time_zone(request.param)
+
+
+@pytest.fixture
+def chicago() -> Iterator[str]:
+    yield from _local_time_zone("America/Chicago")
 
 
 @pytest.mark.parametrize("when", ["1970-01-02T00:00:00Z", "9999-12-30T00:00:00Z"])
@@ -1197,22 +1209,9 @@ FIDELITY = {
 }
 
 
-@pytest.fixture
-def chicago() -> Any:
-    old = os.environ.get("TZ")
-    os.environ["TZ"] = "America/Chicago"
-    time.tzset()
-    yield
-    if old is None:
-        del os.environ["TZ"]
-    else:
-        os.environ["TZ"] = old
-    time.tzset()
-
-
 @pytest.mark.parametrize("case", list(FIDELITY))
 def test_log_ad_and_mail_are_what_htcondor_writes(case: str, db_url: str, tmp_path: Path,
-                                                  clock: SimulatedClock, chicago: None,
+                                                  clock: SimulatedClock, chicago: str,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(job_exit.USERLOG_FORMAT_VARIABLE, raising=False)  # HTCondor's default
     payload = FIDELITY[case]
@@ -1275,7 +1274,7 @@ def test_log_ad_and_mail_are_what_htcondor_writes(case: str, db_url: str, tmp_pa
     ("UTC !UTC", False, True, False),
 ])
 def test_the_user_log_date_follows_htcondors_format_options(
-        sqlite_url: str, tmp_path: Path, chicago: None, monkeypatch: pytest.MonkeyPatch,
+        sqlite_url: str, tmp_path: Path, chicago: str, monkeypatch: pytest.MonkeyPatch,
         options: str, utc: bool, iso: bool, sub_second: bool) -> None:
     monkeypatch.setenv(job_exit.USERLOG_FORMAT_VARIABLE, options)
     engine = make_engine(Store(sqlite_url, upgrade=True))
