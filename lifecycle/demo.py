@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.padding import Padding
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -39,7 +40,7 @@ def run_demo(engine: Engine, out: Console, *, seed: int = 1) -> list[dict[str, A
 
             reports.append(simulation.run(seed=seed, progress=report, store=store,
                                           prefix=prefix, **simulation.demo))
-    table = Table("scenario", "what was measured", "before", "after",
+    table = Table("scenario", "what was measured", "before", "after", box=box.SIMPLE_HEAD,
                   title="what each race cost", title_justify="left")
     table.columns[0].no_wrap = True
     for column in table.columns[2:]:

@@ -280,8 +280,9 @@ def _observed_text(run: list[Observation], one_day: bool) -> Group:
         heading.append(f"; the same {len(run)} times in all, the last at "
                        f"{time_text(last.recorded_at, one_day)}, #{last.id}")
     heading.append(")")
-    if first.observed_at != first.recorded_at:
-        heading.append(f", true at {time_text(first.observed_at, one_day)}")
+    true_at = time_text(first.observed_at, one_day)
+    if true_at != time_text(first.recorded_at, one_day):  # a report of an earlier moment
+        heading.append(f", true at {true_at}")
     return layout.block(heading, layout.key_values(first.status), indent=2)
 
 
@@ -299,7 +300,8 @@ def _entry_text(entry: JournalEntry, effects: list[Any], one_day: bool) -> Group
         shown: dict[str, bool] = entry.guards if entry.kind == "refusal" else {
             name: ok for name, ok in entry.guards.items() if ok}
         if shown:
-            details.append(f"guards: {_verdicts(shown)}")
+            label = "guards asked" if entry.kind == "refusal" else "guards that held"
+            details.append(f"{label}: {_verdicts(shown)}")
     details += layout.key_values(entry.payload)
     seen = entry.observation
     if seen is not None:

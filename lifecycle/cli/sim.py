@@ -84,7 +84,7 @@ def reconcile(machine: str, every: float | None, db_url: str | None, as_json: bo
     worker = Worker(engine)
     while True:
         worker.run_until_idle()  # effects of the last round (a deploy) before the statuses
-        with Bar(console=err, transient=True) as bar:
+        with Bar(console=err, transient=True, disable=not err.is_terminal) as bar:
             task = bar.add_task("stepping drones", total=None)
             def advance(done: int, total: int, task: Any = task) -> None:
                 bar.update(task, completed=done, total=total)
@@ -154,7 +154,7 @@ def simulate(name: str | None, seed: int, settings: tuple[str, ...], timing: boo
             raise click.BadParameter(f"{setting!r}: {key} takes a "
                                      f"{'finite ' if kind is float else ''}{kind.__name__}",
                                      param_hint="--set") from None
-    with Bar(console=err, transient=True) as bar:
+    with Bar(console=err, transient=True, disable=not err.is_terminal) as bar:
         task = bar.add_task(name, total=1.0)
         report = simulation.run(seed=seed, progress=lambda done, total: bar.update(
             task, completed=done / total if total else 1.0), **options)
