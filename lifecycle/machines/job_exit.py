@@ -251,7 +251,7 @@ class JobExitData(BaseModel):
         if value is None:
             return None
         path = normalised_path(value, str(info.field_name))
-        directories = settings_from_environment().directories
+        directories = _directories(os.environ)  # the one setting that bears on data
         if directories and not _under(path, directories):
             raise ValueError(f"{info.field_name} {path!r} is outside the directories "
                              f"{DIRECTORIES_VARIABLE} allows ({':'.join(directories)})")
