@@ -54,6 +54,7 @@ from lifecycle.adapters.job_queue import (
     submit,
 )
 from lifecycle.cli import main
+from lifecycle.compiled import GuardContext
 from lifecycle.machines import builtins, job_exit
 
 EXITED_AT = dt.datetime(2026, 12, 2, 10, 1, 0, tzinfo=dt.UTC)
@@ -1381,3 +1382,20 @@ def test_the_queue_takes_the_terminal_attributes_and_keeps_its_own(db_url: str,
     assert found.ad == {"ClusterId": 42, "ProcId": 0, **own, **terminal}
     assert found.ad["ExitReason"] == "died on signal 11 (Segmentation fault)"
     store.dispose()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.one_of(st.sampled_from(job_exit.EXIT_FIELDS),
+                                 st.sampled_from(sorted(job_exit.JobExitData.model_fields)),
+                                 st.text(min_size=1, max_size=20)),
+                       st.integers(), max_size=6))
+def test_the_exit_guard_refuses_any_field_but_the_exit_fields(payload: dict[str, int]) -> None:
+    context = GuardContext(machine="job_exit", key="42.0", state="running", version=1,
+                           data={"cluster": 42, "proc": 0}, payload=payload,
+                           now=EXITED_AT)
+    extra = sorted(set(payload) - set(job_exit.EXIT_FIELDS))
+    if not extra:
+        assert job_exit.exit_fields_only(context) is True
+        return
+    with pytest.raises(ValueError, match=re.escape(f"carries {extra[0]!r}")):
+        job_exit.exit_fields_only(context)
