@@ -135,3 +135,11 @@ def test_a_missing_probe_names_itself_and_the_remedy_on_fire_too(run: Run,
     refused = run("fire", "l1", "reclaim", code=3)
     assert "probe 'lease_db' is not registered with this engine" in refused
     assert "LIFECYCLE_PLUGINS" in refused
+
+
+def test_show_names_the_handler_this_process_lacks(run: Run) -> None:
+    run("create", "drone", "d3")
+    text = " ".join(run("show", "d3").split())
+    assert ("deploy pending, attempt 0, due" in text
+            and "no handler 'deploy' in this process: a worker with a module in "
+                "LIFECYCLE_PLUGINS that provides it carries it out" in text), text

@@ -184,6 +184,9 @@ def show(key: str, db_url: str | None, as_json: bool) -> None:
                      f"{time_text(effect.lease_until)} (renewed while it lives)")
         if effect.last_error:
             line += f": {effect.last_error}"
+        if effect.status == PENDING and effect.name not in engine.handlers:
+            line += (f"; no handler {effect.name!r} in this process: a worker with a module "
+                     f"in {PLUGINS_VARIABLE} that provides it carries it out")
         table.add_row("[red]stuck[/]" if effect.status == FAILED else "effect", escape(line))
     out.print(table)
 

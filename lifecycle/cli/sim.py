@@ -14,6 +14,7 @@ from typing import Any
 import click
 from rich.progress import Progress as Bar
 from rich.table import Table
+from rich.text import Text
 
 from ..demo import run_demo
 from ..errors import LifecycleError
@@ -21,6 +22,7 @@ from ..machines import builtins, drone
 from ..scenario import replay as replay_one
 from ..sim import simulations
 from ..worker import Worker
+from . import layout
 from .common import db_option, err, escape, json_option, out, plural
 from .context import make_engine, plugins
 
@@ -132,9 +134,12 @@ def simulate(name: str | None, seed: int, settings: tuple[str, ...], timing: boo
     known = simulations()
     if name is None:
         for simulation in known.values():
-            out.print(f"[bold]{simulation.name}[/]: {simulation.summary}")
+            out.print(layout.block(Text.assemble((simulation.name, "bold"), ": ",
+                                                 simulation.summary), [], indent=0),
+                      soft_wrap=False)
             for option, (kind, default, help_text) in simulation.options.items():
-                out.print(f"  --set {option}={default}  ({kind.__name__}) {help_text}")
+                out.print(layout.block(f"  --set {option}={default} ({kind.__name__})",
+                                       [help_text], indent=6), soft_wrap=False)
         return
     if name not in known:
         raise LifecycleError(f"unknown simulation {name!r}; known: {', '.join(known)}")
@@ -165,6 +170,8 @@ def simulate(name: str | None, seed: int, settings: tuple[str, ...], timing: boo
         return
     table = Table("what was measured", "before", "after",
                   title=f"{name}, seed {seed}", title_justify="left")
+    for column in table.columns[1:]:
+        column.justify = "right"
     for measure in report["measures"]:
         table.add_row(measure["what"], str(measure["before"]), str(measure["after"]))
     out.print(table)
