@@ -71,6 +71,10 @@ def run_demo(engine: Engine, out: Console, *, seed: int = 1) -> list[dict[str, A
         if about:
             out.print(Padding(Text(about[0], style="dim"), (0, 0, 0, 6), expand=False),
                       soft_wrap=False)
+    activate = Path(command).parent / "activate"
+    if command != "lifecycle" and activate.exists():
+        out.print(Text(f"(`. {activate}` puts lifecycle on your PATH, for this shell)",
+                       style="dim"), soft_wrap=False)
     return reports
 
 

@@ -117,6 +117,7 @@ def test_the_demo_next_steps_run_as_printed_and_show_the_story(tmp_path: Path) -
     commands = [line.strip() for line in after.splitlines()
                 if line.startswith("  ") and not line.startswith("      ")]
     assert len(commands) == 5, after
+    assert f"(`. {PROGRAM.parent / 'activate'}` puts lifecycle on your PATH" in after
     outputs = {}
     for command in commands:
         argv = shlex.split(command)
