@@ -160,14 +160,6 @@ class UserLogFormat:
                                  "negated with '!'")
         return cls(iso, utc, sub)
 
-    def __str__(self) -> str:
-        names = [("ISO_DATE" if self.iso_date else "!ISO_DATE")]
-        if self.utc:
-            names.append("UTC")
-        if self.sub_second:
-            names.append("SUB_SECOND")
-        return ", ".join(names)
-
 
 def event_time(when: dt.datetime, form: UserLogFormat = UserLogFormat()) -> str:
     """An event header's date as ``ULogEvent::formatHeader`` writes it: in local time (the
