@@ -120,19 +120,36 @@ def test_a_killed_workers_claims_are_taken_over_within_its_lease(
 def test_until_idle_waits_for_effects_another_host_holds(
         gated_engine: Engine, db_url: str, tmp_path: Path, plugin_env: dict[str, str]) -> None:
     """A claim of a worker on another host cannot be judged from here: `--until-idle` says
-    what it waits for and finishes the effect once that lease has run out."""
+    what it waits for, waits, and finishes the effect once that lease has run out."""
     engine = gated_engine
     engine.create("gated", "far")
     engine.fire("far", "go")
-    lease_end = engine.clock.now() + dt.timedelta(seconds=2)
     with engine.store.begin() as db:
         db.execute(update(outbox).values(
             status="running", attempts=1, claimed_by="elsewhere:4242:beef",
-            claimant="another-boot/pid:[1]/4242/777", lease_until=lease_end))
-    done = subprocess.run([*LIFECYCLE, "worker", "--until-idle", "--db", db_url],
-                          env=plugin_env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    assert "waiting for 1 effect held by worker elsewhere:4242:beef" in done.stderr
+            claimant="another-boot/pid:[1]/4242/777",
+            lease_until=engine.clock.now() + dt.timedelta(hours=1)))
+    process = subprocess.Popen([*LIFECYCLE, "worker", "--until-idle", "--db", db_url],
+                               env=plugin_env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stderr is not None
+        said = ""
+        while "waiting for" not in said:
+            line = process.stderr.readline()
+            assert line, f"the worker ended without saying what it waits for: {said}"
+            said += line
+        assert "waiting for 1 effect held by worker elsewhere:4242:beef (lease until" in said
+        assert process.poll() is None  # it waits
+        with engine.store.begin() as db:  # the other host's lease runs out
+            db.execute(update(outbox).values(
+                lease_until=engine.clock.now() - dt.timedelta(seconds=1)))
+        stdout, stderr = process.communicate(timeout=300)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 0, stderr
     assert engine.get("far").state == "done"
     [record] = effect_records(engine)
     assert (record.status, record.attempts) == ("done", 2)

@@ -103,7 +103,8 @@ def ticker_engine(url: str, calls_table: str, worker: str) -> Engine:
 
     libpq = url.replace("postgresql+psycopg://", "postgresql://")
     connection = psycopg.connect(libpq.split("?")[0], autocommit=True)
-    schema = url.split("search_path%3D")[1] if "search_path%3D" in url else "public"
+    schema = (url.split("search_path%3D")[1].split("&")[0] if "search_path%3D" in url
+              else "public")
 
     def count(call: EffectCall) -> None:
         connection.execute(
