@@ -298,13 +298,8 @@ def _entry_text(entry: JournalEntry, effects: list[Any], one_day: bool) -> Group
     if entry.actor:
         heading.append(f", by {entry.actor}", style="dim")
     details: list[layout.Detail] = []
-    if entry.guards:
-        # a transition shows the guards that let it fire; a refusal all it asked
-        shown: dict[str, bool] = entry.guards if entry.kind == "refusal" else {
-            name: ok for name, ok in entry.guards.items() if ok}
-        if shown:
-            label = "guards asked" if entry.kind == "refusal" else "guards that held"
-            details.append(f"{label}: {_verdicts(shown)}")
+    if entry.guards:  # every guard the decision asked, in order: why this edge, not another
+        details.append(f"guards: {_verdicts(entry.guards)}")
     details += layout.key_values(entry.payload)
     seen = entry.observation
     if seen is not None:
