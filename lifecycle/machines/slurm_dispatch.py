@@ -1,0 +1,464 @@
+"""``slurm_dispatch``: a container's dispatch on Slurm, with a safe, rate-limited, quiet
+cancel (docs/incidents.md tells the incident: Arvados' scancel loop).
+
+One resource per container, keyed by its uuid, which is also its Slurm job's name. The
+container's own states come from its API (``lock``, ``unlock``, ``started``,
+``container_done``, ``cancel``); the job's from one ``squeue`` poll that serves every
+container (:class:`Dispatcher`), recorded as observations ``{"in_squeue": ...}`` and acted
+on by stepping each resource:
+
+- ``queued`` --lock--> ``locked`` (entry effect: sbatch) --submitted--> ``submitted``
+  --started--> ``running``; ``unlock`` (or a job that left squeue before its container
+  started) returns a container to ``queued``.
+- ``container_done`` (Complete or Cancelled) --> ``finished``: the job may linger in squeue.
+  Delay A (``delay_a``, a timer) lets it leave by itself; then ``cancelling.due``.
+- ``cancelling.due`` --[in squeue, fresh]--> ``cancelling.scancelling`` (entry effect: the
+  three-step scancel) --scancelled--> ``cancelling.waiting``, which waits delay B
+  (``next_delay``: ``delay_b`` after a scancel that exited 0; after a failed one
+  ``error_delay`` doubled for each failure in a row, up to ``error_cap``) and goes back to
+  ``due``. The edge out of ``due`` is a risky edge: it fires only on an squeue observation
+  made after the resource's last transition, so never on a poll that predates the previous
+  scancel.
+- ``cancel`` (the API: priority 0, cancelled by a user) goes to ``scancelling`` at once,
+  without delay A.
+- A scancel the rate limit cannot grant now waits in ``cancelling.throttled`` for its slot.
+- Whenever a fresh poll no longer lists the job: ``gone`` (from ``running``, the container
+  lost its job: Arvados marks it Cancelled).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..adapters.slurm_dispatch import CancelOutcome, QueueEntry, ScancelRate
+from ..clock import Clock
+from ..compiled import GuardContext
+from ..effects import Effect, EffectCall, FollowUp, Retry
+from ..errors import SiteError
+from ..spec import MachineSpec
+from .builtin import Builtin
+
+log = logging.getLogger(__name__)
+
+MACHINE = "slurm_dispatch"
+REF = "Arvados crunch-dispatch-slurm"
+LOW_PRIORITY = 20000
+"""A pending job at or below this Slurm priority draws a warning (Arvados' threshold)."""
+WATCHED = ("submitted", "running", "finished", "cancelling.due", "cancelling.scancelling",
+           "cancelling.throttled", "cancelling.waiting")
+"""The states in which a container's job is looked for in squeue."""
+AFTER_SCANCEL = ("cancelling.due", "cancelling.waiting", "cancelling.throttled")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The dispatcher's knobs (seconds unless said)."""
+
+    delay_a: float = 10.0
+    """How long a finished container's job may leave squeue by itself before the first
+    scancel (Arvados: 0)."""
+    delay_b: float = 10.0
+    """Between scancels of one job, after one that exited 0 (Arvados: 1 s after the next
+    poll)."""
+    error_delay: float = 30.0
+    """After a scancel that failed; doubled for each failure in a row..."""
+    error_cap: float = 600.0
+    """...up to this."""
+    poll_interval: float = 10.0
+    """Between squeue polls (Arvados' PollInterval)."""
+    log_interval: float = 60.0
+    """"still in squeue after scancel" is logged once per container, then at most once per
+    this interval, with the count of repeats left out."""
+    priority_spread: int = 10
+    """Room between adjacent niceness values when renicing (Arvados' PrioritySpread)."""
+
+
+class ContainerData(BaseModel):
+    """A container's data; the delays are copied from :class:`Settings` at creation."""
+
+    model_config = ConfigDict(extra="allow")
+
+    priority: int = Field(default=1, ge=0)
+    """The container's priority in its API: 1 to 1000 user-assigned, larger as is."""
+    created_at: str | None = None
+    """When the container was created (ISO 8601): breaks priority ties, oldest first."""
+    container_state: str | None = None
+    delay_a: float = Field(default=Settings.delay_a, ge=0)
+    delay_b: float = Field(default=Settings.delay_b, ge=0)
+    error_delay: float = Field(default=Settings.error_delay, ge=0)
+    error_cap: float = Field(default=Settings.error_cap, ge=0)
+    next_delay: float = Field(default=Settings.delay_b, ge=0)
+    throttle_wait: float = Field(default=0.0, ge=0)
+    scancels: int = 0
+    """Cancels run (each up to three scancel invocations)."""
+    scancel_failures: int = 0
+    """Failed cancels in a row."""
+    scancel_exit: int | None = None
+
+
+def dispatch_spec(max_age: float = 30.0) -> MachineSpec:
+    """The machine; ``max_age``: the oldest squeue observation a scancel or a ``gone`` may
+    rest on (keep it above the poll interval)."""
+    fresh = {"max_age": max_age}
+    alive = ["finished", "cancelling.due", "cancelling.waiting", "cancelling.throttled"]
+    return MachineSpec.model_validate({
+        "name": MACHINE,
+        "description": "A container dispatched as a Slurm job; its cancel waits delay A, "
+                       "then scancels in three steps, each further time only on a fresh "
+                       "squeue after delay B, within global limits.",
+        "initial": "queued",
+        "final": ["gone"],
+        "states": [
+            {"name": "queued", "description": "queued in the API, not locked by us"},
+            {"name": "locked", "effects": [{"name": "submit", "on_failure": "submit_failed"}],
+             "description": "locked by this dispatcher: submit the job (sbatch)"},
+            {"name": "submitted", "description": "the job is in Slurm's queue"},
+            {"name": "running", "description": "the container runs (its API says so)"},
+            {"name": "finished", "timeout": {"after": "delay_a", "trigger": "linger_over"},
+             "description": "the container is Complete or Cancelled; its job may linger: "
+                            "delay A for it to leave by itself"},
+            {"name": "cancelling", "initial": "due", "states": [
+                {"name": "due", "description": "scancel on the next fresh squeue that still "
+                                               "lists the job"},
+                {"name": "scancelling", "effects": ["scancel"],
+                 "description": "scancel: pending, then TERM to running, to suspended"},
+                {"name": "throttled", "timeout": {"after": "throttle_wait",
+                                                  "trigger": "slot_reached"},
+                 "description": "waiting for a slot of the scancel rate limit"},
+                {"name": "waiting", "timeout": {"after": "next_delay", "trigger": "delay_over"},
+                 "description": "delay B (longer after a failed scancel)"},
+            ]},
+            {"name": "gone", "description": "the job has left squeue"},
+        ],
+        "transitions": [
+            {"trigger": "lock", "source": "queued", "dest": "locked", "ref": REF},
+            {"trigger": "submitted", "source": "locked", "dest": "submitted",
+             "description": "sbatch accepted the job"},
+            {"trigger": "submit_failed", "source": "locked", "dest": "queued",
+             "description": "sbatch failed for good: unlock"},
+            {"trigger": "unlock", "source": ["locked", "submitted"], "dest": "queued",
+             "ref": REF},
+            {"trigger": "started", "source": "submitted", "dest": "running",
+             "description": "the container is Running"},
+            {"trigger": "container_done", "source": ["submitted", "running"],
+             "dest": "finished", "description": "the container is Complete or Cancelled"},
+            {"trigger": "cancel", "source": ["submitted", "running", "finished",
+                                             "cancelling.due", "cancelling.waiting"],
+             "dest": "cancelling.scancelling",
+             "description": "the API cancels (priority 0, or a user): scancel at once"},
+            {"trigger": "linger_over", "source": "finished", "dest": "cancelling.due",
+             "description": "delay A is over"},
+            {"trigger": "scancelled", "source": "cancelling.scancelling",
+             "dest": "cancelling.waiting"},
+            {"trigger": "throttled", "source": "cancelling.scancelling",
+             "dest": "cancelling.throttled", "description": "no scancel slot free now"},
+            {"trigger": "slot_reached", "source": "cancelling.throttled",
+             "dest": "cancelling.scancelling"},
+            {"trigger": "delay_over", "source": "cancelling.waiting", "dest": "cancelling.due",
+             "description": "delay B is over"},
+        ],
+        "eventless": [
+            {"source": "cancelling.due", "dest": "cancelling.scancelling",
+             "guards": ["in_squeue"], "fresh": fresh,
+             "description": "still listed by an squeue made after the last scancel"},
+            {"source": alive, "dest": "gone", "guards": ["not_in_squeue"], "fresh": fresh,
+             "description": "the job has left squeue"},
+            {"source": "running", "dest": "gone", "guards": ["not_in_squeue"],
+             "fresh": fresh, "description": "the job left while the container ran: the "
+                                            "container is Cancelled",
+             "ref": REF},
+            {"source": "submitted", "dest": "queued", "guards": ["not_in_squeue"],
+             "fresh": fresh, "description": "the job left before the container started: "
+                                            "unlock", "ref": REF},
+        ],
+        "data_model": ContainerData,
+    })
+
+
+SPEC = dispatch_spec()
+
+GUARDS: dict[str, Callable[[GuardContext], bool]] = {
+    "in_squeue": lambda c: c.status.get("in_squeue") is True,
+    "not_in_squeue": lambda c: c.status.get("in_squeue") is False,
+}
+
+
+class DispatchSlurm(Protocol):
+    """What the machine needs of Slurm (:class:`~lifecycle.adapters.slurm_dispatch.
+    SlurmDispatch` on a real one)."""
+
+    rate: ScancelRate
+
+    def submit(self, name: str) -> None: ...
+
+    def queue(self) -> dict[str, QueueEntry]: ...
+
+    def cancel(self, name: str) -> CancelOutcome: ...
+
+    def renice(self, name: str, nice: int) -> None: ...
+
+
+def next_delay(data: Mapping[str, Any], failures: int) -> float:
+    """Delay B: ``delay_b`` after a good scancel; ``error_delay * 2**(failures - 1)`` up to
+    ``error_cap`` after ``failures`` failed ones in a row."""
+    if failures == 0:
+        return float(data.get("delay_b", Settings.delay_b))
+    base = float(data.get("error_delay", Settings.error_delay))
+    cap = float(data.get("error_cap", Settings.error_cap))
+    return min(cap, base * 2.0 ** min(failures - 1, 60))
+
+
+def effects(slurm: DispatchSlurm, *, timeout: float = 300.0) -> dict[str, Effect]:
+    """The machine's effect handlers, through ``slurm``."""
+
+    def submit(call: EffectCall) -> FollowUp:
+        slurm.submit(call.key)
+        return FollowUp("submitted")
+
+    def scancel(call: EffectCall) -> FollowUp:
+        wait = slurm.rate.reserve(call.key)
+        if wait > 0:
+            return FollowUp("throttled", {"throttle_wait": round(wait, 6)})
+        outcome = slurm.cancel(call.key)
+        failures = 0 if outcome.ok else int(call.data.get("scancel_failures", 0)) + 1
+        if not outcome.ok:
+            log.warning("container %s: scancel failed (%d in a row): %s", call.key, failures,
+                        outcome.detail)
+        return FollowUp("scancelled", {
+            "scancels": int(call.data.get("scancels", 0)) + 1, "scancel_failures": failures,
+            "scancel_exit": outcome.exit, "next_delay": next_delay(call.data, failures)})
+
+    return {
+        "submit": Effect(submit, Retry(max_attempts=3, base=10, cap=60), timeout=timeout),
+        "scancel": Effect(scancel, Retry(max_attempts=None, base=10, cap=300),
+                          timeout=timeout),
+    }
+
+
+# -- priority: Arvados' renice rule ----------------------------------------------------------
+
+
+def wanted_priority(priority: int, created_at: str | None) -> int:
+    """The Slurm priority a container wants: a user-assigned priority (1 to 1000) shifted
+    left 50 bits, less its creation time in units of 2**14 ns, so that of equal priorities
+    the older runs first; a larger one as it is; 0: none."""
+    if priority <= 0 or priority > 1000:
+        return max(priority, 0)
+    nanoseconds = 0
+    if created_at is not None:
+        when = dt.datetime.fromisoformat(created_at)
+        nanoseconds = int(when.timestamp()) * 10**9 + when.microsecond * 1000
+    return (priority << 50) - (nanoseconds >> 14)
+
+
+def want_nice(jobs: Sequence[tuple[QueueEntry, int]], spread: int) -> list[int]:
+    """Niceness for jobs sorted by wanted priority, highest first (Arvados' ``wantNice``):
+    the first gets 0; a job already in order, less than ``(spread - 1) * 10`` below the one
+    before, keeps its niceness; any other is reniced to sit ``spread - 1`` below the one
+    before, or to 0 when it cannot reach that high."""
+    spread = spread if spread >= 1 else 10
+    renice = [0] * len(jobs)
+    target = 0
+    for i, (job, _want) in enumerate(jobs):
+        if i == 0:
+            target = job.priority + job.nice
+        elif 0 <= target - job.priority < (spread - 1) * 10:
+            renice[i] = job.nice
+            target = job.priority
+        else:
+            target -= spread - 1
+            possible = job.priority + job.nice
+            if target > possible:
+                target = possible
+            else:
+                renice[i] = possible - target
+        target -= 1
+    return renice
+
+
+# -- the throttled log -----------------------------------------------------------------------
+
+
+class LogThrottle:
+    """Lets a message about a key through the first time, then at most once per
+    ``interval`` seconds of ``clock``, counting the repeats it held back."""
+
+    def __init__(self, interval: float, clock: Clock) -> None:
+        self.interval = interval
+        self.clock = clock
+        self._last: dict[str, tuple[dt.datetime, int]] = {}
+        self.emitted = 0
+        self.suppressed = 0
+
+    def allow(self, key: str) -> int | None:
+        """None: hold this one back; else the number held back since the last one let
+        through."""
+        now = self.clock.now()
+        last = self._last.get(key)
+        if last is not None and (now - last[0]).total_seconds() < self.interval:
+            self._last[key] = (last[0], last[1] + 1)
+            self.suppressed += 1
+            return None
+        self._last[key] = (now, 0)
+        self.emitted += 1
+        return 0 if last is None else last[1]
+
+    def forget(self, key: str) -> None:
+        self._last.pop(key, None)
+
+
+# -- the dispatcher's poll -------------------------------------------------------------------
+
+
+@dataclass
+class PollReport:
+    jobs: int = 0
+    containers: int = 0
+    moved: dict[str, int] = field(default_factory=dict)
+    refused: int = 0
+    reniced: int = 0
+    error: str | None = None
+
+
+class Dispatcher:
+    """Containers and their jobs: one ``squeue`` per :meth:`poll` serves them all."""
+
+    def __init__(self, engine: Any, slurm: DispatchSlurm, settings: Settings | None = None,
+                 logger: logging.Logger | None = None) -> None:
+        self.engine = engine
+        self.slurm = slurm
+        self.settings = settings or Settings()
+        self.log = logger or log
+        self.still_in_squeue = LogThrottle(self.settings.log_interval, engine.clock)
+
+    def add(self, uuid: str, *, priority: int = 1, created_at: str | None = None,
+            state: str | None = None, **data: Any) -> Any:
+        """A container under this dispatcher, with its delays from the settings."""
+        s = self.settings
+        return self.engine.create(MACHINE, uuid, {
+            "priority": priority, "created_at": created_at, "delay_a": s.delay_a,
+            "delay_b": s.delay_b, "next_delay": s.delay_b, "error_delay": s.error_delay,
+            "error_cap": s.error_cap, **data}, state=state, actor="dispatcher")
+
+    def set_priority(self, uuid: str, priority: int) -> Any:
+        """The container's priority changed in its API: 0 cancels at once; any other is
+        kept, and the next poll renices."""
+        key = f"{MACHINE}:{uuid}"
+        if priority == 0:
+            return self.engine.fire(key, "cancel", actor="api")
+        return self.engine.update(key, {"priority": priority}, actor="api")
+
+    def poll(self) -> PollReport:
+        """Ask squeue once; record what it says of every watched container, step each, log
+        the jobs still there after a scancel (throttled), and renice."""
+        report = PollReport()
+        asked_at = self.engine.clock.now()
+        try:
+            jobs = self.slurm.queue()
+        except SiteError as exc:  # nothing observed, nobody moves: as a failed poll
+            self.log.warning("squeue failed, no container moves this time: %s", exc)
+            report.error = str(exc)
+            return report
+        report.jobs = len(jobs)
+        watched = [r for r in self.engine.resources(MACHINE) if r.state in WATCHED]
+        report.containers = len(watched)
+        for resource in watched:
+            self._observe(resource, jobs.get(resource.key), asked_at, report)
+        report.reniced = self._renice(watched, jobs)
+        return report
+
+    def _observe(self, resource: Any, job: QueueEntry | None, asked_at: dt.datetime,
+                 report: PollReport) -> None:
+        key = f"{MACHINE}:{resource.key}"
+        status: dict[str, Any] = {"in_squeue": job is not None}
+        if job is not None:
+            status.update(state=job.state, nice=job.nice, priority=job.priority,
+                          reason=job.reason)
+        self.engine.observe(key, status, asked_at, source="squeue")
+        if (job is not None and resource.state in AFTER_SCANCEL
+                and resource.data.get("scancels", 0) > 0 and asked_at >= resource.updated_at):
+            held_back = self.still_in_squeue.allow(resource.key)
+            if held_back is not None:
+                self.log.info("container %s is still in squeue after scancel (%s%s)",
+                              resource.key, job.state, f"; {held_back} repeats of this "
+                              "message left out" if held_back else "")
+        result = self.engine.step(key, actor="dispatcher", on_stale="return")
+        if result.fired:
+            move = f"{result.source} -> {result.dest}"
+            report.moved[move] = report.moved.get(move, 0) + 1
+            if result.dest in ("gone", "queued"):
+                self.still_in_squeue.forget(resource.key)
+        elif result.error:
+            report.refused += 1
+
+    def _renice(self, watched: Sequence[Any], jobs: Mapping[str, QueueEntry]) -> int:
+        ours = []
+        for r in watched:
+            job = jobs.get(r.key)
+            want = wanted_priority(int(r.data.get("priority", 0)), r.data.get("created_at"))
+            if job is None or want == 0:
+                continue
+            ours.append((job, want))
+            if job.state != "RUNNING" and job.priority <= LOW_PRIORITY:
+                self.log.warning("job %s has low priority %d, nice %d, state %s, reason %s",
+                                 job.name, job.priority, job.nice, job.state, job.reason)
+        ours.sort(key=lambda pair: (pair[1], pair[0].name), reverse=True)
+        reniced = 0
+        for (job, _want), nice in zip(ours, want_nice(ours, self.settings.priority_spread),
+                                      strict=True):
+            if nice == job.nice:
+                continue
+            try:
+                self.slurm.renice(job.name, nice)
+                reniced += 1
+            except SiteError as exc:
+                self.log.warning("could not renice job %s to %d: %s", job.name, nice, exc)
+        return reniced
+
+
+# -- the built-in and its simulation ---------------------------------------------------------
+
+
+class ScenarioSlurm:
+    """For scenario files: squeue lists a container while ``world.status[key]`` says
+    ``in_squeue: true``; a cancel exits ``scancel_exit`` (default 0); what was done is
+    recorded in ``world.actions``. Rate limit: ``scancels_per_second`` (default none)."""
+
+    def __init__(self, world: Any, scancels_per_second: float | None = None) -> None:
+        self.world = world
+        self.rate = ScancelRate(scancels_per_second, world.clock)
+
+    def submit(self, name: str) -> None:
+        self.world.actions.append(("submit", name, {}))
+
+    def queue(self) -> dict[str, QueueEntry]:
+        return {name: QueueEntry(name, int(s.get("nice", 10000)), int(s.get("priority", 1)),
+                                 str(s.get("state", "RUNNING")), str(s.get("reason", "None")))
+                for name, s in self.world.status.items() if s.get("in_squeue")}
+
+    def cancel(self, name: str) -> CancelOutcome:
+        code = self.world.status.get(name, {}).get("scancel_exit", 0)
+        self.world.actions.append(("scancel", name, {"exit": code}))
+        return CancelOutcome(code, 3 if code == 0 else 1)
+
+    def renice(self, name: str, nice: int) -> None:
+        self.world.actions.append(("renice", name, {"nice": nice}))
+
+
+def _simulation(world: Any) -> tuple[Any, Any, Any]:
+    return GUARDS, effects(ScenarioSlurm(world)), {}
+
+
+BUILTIN = Builtin(
+    spec=SPEC,
+    guards=GUARDS,
+    summary="Slurm container dispatch: cancel after delay A, three-step scancel, delay B "
+            "with backoff, each retry only on a fresh squeue; global scancel limits",
+    simulation=_simulation,
+)
