@@ -63,6 +63,12 @@ def test_a_drone_is_adopted_observed_and_moved_without_a_site(run: Run) -> None:
     assert [(e["name"], e["status"]) for e in effects] == [("integrate", "pending")]
     kinds = [e["kind"] for e in json.loads(run("history", "d1", "--json"))]
     assert kinds == ["adopt", "update", "refusal", "transition"]
+    text = " ".join(run("history", "d1").split())
+    assert "refused (eventless): booting -> cleanup guards: fresh=no, no_demand=yes, " \
+           "not_running=yes, rs_deleted=no, rs_error=no, rs_running=no, rs_stopped=no" in text
+    assert "on no observation: none was recorded, and no probe answered" in text
+    assert "(eventless): booting -> integrate guards: no_demand=yes, not_running=no, " \
+           "rs_running=yes on observation #" in text
 
 
 def test_a_new_drone_asks_for_its_deploy_and_waits_for_a_worker_that_can(run: Run) -> None:

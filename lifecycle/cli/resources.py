@@ -298,10 +298,12 @@ def _entry_text(entry: JournalEntry, effects: list[Any], one_day: bool) -> Group
     if entry.actor:
         heading.append(f", by {entry.actor}", style="dim")
     details: list[layout.Detail] = []
-    if entry.guards:  # every guard the decision asked, in order: why this edge, not another
-        details.append(f"guards: {_verdicts(entry.guards)}")
+    if entry.guards:  # every guard the decision asked: why this edge and not another
+        details.append(f"guards: {_verdicts(dict(sorted(entry.guards.items())))}")
     details += layout.key_values(entry.payload)
     seen = entry.observation
+    if seen is None and entry.kind == "refusal":
+        details.append("on no observation: none was recorded, and no probe answered")
     if seen is not None:
         age = (entry.at - seen.observed_at).total_seconds()
         details.append(f"on observation #{seen.id} by {seen.source}, {age:.1f} s old "
