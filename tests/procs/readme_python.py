@@ -13,6 +13,7 @@ import ast
 import contextlib
 import io
 import json
+import os
 import re
 import sys
 import traceback
@@ -55,7 +56,10 @@ def run(code: str, first: int, namespace: dict[str, Any]) -> str | None:
 def main() -> None:
     sys.path[0] = ""  # as for `python` typed in the page's directory: its modules import
     namespace: dict[str, Any] = {"__name__": "__readme__"}
-    answers = sys.stdout
+    # answers on a descriptor of their own: whatever the examples (or threads they leave
+    # running) print goes to stderr, never between two answers
+    answers = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     for message in sys.stdin:
         block = json.loads(message)
         printed = io.StringIO()
