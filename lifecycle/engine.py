@@ -507,11 +507,16 @@ class Engine:
             "new_state": dest, "new_version": row.version + 1, "new_seq": seq,
             "new_spec_version": compiled.spec.version, "now": store.time_param(now),
         }
-        with_data = bool(payload) and edge.merge_payload
+        # a data model that follows transitions computes the data each one leaves (startd)
+        moves = getattr(compiled.spec.data_model, "follows_transitions", False) is True
+        with_data = (bool(payload) and edge.merge_payload) or moves
         data = row.data
         try:
             if with_data:
-                data = self._validated(compiled.spec, row.key, {**row.data, **payload})
+                merged = {**row.data, **payload} if edge.merge_payload else row.data
+                data = self._validated(compiled.spec, row.key, merged, {
+                    "trigger": trigger, "source": row.state, "dest": dest,
+                    "payload": payload, "now": now, "seq": seq} if moves else None)
                 params["new_data"] = store.json_param(data)
             cursor.execute(store.sql.move[with_data, risky], params)
             if cursor.rowcount != 1:
@@ -669,13 +674,17 @@ class Engine:
         return _Row(rid, rmachine, rkey, state, version, seq, store.json_value(data),
                     store.time_value(last_transition_at), created_at, observation)
 
-    def _validated(self, spec: MachineSpec, key: str, data: dict[str, Any]) -> dict[str, Any]:
+    def _validated(self, spec: MachineSpec, key: str, data: dict[str, Any],
+                   transition: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The data as the spec's model makes it. The key is in the validation context (a
+        model may check the data against it: job_exit's id); so is, for a model whose class
+        says ``follows_transitions = True``, the ``transition`` being written (trigger,
+        source, dest, payload, now, seq), from which it computes the data that follows."""
         if spec.data_model is None:
             return data
         try:
-            # the key as context: a model may check the data against it (job_exit's id)
-            return spec.data_model.model_validate(data, context={"key": key}).model_dump(
-                mode="json")
+            return spec.data_model.model_validate(data, context={
+                "key": key, "transition": transition}).model_dump(mode="json")
         except ValidationError as exc:
             detail = "; ".join(
                 f"{'.'.join(str(p) for p in e['loc']) or 'data'}: {e['msg']}"

@@ -8,10 +8,10 @@ from .builtin import Builtin
 
 def builtins() -> dict[str, Builtin]:
     """Every built-in machine, by name."""
-    from . import batch_job, drone, job_exit, slurm_dispatch
+    from . import batch_job, drone, job_exit, slurm_dispatch, startd
 
     found = [batch_job.BUILTIN, drone.BUILTIN, drone.TARDIS_BUILTIN, job_exit.BUILTIN,
-             slurm_dispatch.BUILTIN]
+             slurm_dispatch.BUILTIN, startd.BUILTIN]
     return {b.spec.name: b for b in found}
 
 

@@ -1,0 +1,198 @@
+"""What the startd machine talks to: the job hooks it runs (``FETCH_WORK``,
+``REPLY_FETCH``, ``EVICT_CLAIM``), the collector it publishes slot ads to and the schedds it
+tells that a claim is gone.
+
+Hooks are executables named in the startd's configuration as HTCondor names them,
+``<KEYWORD>_HOOK_FETCH_WORK`` and so on, the keyword being the slot's. They are given ads on
+stdin in the old ClassAd syntax, as ``StartdHookMgr`` writes them (for REPLY_FETCH and
+EVICT_CLAIM: the job ad, a ``-----`` line, the slot ad and the ``ClaimId``), and are given up
+after ``timeout`` seconds. FETCH_WORK's output is one job ad in the old syntax, read by
+``classad2`` one line at a time: empty output means no work; a line that is not one
+attribute abandons the fetch (:class:`HookFailed`, which the caller logs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+try:  # the optional extra lifecycle-fsm[htcondor]
+    import classad2  # type: ignore[import-untyped]
+except ImportError:  # pragma: no cover - depends on the installation
+    classad2 = None
+
+log = logging.getLogger(__name__)
+
+FETCH_WORK, REPLY_FETCH, EVICT_CLAIM = "FETCH_WORK", "REPLY_FETCH", "EVICT_CLAIM"
+HOOKS = (FETCH_WORK, REPLY_FETCH, EVICT_CLAIM)
+_MAX_OUTPUT = 1 << 20
+
+
+class HookFailed(Exception):
+    """A hook that could not be run, ran out of time, failed, or printed what is not an
+    ad; the message says which hook of which keyword, and how."""
+
+
+def old_syntax(ad: Mapping[str, Any]) -> str:
+    """``ad`` in the old ClassAd syntax, one ``Name = value`` a line."""
+    if classad2 is not None:
+        printed = classad2.ClassAd({k: v for k, v in ad.items() if v is not None}).printOld()
+        return str(printed) if str(printed).endswith("\n") else f"{printed}\n"
+    lines = []
+    for name, value in ad.items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, int | float) and math.isfinite(value):
+            text = repr(value)
+        else:
+            text = '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+        lines.append(f"{name} = {text}")
+    return "".join(f"{line}\n" for line in lines)
+
+
+def _json_value(value: Any) -> Any:
+    if classad2 is not None and isinstance(value, classad2.ExprTree):
+        return str(value)  # an expression is kept as its text
+    if classad2 is not None and isinstance(value, classad2.Value):
+        return None
+    if isinstance(value, list):
+        return [_json_value(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): _json_value(v) for k, v in value.items()}
+    return value
+
+
+def parse_job_ad(text: str) -> dict[str, Any] | None:
+    """FETCH_WORK's output as a job ad: None for empty output (no work). Every non-blank
+    line must be one attribute in the old syntax, read by ``classad2``; otherwise
+    :class:`HookFailed` names the line."""
+    if classad2 is None:
+        raise HookFailed("reading FETCH_WORK's output needs HTCondor's ClassAd library: "
+                         "pip install 'lifecycle-fsm[htcondor]'")
+    ad: dict[str, Any] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        try:
+            parsed = classad2.parseOne(line, classad2.ParserType.Old)
+        except Exception as exc:  # classad2's ClassAdException
+            raise HookFailed(f"line {number} is not a ClassAd attribute ({exc}): "
+                             f"{line[:80]!r}") from None
+        if len(parsed) != 1:
+            raise HookFailed(f"line {number} is not one ClassAd attribute: {line[:80]!r}")
+        (name, value), = parsed.items()
+        ad[str(name)] = _json_value(value)
+    return ad or None
+
+
+@dataclass
+class Hooks:
+    """The startd's job hooks: ``config`` maps ``<KEYWORD>_HOOK_<NAME>`` to an executable."""
+
+    config: Mapping[str, str] = field(default_factory=dict)
+    timeout: float = 30.0
+
+    def path(self, keyword: str, hook: str) -> str | None:
+        return self.config.get(f"{keyword}_HOOK_{hook}")
+
+    def run(self, keyword: str, hook: str, stdin: str, args: Sequence[str] = ()) -> str:
+        """Run one hook and return what it printed; :class:`HookFailed` otherwise."""
+        where = f"{keyword}_HOOK_{hook}"
+        path = self.path(keyword, hook)
+        if path is None:
+            raise HookFailed(f"{where} is not configured")
+        try:
+            # a session of its own, so that a timeout kills what the hook started too
+            process = subprocess.Popen([path, *args], stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                       start_new_session=True)
+        except OSError as exc:
+            raise HookFailed(f"{where} ({path}) could not be run: {exc.strerror}") from None
+        try:
+            out, err = process.communicate(stdin.encode(), timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+            raise HookFailed(f"{where} ({path}) did not finish within {self.timeout:g} s "
+                             "and was killed") from None
+        if process.returncode != 0:
+            lines = err.decode("utf-8", "replace").strip().splitlines()
+            raise HookFailed(f"{where} ({path}) exited with status {process.returncode}"
+                             + (f": {lines[-1][:200]}" if lines else ""))
+        if len(out) > _MAX_OUTPUT:
+            raise HookFailed(f"{where} ({path}) printed more than {_MAX_OUTPUT} bytes")
+        return out.decode("utf-8", "replace")
+
+    def fetch_work(self, keyword: str, slot_ad: Mapping[str, Any]) -> dict[str, Any] | None:
+        """A job ad, or None when the hook has no work."""
+        text = self.run(keyword, FETCH_WORK, old_syntax(slot_ad))
+        try:
+            return parse_job_ad(text)
+        except HookFailed as exc:
+            raise HookFailed(f"{keyword}_HOOK_{FETCH_WORK} printed what is not a job ad: "
+                             f"{exc}") from None
+
+    def reply_fetch(self, keyword: str, accepted: bool, job_ad: Mapping[str, Any],
+                    slot_ad: Mapping[str, Any], claim_id: str) -> None:
+        if self.path(keyword, REPLY_FETCH) is None:
+            return  # REPLY_FETCH is optional
+        self.run(keyword, REPLY_FETCH, _job_and_slot(job_ad, slot_ad, claim_id),
+                 ["accept" if accepted else "reject"])
+
+    def evict_claim(self, keyword: str, job_ad: Mapping[str, Any],
+                    slot_ad: Mapping[str, Any], claim_id: str) -> None:
+        if self.path(keyword, EVICT_CLAIM) is None:
+            return
+        self.run(keyword, EVICT_CLAIM, _job_and_slot(job_ad, slot_ad, claim_id))
+
+
+def _job_and_slot(job_ad: Mapping[str, Any], slot_ad: Mapping[str, Any],
+                  claim_id: str) -> str:
+    # as StartdHookMgr writes it: the job ad, "-----", the slot ad, then the ClaimId
+    return (old_syntax(job_ad) + "-----\n" + old_syntax(slot_ad)
+            + old_syntax({"ClaimId": claim_id}))
+
+
+class Collector(Protocol):
+    def publish(self, slot: str, ad: Mapping[str, Any]) -> None:
+        """Advertise ``slot``'s ad (with its private ``ClaimId``)."""
+
+
+class Schedd(Protocol):
+    def release_claim(self, requester: str, claim_id: str) -> None:
+        """RELEASE_CLAIM: tell the schedd ``requester`` that the claim is gone."""
+
+
+@dataclass
+class RecordingCollector:
+    """A collector that keeps every ad published, with when (the caller's clock)."""
+
+    ads: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+
+    def publish(self, slot: str, ad: Mapping[str, Any]) -> None:
+        self.ads.append((slot, dict(ad)))
+
+
+@dataclass
+class RecordingSchedds:
+    """Schedds that keep every RELEASE_CLAIM they were sent."""
+
+    released: list[tuple[str, str]] = field(default_factory=list)
+
+    def release_claim(self, requester: str, claim_id: str) -> None:
+        self.released.append((requester, claim_id))
+
+
+__all__ = ["EVICT_CLAIM", "FETCH_WORK", "HOOKS", "REPLY_FETCH", "Collector", "HookFailed",
+           "Hooks", "RecordingCollector", "RecordingSchedds", "Schedd", "old_syntax",
+           "parse_job_ad"]
