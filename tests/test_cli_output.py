@@ -116,7 +116,7 @@ def test_the_demo_next_steps_run_as_printed_and_show_the_story(tmp_path: Path) -
     after = text.split("Look further with:\n", 1)[1]
     commands = [line.strip() for line in after.splitlines()
                 if line.startswith("  ") and not line.startswith("      ")]
-    assert len(commands) == 5, after
+    assert len(commands) >= 5, after  # the simulations' hints, then three of its own
     assert f"(`. {PROGRAM.parent / 'activate'}` puts lifecycle on your PATH" in after
     outputs = {}
     for command in commands:

@@ -12,8 +12,8 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from rich.cells import cell_len
 from rich.console import Console, Group, RenderableType
-from rich.measure import Measurement
 from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
@@ -61,11 +61,20 @@ def drop_empty(made: Table, keep: int = 1) -> Table:
     return made
 
 
-def fits(console: Console, renderable: RenderableType) -> bool:
-    """Whether ``renderable`` can be drawn within the console's width without cutting a
-    word or a line of a name column."""
-    wide = console.options.update_width(10**6)
-    return Measurement.get(console, wide, renderable).minimum <= console.width
+def fits(console: Console, made: Table) -> bool:
+    """Whether ``made`` can be drawn within the console's width with every line of its
+    name columns whole and each free-text column at least as wide as it asks."""
+    widths = []
+    for column in made.columns:
+        if column.no_wrap:
+            lines = [line for cell in (column.header, *column.cells)
+                     for line in (str(cell).splitlines() or [""])]
+            widths.append(max(cell_len(line) for line in lines))
+        else:
+            widths.append(column.min_width or 1)
+    padding = 2 * len(widths)
+    edges = len(widths) + 1 if made.box is not None and made.show_edge else len(widths) - 1
+    return sum(widths) + padding + max(edges, 0) <= console.width
 
 
 Detail = Text | str | tuple[int, Text | str]

@@ -83,19 +83,28 @@ def describe(machine: str, db_url: str | None, as_json: bool) -> None:
     out.print(f"[bold]{escape(spec.name)}[/] (spec version {spec.version})")
     if spec.description:
         out.print(Text(spec.description), soft_wrap=False)
-    states = layout.table("state", "parent", "final", "about", free=("about",),
-                          title="states")
+    states = layout.table("state", "parent", "final", "on entry", "timeout", "about",
+                          free=("about",), title="states")
     state_blocks = []
-    about = _state_descriptions(spec)
+    specs = _state_specs(spec)
     for s in doc["states"]:
+        state = specs[s["name"]]
         initial = " (initial)" if s["name"] == spec.graph.enter(spec.initial) else ""
-        final = "final" if s["final"] else ""
-        states.add_row(s["name"] + initial, s["parent"] or "", "yes" if final else "",
-                       Text(about.get(s["name"], "")))
+        if state.initial:
+            initial = f" (enters {state.initial})"
+        entry = [effect.name for effect in state.effects]
+        timeout = ([f"after {_seconds(state.timeout.after)}",
+                    f"fires {state.timeout.trigger}"] if state.timeout else [])
+        about = state.description or ""
+        states.add_row(s["name"] + initial, s["parent"] or "", "yes" if s["final"] else "",
+                       layout.lines(entry), layout.lines(timeout), Text(about))
         state_blocks.append(layout.block(
-            s["name"] + initial + (", final" if final else ""),
-            [Text(line) for line in (f"in {s['parent']}" if s["parent"] else "",
-                                     about.get(s["name"], "")) if line]))
+            s["name"] + initial + (", final" if s["final"] else ""),
+            [Text(line) for line in (
+                f"in {s['parent']}" if s["parent"] else "",
+                f"on entry: {', '.join(entry)}" if entry else "",
+                f"timeout: {', '.join(timeout)}" if timeout else "",
+                about) if line]))
     out.print(layout.fitted(out, layout.drop_empty(states), state_blocks), soft_wrap=False)
     wide = layout.table("trigger", "source", "dest", "guards", "effects", "fresh", "about",
                         free=("about",), title="transitions")
@@ -119,18 +128,23 @@ def describe(machine: str, db_url: str | None, as_json: bool) -> None:
     out.print(layout.fitted(out, layout.drop_empty(wide, keep=3), blocks), soft_wrap=False)
 
 
-def _state_descriptions(spec: MachineSpec) -> dict[str, str]:
-    """Each state's description by its full dotted name, nested states too."""
-    found: dict[str, str] = {}
+def _state_specs(spec: MachineSpec) -> dict[str, StateSpec]:
+    """Every state of the spec by its full dotted name, nested states too."""
+    found: dict[str, StateSpec] = {}
 
     def walk(states: tuple[StateSpec, ...], parent: str) -> None:
         for state in states:
             name = f"{parent}.{state.name}" if parent else state.name
-            found[name] = state.description or ""
+            found[name] = state
             walk(state.states, name)
 
     walk(spec.states, "")
     return found
+
+
+def _seconds(after: float | str) -> str:
+    """A timeout's delay: seconds, or the data field that holds them."""
+    return f"{after:g} s" if isinstance(after, int | float) else f"data.{after} s"
 
 
 def describe_json(spec: MachineSpec) -> dict[str, Any]:
