@@ -1,0 +1,518 @@
+"""The startd machine: every transition of the manual (the table in
+tests/scenarios/startd/transitions.md), the claim rules, work fetch, and hooks run as real
+executables."""
+
+from __future__ import annotations
+
+import json
+import re
+import stat
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lifecycle import Engine, SimulatedClock, Store, Worker
+from lifecycle.adapters.startd_hooks import (
+    HookFailed,
+    Hooks,
+    RecordingCollector,
+    RecordingSchedds,
+    old_syntax,
+    parse_job_ad,
+)
+from lifecycle.machines import startd as sd
+from lifecycle.machines import startd_policy
+from lifecycle.machines.startd_claims import ClaimIds, public_form
+from lifecycle.scenario import World
+
+TABLE = Path(__file__).parent / "scenarios" / "startd" / "transitions.md"
+ADDRESS = "10.0.0.1:9618"
+KEY = "startd:slot1"
+
+
+def rows() -> list[dict[str, Any]]:
+    found = []
+    for line in TABLE.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 7 or cells[0] in ("ref", "---"):
+            continue
+        ref, source, policy, event, payload, dest, advertised = cells
+        found.append({"ref": ref, "from": source, "policy": json.loads(policy),
+                      "event": event, "payload": json.loads(payload), "to": dest,
+                      "advertised": advertised})
+    return found
+
+
+ROWS = rows()
+
+
+class Slot:
+    """One slot on a fresh engine, with the simulated adapters of scenario files."""
+
+    def __init__(self, store: Store, keep: bool = True) -> None:
+        self.clock = SimulatedClock("2026-01-01T00:00:00Z")
+        self.world = World(clock=self.clock)
+        self.collector, self.schedds = RecordingCollector(), RecordingSchedds()
+        self.ids = ClaimIds()
+        self.engine = Engine(store, [sd.SPEC], guards=sd.GUARDS, clock=self.clock,
+                             effects=sd.effects(sd.ScenarioHooks(world=self.world),
+                                                self.collector, self.schedds, self.ids))
+        self.startd = sd.Startd(self.engine, address=ADDRESS, ids=self.ids)
+        self.startd.add_slot("slot1", hook_keyword="FETCH", keep_advertised_claim=keep)
+
+    @property
+    def data(self) -> dict[str, Any]:
+        return self.engine.get(KEY).data
+
+    @property
+    def state(self) -> str:
+        return self.engine.get(KEY).state
+
+    def claim(self, role: str) -> str:
+        claim = self.data["claims"][role]
+        assert claim is not None, f"no {role} claim in {self.state}"
+        return str(claim["id"])
+
+    def policy(self, **entries: Any) -> None:
+        self.engine.update(KEY, {"policy": entries})
+
+    def fire(self, trigger: str, payload: dict[str, Any] | None = None, *,
+             to: str | None = None) -> Any:
+        result = self.engine.fire(KEY, trigger, payload or {})
+        if to is not None:
+            assert result.dest == to, (trigger, result.reason, self.state)
+        return result
+
+    def request(self, rank: float, requester: str = "schedd-a", to: str | None = None) -> Any:
+        return self.fire("request_claim", {"claim_id": self.data["advertised_claim_id"],
+                                           "requester": requester, "rank": rank}, to=to)
+
+
+def reach(slot: Slot, where: str) -> None:
+    """Bring the slot to ``where`` (a state, or ``state/how``) by the machine's own edges."""
+    state, _, how = where.partition("/")
+    job = {"Cmd": "/bin/true"}
+    paths = {
+        "owner.idle": lambda: None,
+        "unclaimed.idle": lambda: slot.fire("evaluate", to="unclaimed.idle"),
+        "unclaimed.benchmarking": lambda: (
+            reach(slot, "unclaimed.idle"), slot.policy(RUNBENCHMARKS=True),
+            slot.fire("run_benchmarks", to=state)),
+        "matched.idle": lambda: (
+            reach(slot, "unclaimed.idle"),
+            slot.fire("match", {"claim_id": slot.claim("cur")}, to=state)),
+        "claimed.idle": lambda: (reach(slot, "unclaimed.idle"), slot.request(1, to=state)),
+        "claimed.busy": lambda: (
+            reach(slot, "claimed.idle"),
+            slot.fire("activate", {"claim_id": slot.claim("cur"), "job": job}, to=state)),
+        "claimed.retiring": lambda: (
+            reach(slot, "claimed.busy"), slot.request(2, "schedd-b", to=state)),
+        "claimed.suspended": lambda: (
+            reach(slot, "claimed.retiring" if how == "retiring" else "claimed.busy"),
+            slot.policy(WANT_SUSPEND=True, SUSPEND=True, CONTINUE=False),
+            slot.fire("evaluate", to=state)),
+        "preempting.vacating": lambda: (
+            reach(slot, "claimed.idle"),
+            slot.request(2, "schedd-b", to=state) if how == "claim"
+            else slot.fire("vacate", to=state)),
+        "preempting.killing": lambda: (
+            reach(slot, f"preempting.vacating/{how}"), slot.fire("vacate_timeout", to=state)),
+        "backfill.idle": lambda: (
+            reach(slot, "unclaimed.idle"), slot.policy(START_BACKFILL=True),
+            slot.fire("backfill", to=state)),
+        "backfill.busy": lambda: (reach(slot, "backfill.idle"),
+                                  slot.fire("backfill_started", to=state)),
+        "backfill.killing": lambda: (reach(slot, "backfill.busy"),
+                                     slot.fire("vacate", to=state)),
+        "drained.retiring": lambda: slot.fire("drain", to=state),
+        "drained.idle": lambda: (reach(slot, "drained.retiring"),
+                                 slot.fire("all_drained", to=state)),
+    }
+    if state == "claimed.busy" and how in ("fetch", "seed"):
+        slot.fire("fetched_work", {"job": job}, to=state)
+    elif state == "claimed.idle" and how == "fetch":
+        reach(slot, "claimed.idle")
+        slot.policy(RANK="TARGET.Prio")
+        slot.fire("fetched_work", {"job": {"Prio": 5}}, to="preempting.vacating")
+        slot.fire("vacated", to=state)
+    else:
+        paths[state]()
+    assert slot.state == state
+
+
+def _resolved(payload: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+    claims = before["claims"]
+    names = {"$advertised": before["advertised_claim_id"],
+             "$cur": (claims["cur"] or {}).get("id"), "$pre": (claims["pre"] or {}).get("id")}
+    return {k: names.get(v, v) if isinstance(v, str) else v for k, v in payload.items()
+            if k != "_advance"}
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[f"{r['ref']}:{r['from']}:{r['event']}"
+                                           for r in ROWS])
+def test_every_transition_of_the_manual(store: Store, row: dict[str, Any]) -> None:
+    slot = Slot(store, keep=not row["from"].endswith("/seed"))
+    reach(slot, row["from"])
+    slot.engine.update(KEY, {"policy": row["policy"]})
+    before = slot.data
+    seen = {c["id"] for c in before["claims"].values() if c} | {before["advertised_claim_id"]}
+    slot.clock.advance(float(row["payload"].get("_advance", 1)))
+    result = slot.engine.fire(KEY, row["event"], _resolved(row["payload"], before))
+    assert result.dest == row["to"], (result.reason, result.guards)
+    # the edge taken carries the row's ref (a rejected fetch stays, on an edge without one)
+    graph = sd.SPEC.graph
+    taken = [t for t in sd.SPEC.transitions if t.trigger == row["event"]
+             and result.source in graph.covered_leaves(t.sources)
+             and graph.enter(t.dest) == result.dest]
+    wanted = {part.strip() for part in row["ref"].split(",")}
+    assert any(wanted <= {p.strip() for p in (t.ref or "fetch").split(",")} for t in taken)
+    after = slot.data["advertised_claim_id"]
+    expected = row["advertised"]
+    if expected == "same":
+        assert after == before["advertised_claim_id"]
+    elif expected == "new":
+        assert after not in seen
+    else:
+        assert after == before["claims"][expected]["id"]
+    assert after.endswith("#...") and re.fullmatch(rf"<{ADDRESS}>#\d+#\d+#\.\.\.", after)
+
+
+def test_the_table_and_the_spec_carry_every_letter_and_number() -> None:
+    wanted = {*"ABCDEFGHIJKLMNOP", *(str(n) for n in range(1, 38))}
+
+    def refs(texts: list[str]) -> set[str]:
+        return {part.strip() for text in texts for part in text.split(",")}
+
+    in_spec = refs([t.ref for t in sd.SPEC.transitions if t.ref])
+    in_table = refs([r["ref"] for r in ROWS])
+    assert wanted <= in_spec, sorted(wanted - in_spec)
+    assert wanted <= in_table, sorted(wanted - in_table)
+
+
+def test_the_manual_s_contradictions_follow_its_text() -> None:
+    by_ref = {t.ref: t for t in sd.SPEC.transitions if t.trigger == "vacated"}
+    assert (by_ref["J, 22"].source, by_ref["J, 22"].dest) == ("preempting.vacating",
+                                                              "owner.idle")
+    assert by_ref["I, 23"].source == "preempting.vacating"
+    assert by_ref["I, 24"].source == "preempting.killing"
+    assert by_ref["J, 25"].source == "preempting.killing"
+    [all_drained] = [t for t in sd.SPEC.transitions if t.trigger == "all_drained"]
+    assert all_drained.ref == "33"
+    assert "22/23 leave Vacating" in (sd.__doc__ or "")
+
+
+# -- the claim rules ---------------------------------------------------------------------------
+
+
+def test_right_id_claims_and_only_the_public_form_is_kept(store: Store) -> None:
+    slot = Slot(store)
+    reach(slot, "unclaimed.idle")
+    full = slot.startd.advertised("slot1")
+    assert public_form(full) == slot.data["advertised_claim_id"] != full
+    slot.startd.request_claim("slot1", full, requester="schedd-a", rank=1)
+    assert slot.state == "claimed.idle"
+    cookie = full.rsplit("#", 1)[1]
+    history = json.dumps([e.payload for e in slot.engine.history(KEY)], default=str)
+    assert cookie not in json.dumps(slot.data) and cookie not in history
+    assert public_form(full) in history
+
+
+def test_wrong_id_is_refused_naming_the_expected_id(store: Store) -> None:
+    slot = Slot(store)
+    reach(slot, "unclaimed.idle")
+    full = slot.startd.advertised("slot1")
+    forged = full[:-4] + "0000"
+    with pytest.raises(sd.ClaimRefused) as refused:
+        slot.startd.request_claim("slot1", forged, requester="mallory", rank=9)
+    assert "secret part" in str(refused.value)
+    assert refused.value.expected == slot.data["advertised_claim_id"]
+    assert forged.rsplit("#", 1)[1] not in str(refused.value)
+    other = sd.ClaimIds().full("slot1", slot.data["advertised_claim_id"])
+    with pytest.raises(sd.ClaimRefused, match="secret part"):
+        slot.startd.request_claim("slot1", other, requester="mallory")
+    assert slot.state == "unclaimed.idle"
+
+
+def test_a_stale_id_is_refused_as_stale(store: Store) -> None:
+    slot = Slot(store)
+    reach(slot, "unclaimed.idle")
+    old = slot.startd.advertised("slot1")
+    slot.policy(START=False)
+    slot.fire("evaluate", to="owner.idle")  # entering Owner makes a fresh claim
+    slot.policy()
+    slot.fire("evaluate", to="unclaimed.idle")
+    with pytest.raises(sd.ClaimRefused) as refused:
+        slot.startd.request_claim("slot1", old, requester="schedd-a")
+    message = str(refused.value)
+    assert "stale" in message and public_form(old) in message
+    assert slot.data["advertised_claim_id"] in message
+    slot.startd.request_claim("slot1", slot.startd.advertised("slot1"), requester="schedd-a")
+    assert slot.state == "claimed.idle"
+
+
+def test_the_current_claim_s_id_cannot_preempt(store: Store) -> None:
+    slot = Slot(store)
+    reach(slot, "claimed.busy")
+    with pytest.raises(sd.ClaimRefused, match="current claim, which is in use"):
+        slot.startd.request_claim("slot1", slot.ids.full("slot1", slot.claim("cur")),
+                                  requester="schedd-b", rank=5)
+    assert slot.state == "claimed.busy"
+
+
+def test_rank_below_the_current_claim_is_refused(store: Store) -> None:
+    slot = Slot(store)
+    reach(slot, "claimed.busy")  # current claim at rank 1
+    with pytest.raises(sd.ClaimRefused, match="rank is below"):
+        slot.startd.request_claim("slot1", slot.startd.advertised("slot1"),
+                                  requester="schedd-b", rank=0.5)
+    slot.startd.request_claim("slot1", slot.startd.advertised("slot1"), requester="schedd-b",
+                              rank=1)
+    assert slot.state == "claimed.retiring"
+
+
+def test_pre_preempting_replaces_preempting_when_ranked_as_high(store: Store) -> None:
+    slot = Slot(store)
+    reach(slot, "claimed.retiring")  # schedd-b's request (rank 2) waits in pre
+    pre, pre_pre = slot.claim("pre"), slot.claim("pre_pre")
+    assert slot.data["advertised_claim_id"] == pre_pre
+    with pytest.raises(sd.ClaimRefused, match="rank is below"):
+        slot.startd.request_claim("slot1", slot.ids.full("slot1", pre_pre),
+                                  requester="schedd-c", rank=1.5)
+    slot.startd.request_claim("slot1", slot.ids.full("slot1", pre_pre), requester="schedd-c",
+                              rank=2)
+    claims = slot.data["claims"]
+    assert (claims["pre"]["id"], claims["pre"]["requester"]) == (pre_pre, "schedd-c")
+    assert claims["pre_pre"]["id"] not in (pre, pre_pre)
+    assert slot.data["advertised_claim_id"] == claims["pre_pre"]["id"]
+    assert slot.state == "claimed.retiring"
+    # the job finishes; the preempting claim (schedd-c's) becomes current
+    slot.fire("starter_exited", to="preempting.vacating")
+    Worker(slot.engine).run_until_idle()
+    assert slot.state == "claimed.idle"
+    assert slot.data["claims"]["cur"]["requester"] == "schedd-c"
+    assert slot.schedds.released == [("schedd-a", slot.ids.full("slot1", claims["cur"]["id"]))]
+
+
+def test_lease_expiry_needs_the_lease_to_have_run_out(store: Store) -> None:
+    slot = Slot(store)
+    reach(slot, "claimed.busy")
+    cur = slot.claim("cur")
+    slot.clock.advance(2000)
+    assert not slot.fire("lease_expired", {"claim_id": cur}).fired
+    slot.fire("keep_alive", {"claim_id": cur}, to="claimed.busy")
+    slot.clock.advance(2000)  # 4000 s since the claim, 2000 since the keep-alive
+    assert not slot.fire("lease_expired", {"claim_id": cur}).fired
+    slot.clock.advance(401)
+    slot.fire("lease_expired", {"claim_id": cur}, to="preempting.vacating")
+
+
+def test_the_match_timeout_is_a_timer(store: Store) -> None:
+    slot = Slot(store)
+    reach(slot, "matched.idle")
+    stale = slot.data["advertised_claim_id"]
+    worker = Worker(slot.engine)
+    slot.clock.advance(119)
+    worker.run_until_idle()
+    assert slot.state == "matched.idle"
+    slot.clock.advance(2)
+    worker.run_until_idle()
+    assert slot.state == "owner.idle"
+    assert slot.data["advertised_claim_id"] != stale
+
+
+# -- work fetch --------------------------------------------------------------------------------
+
+
+def test_fetch_waits_for_its_delay_and_for_the_running_fetch(store: Store) -> None:
+    slot = Slot(store)
+    slot.fire("fetch", to="owner.idle")
+    assert slot.data["fetching"]
+    assert not slot.fire("fetch").fired  # one fetch at a time
+    slot.fire("fetched_work", {"job": None}, to="owner.idle")
+    assert not slot.fire("fetch").fired  # FetchWorkDelay (300 s) not passed
+    slot.clock.advance(300)
+    slot.fire("fetch", to="owner.idle")
+
+
+def test_fetched_work_rules(store: Store) -> None:
+    slot = Slot(store)
+    slot.policy(START="TARGET.Owner == \"alice\"")
+    slot.fire("fetched_work", {"job": {"Owner": "bob"}}, to="owner.idle")  # not willing
+    slot.fire("fetched_work", {"job": {"Owner": "alice"}}, to="claimed.busy")
+    assert slot.data["claims"]["cur"]["type"] == "fetch"
+    # the advertised claim was parked, not destroyed, and comes back on return to Owner
+    advertised = slot.data["advertised_claim_id"]
+    assert slot.claim("pre") == advertised
+    slot.fire("starter_exited", to="owner.idle")
+    assert slot.data["advertised_claim_id"] == advertised == slot.claim("cur")
+
+
+def test_the_seed_s_startd_throws_the_advertised_claim_away(store: Store) -> None:
+    slot = Slot(store, keep=False)
+    advertised = {slot.data["advertised_claim_id"]}
+    for _ in range(3):
+        slot.fire("fetched_work", {"job": {"Cmd": "/bin/true"}}, to="claimed.busy")
+        advertised.add(slot.data["advertised_claim_id"])
+        slot.fire("starter_exited", to="owner.idle")
+        advertised.add(slot.data["advertised_claim_id"])
+    assert len(advertised) == 7  # a new id at every step: a schedd never catches one
+
+
+# -- hooks as executables ------------------------------------------------------------------------
+
+
+def _hook(tmp_path: Path, name: str, body: str) -> str:
+    path = tmp_path / name
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
+def test_fetch_work_hook_reads_the_slot_ad_and_prints_a_job_ad(tmp_path: Path) -> None:
+    seen = tmp_path / "stdin"
+    hooks = Hooks({"FETCH_HOOK_FETCH_WORK": _hook(tmp_path, "fetch", f"""cat > {seen}
+echo 'JobId = 7'
+echo 'Cmd = "/bin/sleep"'
+echo 'Requirements = TARGET.Memory > 100'
+""")})
+    job = hooks.fetch_work("FETCH", {"Name": "slot1", "Memory": 2048, "State": "Owner"})
+    assert job == {"JobId": 7, "Cmd": "/bin/sleep", "Requirements": "TARGET.Memory > 100"}
+    ad = parse_job_ad(seen.read_text())
+    assert ad == {"Name": "slot1", "Memory": 2048, "State": "Owner"}
+
+
+def test_fetch_work_hook_empty_output_is_no_work(tmp_path: Path) -> None:
+    hooks = Hooks({"FETCH_HOOK_FETCH_WORK": _hook(tmp_path, "fetch", "cat > /dev/null\n")})
+    assert hooks.fetch_work("FETCH", {"Name": "slot1"}) is None
+
+
+def test_a_hook_that_prints_garbage_abandons_the_fetch(tmp_path: Path, store: Store) -> None:
+    hooks = Hooks({"FETCH_HOOK_FETCH_WORK": _hook(
+        tmp_path, "fetch", "echo 'JobId = 7'\necho '@@@ this is no ClassAd'\n")})
+    with pytest.raises(HookFailed, match="line 2 is not"):
+        hooks.fetch_work("FETCH", {"Name": "slot1"})
+    # through the machine: the fetch is abandoned, the slot stays, fetching ends
+    slot = Slot(store)
+    engine = Engine(Store(store.url), [sd.SPEC], guards=sd.GUARDS, clock=slot.clock,
+                    effects=sd.effects(hooks, RecordingCollector(), RecordingSchedds(),
+                                       slot.ids))
+    engine.fire(KEY, "fetch")
+    Worker(engine).run_until_idle()
+    resource = engine.get(KEY)
+    assert (resource.state, resource.data["fetching"]) == ("owner.idle", False)
+    [done] = [e for e in engine.history(KEY) if e.trigger == "fetched_work"]
+    assert done.payload is not None and "line 2" in done.payload["error"]
+
+
+def test_a_hook_that_exits_non_zero_fails_with_its_status(tmp_path: Path) -> None:
+    hooks = Hooks({"FETCH_HOOK_FETCH_WORK": _hook(
+        tmp_path, "fetch", "echo 'JobId = 1'\necho 'no queue here' >&2\nexit 3\n")})
+    with pytest.raises(HookFailed, match="exited with status 3: no queue here"):
+        hooks.fetch_work("FETCH", {"Name": "slot1"})
+
+
+def test_a_hook_that_hangs_is_killed_at_its_timeout(tmp_path: Path) -> None:
+    started = tmp_path / "started"
+    hooks = Hooks({"FETCH_HOOK_FETCH_WORK": _hook(
+        tmp_path, "fetch", f"touch {started}\nsleep 600 &\nwait\n")}, timeout=0.5)
+    outcome: list[BaseException] = []
+    finished = threading.Event()
+
+    def run() -> None:
+        try:
+            hooks.fetch_work("FETCH", {"Name": "slot1"})
+        except HookFailed as exc:
+            outcome.append(exc)
+        finished.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    assert finished.wait(120), "the hung hook was not given up"
+    assert started.exists()
+    assert "did not finish within 0.5 s and was killed" in str(outcome[0])
+
+
+def test_reply_fetch_and_evict_claim_get_job_and_slot_ads(tmp_path: Path,
+                                                         store: Store) -> None:
+    log = tmp_path / "log"
+    body = f'echo "== $(basename $0) $*" >> {log}\ncat >> {log}\n'
+    hooks = Hooks({f"FETCH_HOOK_{name}": _hook(tmp_path, name, body)
+                   for name in ("REPLY_FETCH", "EVICT_CLAIM")}
+                  | {"FETCH_HOOK_FETCH_WORK": _hook(tmp_path, "FETCH_WORK",
+                                                    "echo 'JobId = 3'\n")})
+    slot = Slot(store)
+    engine = Engine(Store(store.url), [sd.SPEC], guards=sd.GUARDS, clock=slot.clock,
+                    effects=sd.effects(hooks, RecordingCollector(), RecordingSchedds(),
+                                       slot.ids))
+    engine.fire(KEY, "fetch")
+    Worker(engine).run_until_idle()
+    assert engine.get(KEY).state == "claimed.busy"
+    fetch_claim = engine.get(KEY).data["claims"]["cur"]["id"]
+    engine.fire(KEY, "vacate")
+    Worker(engine).run_until_idle()
+    assert engine.get(KEY).state == "owner.idle"
+    text = log.read_text()
+    assert "== REPLY_FETCH accept\nJobId = 3\n-----\n" in text
+    assert "== EVICT_CLAIM \nJobId = 3\n-----\n" in text
+    assert f'ClaimId = "{slot.ids.full("slot1", fetch_claim)}"' in text
+
+
+def test_old_syntax_round_trips_through_classad2() -> None:
+    ad = {"Name": "slot1", "Memory": 2048, "LoadAvg": 0.25, "Idle": True,
+          "Note": 'say "hi"'}
+    assert parse_job_ad(old_syntax(ad)) == ad
+
+
+# -- policy -------------------------------------------------------------------------------------
+
+
+def test_policy_is_evaluated_with_my_and_target() -> None:
+    policy = {"START": "KeyboardIdle > 600 && TARGET.RequestMemory <= MY.Memory",
+              "RANK": "TARGET.Owner == \"alice\" ? 10 : 1"}
+    my = {"KeyboardIdle": 900, "Memory": 1024}
+    assert startd_policy.holds(policy, "START", my, {"RequestMemory": 512})
+    assert not startd_policy.holds(policy, "START", my, {"RequestMemory": 4096})
+    assert startd_policy.job_rank(policy, my, {"Owner": "alice"}) == 10
+    assert not startd_policy.is_owner(policy, my)  # START needs a job: not locally false
+    assert startd_policy.is_owner(policy, {"KeyboardIdle": 5, "Memory": 1024})
+    with pytest.raises(startd_policy.PolicyError, match="not a ClassAd expression"):
+        startd_policy.evaluate({"START": "a &&& b"}, "START", my, None)
+
+
+def test_observed_machine_attributes_drive_the_policy(store: Store) -> None:
+    slot = Slot(store)
+    slot.policy(START="KeyboardIdle > 600")
+    slot.engine.observe(KEY, {"KeyboardIdle": 30})
+    assert not slot.fire("evaluate").fired
+    slot.engine.observe(KEY, {"KeyboardIdle": 900})
+    slot.fire("evaluate", to="unclaimed.idle")
+    slot.engine.observe(KEY, {"KeyboardIdle": 0})
+    slot.fire("evaluate", to="owner.idle")
+
+
+def test_without_classad2_constants_run_and_expressions_say_what_they_need(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(startd_policy, "classad2", None)
+    assert startd_policy.holds({"START": True}, "START", {}, None)
+    assert startd_policy.job_rank({"RANK": 3}, {}, {}) == 3
+    with pytest.raises(startd_policy.PolicyError, match=r"lifecycle-fsm\[htcondor\]"):
+        startd_policy.evaluate({"START": "KeyboardIdle > 600"}, "START", {}, None)
+
+
+@pytest.fixture
+def published(store: Store) -> Iterator[Slot]:
+    slot = Slot(store)
+    yield slot
+
+
+def test_the_collector_gets_the_full_advertised_id_privately(published: Slot) -> None:
+    slot = published
+    reach(slot, "unclaimed.idle")
+    Worker(slot.engine).run_until_idle()
+    name, ad = slot.collector.ads[-1]
+    assert name == "slot1"
+    assert ad["PublicClaimId"] == slot.data["advertised_claim_id"]
+    assert ad["ClaimId"] == slot.startd.advertised("slot1")
+    assert public_form(ad["ClaimId"]) == ad["PublicClaimId"]
