@@ -203,8 +203,10 @@ def test_slurm_job_states_map_as_in_tardis() -> None:
     assert [resource_status(s) for s in ("PENDING", "CONFIGURING", "REQUEUED")] == [BOOTING] * 3
     assert [resource_status(s) for s in ("RUNNING", "COMPLETING", "SIGNALING")] == [RUNNING] * 3
     assert [resource_status(s) for s in ("SUSPENDED", "STOPPED")] == [STOPPED] * 2
-    assert [resource_status(s) for s in ("COMPLETED", "CANCELLED", "PREEMPTED")] == [DELETED] * 3
-    assert [resource_status(s) for s in ("FAILED", "TIMEOUT", "NODE_FAIL")] == [ERROR] * 3
+    assert [resource_status(s) for s in ("COMPLETED", "CANCELLED", "PREEMPTED", "TIMEOUT")] == [
+        DELETED] * 4
+    assert [resource_status(s) for s in ("FAILED", "NODE_FAIL", "BOOT_FAIL", "OUT_OF_MEMORY",
+                                         "DEADLINE")] == [ERROR] * 5
 
 
 # -- errors -----------------------------------------------------------------------------------
@@ -447,5 +449,26 @@ def test_terminate_of_a_finished_or_unknown_job_does_not_act(
 
 def test_terminate_cannot_fence_on_a_status_scancel_cannot_filter(site: SlurmSite) -> None:
     with pytest.raises(ValueError, match="cannot fence"):
-        site.terminate(drone("1"), ERROR)
+        site.terminate(drone("1"), "Unknown")
     assert not site.terminate(drone("1"), DELETED).acted
+
+
+def test_terminate_fenced_on_error_cancels_nothing_and_spares_a_job_that_left_it(
+    cluster: SlurmCluster, make_site: Callable[..., tuple[SlurmSite, Recorder]]
+) -> None:
+    failing, failing_calls = make_site(wrap="exit 3")
+    failed = deployed(failing)
+    cluster.wait_for_state(str(failed.remote_id), "FAILED")
+    assert failing.status([failed]) == {failed.name: ERROR}
+    outcome = failing.terminate(failed, ERROR)
+    assert not outcome.acted
+    assert outcome.detail == f"job {failed.remote_id} is FAILED: it has ended, nothing to cancel"
+    assert "scancel" not in failing_calls.commands()
+    site, recorder = make_site()
+    running = deployed(site)
+    started(cluster, running)
+    recorder.calls.clear()
+    outcome = site.terminate(running, ERROR)   # the decision saw Error; the job runs now
+    assert not outcome.acted and "no longer in an error state: left alone" in outcome.detail
+    assert recorder.commands() == ["squeue"]
+    assert cluster.job_state(str(running.remote_id)) == "RUNNING"

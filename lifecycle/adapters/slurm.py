@@ -14,9 +14,13 @@ PENDING, CONFIGURING, REQUEUED, REQUEUE_HOLD, REQUEUE_FED,         Booting
 SPECIAL_EXIT
 RUNNING, COMPLETING, RESIZING, SIGNALING, STAGE_OUT                Running
 SUSPENDED, STOPPED, RESV_DEL_HOLD                                  Stopped
-COMPLETED, CANCELLED, PREEMPTED; a job squeue no longer knows      Deleted
-anything else (FAILED, TIMEOUT, NODE_FAIL, BOOT_FAIL, ...)         Error
+COMPLETED, CANCELLED, PREEMPTED, TIMEOUT; a job squeue no longer   Deleted
+knows
+anything else (FAILED, NODE_FAIL, BOOT_FAIL, OUT_OF_MEMORY, ...)   Error
 =================================================================  ==========
+
+(TIMEOUT is Deleted in TARDIS's table: a drone that ran out of its time limit has ended,
+and is not an error to clean up.)
 
 ``stop`` is plain ``scancel <id>``, as in TARDIS ("Slurm jobs cannot be stopped gracefully"):
 Slurm sends SIGTERM to the job's processes and SIGKILL ``KillWait`` seconds later. With
@@ -29,6 +33,10 @@ does.
 - ``None``: ``scancel -v <id>``.
 - ``Running``: ``scancel -v --state=RUNNING <id>``.
 - ``Stopped``: ``scancel -v --state=SUSPENDED <id>``.
+- ``Error``: scancel cannot filter on it, and needs not: Slurm's error states (FAILED,
+  NODE_FAIL, BOOT_FAIL, OUT_OF_MEMORY, DEADLINE) are all final, so a job still in one has
+  nothing left to cancel, and a job that left it (requeued: pending or running again) is not
+  the job the decision saw. One ``squeue`` says which; no scancel is run.
 - ``Booting``: ``scontrol hold <id>``, then ``scancel -v --state=PENDING <id>``, and when
   nothing was cancelled because the job runs, ``scontrol release <id>`` to undo the hold.
   The hold is there because ``scancel --state=`` filters on the client (Slurm 22.05: it
@@ -79,6 +87,7 @@ SLURM_STATES: Mapping[str, str] = {
     "COMPLETED": DELETED,
     "CANCELLED": DELETED,
     "PREEMPTED": DELETED,
+    "TIMEOUT": DELETED,
 }
 """Slurm job state (squeue ``%T``) → ResourceStatus; any other state is Error."""
 
@@ -197,9 +206,12 @@ class SlurmSite:
             return Terminated(False, "no Slurm job: the drone was never deployed")
         if expect == DELETED:
             return Terminated(False, f"job {job} was expected gone: nothing to remove")
+        if expect == ERROR:
+            return self._terminate_error(drone.name, job)
         if expect is not None and expect not in FENCE_STATES:
             raise ValueError(f"cannot fence a terminate of drone {drone.name!r} on {expect!r}: "
-                             f"scancel filters on {', '.join(FENCE_STATES)} (or None)")
+                             f"scancel filters on {', '.join(FENCE_STATES)} (or None; "
+                             f"{ERROR} and {DELETED} need no scancel)")
         fence = FENCE_STATES.get(expect) if expect else None
         held = False
         if fence == "PENDING" and self.hold_before_cancel:
@@ -241,6 +253,19 @@ class SlurmSite:
         if fence:
             why += f", not {fence}: left alone"
         log.info("drone %r: %s", drone.name, why)
+        return Terminated(False, why)
+
+    def _terminate_error(self, name: str, job: str) -> Terminated:
+        """A terminate fenced on Error: Slurm's error states are final, so there is nothing
+        to cancel; a job no longer in one (requeued) is left alone."""
+        now = self._squeue([job]).get(job)
+        if now is None:
+            why = f"job {job} is no longer known to Slurm: nothing to remove"
+        elif resource_status(now) == ERROR:
+            why = f"job {job} is {now}: it has ended, nothing to cancel"
+        else:
+            why = f"job {job} is {now}, no longer in an error state: left alone"
+        log.info("drone %r: %s", name, why)
         return Terminated(False, why)
 
     # -- plumbing ------------------------------------------------------------------------------
