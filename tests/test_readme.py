@@ -25,12 +25,14 @@ The convention the pages are written to:
   ``LIFECYCLE_SMTP_URL``, which points at a mail server the checker runs on a free port
   for the page (tests/procs/mail_sink.py); the Python blocks in one namespace, in one
   Python process, in the same directory, so each sees the files and the database the
-  blocks before it made.
+  blocks before it made. Two test runs on one machine run their pages in turn (a lock in
+  the temporary directory), since an example may serve a fixed port.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import queue
@@ -39,6 +41,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
@@ -246,10 +249,16 @@ def runnable(page: Path) -> list[Block]:
                                                or os.environ.get(REQUIRE) == "1"))]
 
 
+LOCK = Path(tempfile.gettempdir()) / "lifecycle-readme-examples.lock"
+"""Held while a page's examples run: an example may serve a fixed port (the job_exit tour's
+mail server on 8025), so two test runs on one machine take turns instead of colliding."""
+
+
 def run_page(page: Path, directory: Path) -> Iterator[str]:
     """Run the page's examples; yield a description of each one that is not as shown."""
     name = page.relative_to(REPO) if REPO in page.parents else page.name
-    with MailSink() as sink:
+    with LOCK.open("a") as lock, MailSink() as sink:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         env = environment(sink.url)
         shell = Shell(directory, env)
         python: Python | None = None
