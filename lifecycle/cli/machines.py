@@ -100,8 +100,7 @@ def describe(machine: str, db_url: str | None, as_json: bool) -> None:
                        layout.lines(entry), layout.lines(timeout), Text(about))
         state_blocks.append(layout.block(
             s["name"] + initial + (", final" if s["final"] else ""),
-            [Text(line) for line in (
-                f"in {s['parent']}" if s["parent"] else "",
+            [Text(line) for line in (  # the dotted name says the parent
                 f"on entry: {', '.join(entry)}" if entry else "",
                 f"timeout: {', '.join(timeout)}" if timeout else "",
                 about) if line]))
