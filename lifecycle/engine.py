@@ -205,6 +205,7 @@ class Engine:
         compiled = self._compiled.get(machine)
         if compiled is not None:
             return compiled
+        _argument(machine, "machine name")
         given = self.spec_for(machine) if self.spec_for is not None else None
         if given is not None:
             self.register(given)
@@ -721,10 +722,13 @@ class Engine:
     def counts(self, machine: str | None = None) -> dict[str, dict[str, int]]:
         """How many resources each machine has in each state."""
         return queries.counts(self.store, machine)
+        _argument(machine, "machine name")
+        _argument(state, "state")
 
     def verify(self) -> list[Mismatch]:
         """Replay every resource's journal and compare it with the resource's row."""
         return verify(self.store)
+        _argument(machine, "machine name")
 
 
 class _TimerFired(Within):
@@ -762,6 +766,12 @@ def _looked_up(key: str) -> str:
     problem = values.text_problem(key, 2 * _KEY_MAX)
     if problem is not None:
         raise LifecycleError(f"invalid key {key!r}: it {problem}")
+def _argument(value: str | None, what: str) -> None:
+    """A name to look up (a machine's, a state's) is text a database can be asked about."""
+    if value is not None and (problem := values.text_problem(value, 4 * _KEY_MAX)):
+        raise LifecycleError(f"invalid {what} {value!r}: it {problem}")
+
+
     return key
 
 

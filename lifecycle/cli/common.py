@@ -33,7 +33,7 @@ from rich.text import Text
 
 from .. import redact
 from ..documents import DocumentError, load_json
-from ..errors import LifecycleError
+from ..errors import LifecycleError, SpecError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -45,40 +45,54 @@ TRACEBACK_VARIABLE = "LIFECYCLE_TRACEBACK"
 
 STYLES = frozenset({"bold", "dim", "italic", "red", "green", "yellow", "cyan", "magenta",
                     "bold red", "bold green", "bold yellow"})
-_TAG = re.compile(r"\\\[|\[(/?)([a-z ]*)\]")
+_TAG = re.compile(r"(\\*)\[(/?)([a-z ]*)\]")
+
+
+def _is_tag(found: re.Match[str]) -> bool:
+    closing, style = found.group(2), found.group(3)
+    return style in STYLES or (bool(closing) and style == "")
 
 
 def markup(source: str) -> Text:
     """``source`` as text, styled where it holds lifecycle's own markup: a tag of
     :data:`STYLES` opened and later closed by ``[/]`` (or ``[/style]``). Every other
-    bracket is text; ``\\[`` is ``[``."""
-    tokens = list(_TAG.finditer(source))
+    bracket is text. A backslash before a tag makes it text (``\\[bold]``), as in rich;
+    backslashes anywhere else are text."""
+    tokens = []  # (match, literal text or None for a tag)
+    for found in _TAG.finditer(source):
+        if not _is_tag(found):
+            continue
+        slashes = len(found.group(1))
+        tag = found.group()[slashes:]
+        tokens.append((found, "\\" * (slashes // 2) + tag if slashes % 2 else None))
     paired: dict[int, int] = {}  # index of an opening tag -> index of its closing tag
     opened: list[int] = []
-    for index, found in enumerate(tokens):
-        closing, style = found.group(1), found.group(2)
-        if found.group() == "\\[":
+    for index, (found, literal) in enumerate(tokens):
+        if literal is not None:
             continue
-        if not closing and style in STYLES:
+        if not found.group(2):
             opened.append(index)
-        elif closing and opened and style in ("", tokens[opened[-1]].group(2)):
+        elif opened and found.group(3) in ("", tokens[opened[-1]][0].group(3)):
             paired[opened.pop()] = index
     closers = {close: start for start, close in paired.items()}
     text = Text()
     starts: dict[int, int] = {}
     position = 0
-    for index, found in enumerate(tokens):
+    for index, (found, literal) in enumerate(tokens):
         text.append(source[position:found.start()])
         position = found.end()
-        if found.group() == "\\[":
-            text.append("[")
-        elif index in paired:
+        slashes = len(found.group(1))
+        if literal is not None:
+            text.append(literal)
+            continue
+        text.append("\\" * (slashes // 2))
+        if index in paired:
             starts[index] = len(text)
         elif index in closers:
             opening = closers[index]
-            text.stylize(tokens[opening].group(2), starts[opening], len(text))
+            text.stylize(tokens[opening][0].group(3), starts[opening], len(text))
         else:
-            text.append(found.group())
+            text.append(found.group()[slashes:])
     text.append(source[position:])
     return text
 
@@ -226,7 +240,9 @@ class OneLineErrors(click.Group):
         try:
             return super().invoke(ctx)
         except LifecycleError as exc:
-            report(exc.for_command_line())
+            message = exc.for_command_line()
+            # one line (a spec's problems excepted: one line each, under their heading)
+            report(message if isinstance(exc, SpecError) else " ".join(message.split()))
             sys.exit(EXIT_ERROR)
         except OSError as exc:  # a file a command was asked to read or write
             report(f"{exc.strerror}: {exc.filename}" if exc.strerror and exc.filename
@@ -239,7 +255,10 @@ class OneLineErrors(click.Group):
             if os.environ.get(TRACEBACK_VARIABLE) == "1":
                 traceback.print_exc()
             where = traceback.extract_tb(exc.__traceback__)[-1]
-            report(f"unexpected {type(exc).__name__}: {exc} (at {os.path.basename(where.filename)}"
+            said = " ".join(str(exc).split())
+            said = said if len(said) <= 300 else said[:300] + "..."
+            report(f"unexpected {type(exc).__name__}: {said} (at "
+                   f"{os.path.basename(where.filename)}"
                    f":{where.lineno}; a bug, or a plugin's code: {TRACEBACK_VARIABLE}=1 shows "
                    "the traceback)")
             sys.exit(EXIT_INTERNAL)
@@ -253,8 +272,10 @@ def report(message: str) -> None:
 
 
 def escape(text: str) -> str:
-    """Data inside a string that holds markup: every ``[`` printed as it is."""
-    return text.replace("[", "\\[")
+    """Data inside a string that holds markup, so that it prints as it is: a backslash
+    before each of lifecycle's tags in it (and its own backslashes there doubled)."""
+    return _TAG.sub(lambda found: found.group(1) * 2 + "\\" + found.group()[len(
+        found.group(1)):] if _is_tag(found) else found.group(), text)
 
 
 def db_option(f: F) -> F:

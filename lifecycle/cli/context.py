@@ -52,7 +52,20 @@ def make_engine(db_url: str | None, *, upgrade: bool = False) -> Engine:
     # not strict: a built-in drone is recorded, observed and moved without a site's adapters;
     # its effects wait for a worker that has them, a risky edge without its probe is refused
     return Engine(open_store(db_url, upgrade=upgrade), guards=guards, effects=effects,
-                  probes=probes, spec_for=builtin_spec, strict=False)
+                  probes=probes, spec_for=CommandSpecs(), strict=False)
+
+
+class CommandSpecs:
+    """The engine's ``spec_for``: a built-in machine runs with the code's spec, a machine
+    named by a file on this command line with the file's; both are registered when the
+    engine first needs them, so a command refused before (a bad key, bad data) writes
+    nothing."""
+
+    def __init__(self) -> None:
+        self.named: dict[str, MachineSpec] = {}
+
+    def __call__(self, machine: str) -> MachineSpec | None:
+        return self.named.get(machine) or builtin_spec(machine)
 
 
 PLUGINS_VARIABLE = "LIFECYCLE_PLUGINS"
@@ -110,9 +123,12 @@ def resolve(name_or_path: str, engine: Callable[[], Engine], *,
             register: bool = True) -> MachineSpec:
     """The machine a command names: a built-in name, a spec file, or a machine the database
     knows. ``engine`` makes the engine only when one is needed; with ``register`` a built-in
-    or a file is registered with it (``create``), without it the spec is only read
+    or a file is registered with it when first used (``create``), without it the spec is only
+    read
     (``describe`` and ``diagram`` read a file without touching a database)."""
     builtin = builtins().get(name_or_path)
+    if "\x00" in name_or_path:  # neither a file nor a machine's name
+        raise UnknownMachine(name_or_path, [*builtins()])
     path = Path(name_or_path)
     if builtin is not None:
         spec = builtin.spec
@@ -124,4 +140,11 @@ def resolve(name_or_path: str, engine: Callable[[], Engine], *,
         except UnknownMachine:
             raise UnknownMachine(name_or_path, [*builtins(), *engine().machine_names()]) \
                 from None
-    return engine().register(spec) if register else spec
+    if register:
+        made = engine()
+        made.check_names(spec)  # what it lacks is said now; it is stored when first used
+        if isinstance(made.spec_for, CommandSpecs):
+            made.spec_for.named[spec.name] = spec
+        else:
+            made.register(spec)
+    return spec

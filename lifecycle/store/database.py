@@ -65,10 +65,11 @@ def parse_url(url: str) -> URL:
         reason = "its port is not a number" if isinstance(exc, ValueError) else \
             "write postgresql://USER@HOST/DB, sqlite:///PATH, or a plain file path"
         raise DatabaseError(f"invalid database URL {shown!r}: {reason}") from None
-    backend, driver = parsed.get_backend_name(), parsed.get_driver_name()
+    backend = parsed.get_backend_name()
     if backend not in _DRIVERS:
         raise DatabaseError(f"unsupported database {backend!r} in {shown!r}: lifecycle runs "
                             "on SQLite (sqlite:///PATH) and PostgreSQL (postgresql://...)")
+    driver = parsed.drivername.partition("+")[2] or parsed.get_driver_name()
     if driver != _DRIVERS[backend]:
         raise DatabaseError(f"database URL {shown!r} asks for the driver {driver!r}; "
                             f"lifecycle uses {_DRIVERS[backend]!r}: write "
