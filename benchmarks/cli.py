@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from . import effects, in_memory, persisted, postgres, vs_django, vs_sqlalchemy
+from . import backlog, effects, in_memory, persisted, postgres, vs_django, vs_sqlalchemy
 from .harness import Case, Measurement, Settings, Workspace, run_group, warm_up
 
 GROUPS: dict[str, list[Case]] = {
@@ -35,6 +35,7 @@ GROUPS: dict[str, list[Case]] = {
     "pg": [persisted.PG_FLOOR, persisted.PG_LIFECYCLE, persisted.PG_LIFECYCLE_GUARD],
     "memory": [in_memory.DECIDE, in_memory.TRANSITIONS, in_memory.STATEMACHINE],
     "effects": effects.CASES,
+    "backlog": [*backlog.CASES["sqlite"], *backlog.CASES["postgresql"]],
 }
 CASES: dict[str, Case] = {case.id: case for cases in GROUPS.values() for case in cases}
 
@@ -80,6 +81,13 @@ SECTIONS: list[tuple[str, list[Comparison]]] = [
         Comparison(f"effects.lifecycle.{n}p", f"effects.floor.{n}p", None)
         for n in effects.PROCESSES
     ]),
+    *[(f"5 · the claim as the backlog grows: {title}, µs per claim of {backlog.BATCH}", [
+        *[Comparison(f"backlog.{db}.{who}.{size}", f"backlog.{db}.{who}.{backlog.SIZES[0]}",
+                     Goal(1.2) if who == "lifecycle" else None)
+          for who in ("lifecycle", "before") for size in backlog.SIZES[1:]],
+        Comparison(f"backlog.{db}.lifecycle.{backlog.SIZES[-1]}",
+                   f"backlog.{db}.before.{backlog.SIZES[-1]}", Goal(1)),
+    ]) for db, title in (("sqlite", "SQLite"), ("postgresql", "PostgreSQL"))],
 ]
 
 PACKAGES = ["lifecycle-fsm", "transitions", "SQLAlchemy", "psycopg", "django", "django-fsm-2",

@@ -7,11 +7,12 @@ figure is the framework's claim-run-mark overhead.
 
 The floor: the same claim-run-mark statements through raw psycopg, one connection per
 process, no framework. Claim a batch (as many as the Worker claims) with the Worker's query
-shape (due pending effects, or running ones whose lease expired, with no pending, running or
-failed predecessor on the same resource, of the names it serves, ``ORDER BY next_attempt_at,
-id LIMIT n FOR UPDATE OF e SKIP LOCKED``), mark them running with ``UPDATE ... RETURNING``
-the columns a handler needs, COMMIT; then for each effect call the no-op and ``UPDATE`` it
-done, fenced by the claim as the Worker does, in a transaction of its own. What else the
+shape (due pending effects, or running ones whose lease expired, that head their resource's
+queue, of the names it serves, ``ORDER BY next_attempt_at, id LIMIT n FOR UPDATE OF e SKIP
+LOCKED``), mark them running with ``UPDATE ... RETURNING`` the columns a handler needs,
+COMMIT; then for each effect call the no-op, ``UPDATE`` it done, fenced by the claim as the
+Worker does, and pass its queue's head to the next effect under the resource's lock, in a
+transaction of its own. What else the
 Worker reads or writes (the resource and journal row it hands the handler, the timers it
 looks for every cycle, threads) counts as lifecycle's cost.
 
@@ -65,7 +66,7 @@ and lifecycle's one-process drain alone takes seconds."""
 IDLE_SLEEP = 0.001
 """When a process found nothing to claim but others still hold effects, it waits this long
 before it looks again, lifecycle and floor alike (no busy loop on two cores)."""
-LEASE = dt.timedelta(seconds=300)  # the Worker's default lease
+LEASE = dt.timedelta(seconds=30)  # the Worker's default lease
 
 
 def spec() -> dict[str, Any]:
@@ -86,11 +87,8 @@ def spec() -> dict[str, Any]:
 # The shape of Worker._claim's query, written by hand.
 CLAIM = """
 SELECT e.id FROM lifecycle_effects AS e
-WHERE (e.status = 'pending' AND e.next_attempt_at <= %(now)s
-       OR e.status = 'running' AND e.lease_until < %(now)s)
-  AND NOT (EXISTS (SELECT * FROM lifecycle_effects AS p
-                   WHERE p.resource_id = e.resource_id AND p.id < e.id
-                     AND p.status IN ('pending', 'running', 'failed')))
+WHERE e.head = 1 AND e.status IN ('pending', 'running') AND e.next_attempt_at <= %(now)s
+  AND (e.status = 'pending' OR e.lease_until < %(now)s)
   AND e.name IN (%(name)s)
 ORDER BY e.next_attempt_at, e.id
 LIMIT %(limit)s FOR UPDATE OF e SKIP LOCKED
@@ -107,12 +105,25 @@ UPDATE lifecycle_effects SET status = 'done', finished_at = %(now)s, last_error 
 WHERE id = %(id)s AND claimed_by = %(worker)s AND attempts = %(attempts)s
   AND status = 'running'
 """
+LOCK_RESOURCE = """
+SELECT id FROM lifecycle_resources
+WHERE id = (SELECT resource_id FROM lifecycle_effects WHERE id = %(id)s) FOR UPDATE
+"""
+PASS_HEAD = """
+UPDATE lifecycle_effects SET head = CASE WHEN id = %(id)s THEN NULL ELSE 1 END
+WHERE id = %(id)s OR id = (
+  SELECT min(n.id) FROM lifecycle_effects AS n
+  WHERE n.resource_id = (SELECT resource_id FROM lifecycle_effects WHERE id = %(id)s)
+    AND n.id > %(id)s AND n.status = 'pending')
+"""
 OUTSTANDING = ("SELECT EXISTS (SELECT 1 FROM lifecycle_effects "
                "WHERE status IN ('pending', 'running'))")
 RESET = """
 UPDATE lifecycle_effects SET status = 'pending', attempts = 0, claimed_by = NULL,
-       lease_until = NULL, finished_at = NULL, last_error = NULL,
-       next_attempt_at = created_at, progress = NULL
+       claimant = NULL, lease_until = NULL, finished_at = NULL, last_error = NULL,
+       next_attempt_at = created_at, progress = NULL,
+       head = CASE WHEN id IN (SELECT min(id) FROM lifecycle_effects GROUP BY resource_id)
+                   THEN 1 END
 """
 OUTCOMES = "SELECT status, attempts, count(*) FROM lifecycle_effects GROUP BY 1, 2"
 OUT_OF_ORDER = """
@@ -221,6 +232,8 @@ class Drainer:
                 if cursor.rowcount != 1:
                     connection.rollback()
                     raise BenchError(f"floor: effect {effect_id} lost its claim")
+                cursor.execute(LOCK_RESOURCE, {"id": effect_id})
+                cursor.execute(PASS_HEAD, {"id": effect_id})
                 connection.commit()
 
 

@@ -36,7 +36,17 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from sqlalchemy import and_, bindparam, exists, func, literal, or_, select, update
+from sqlalchemy import (
+    and_,
+    bindparam,
+    func,
+    literal,
+    literal_column,
+    or_,
+    select,
+    text,
+    update,
+)
 
 from .effects import DONE, FAILED, PENDING, RUNNING, Effect, EffectCall, FollowUp, Retry
 from .engine import Engine
@@ -44,6 +54,7 @@ from .errors import DatabaseError, LostClaim, PermanentError, RetryableError, Un
 from .processes import host_prefix, is_gone, this_process
 from .records import FireResult
 from .store import journal, outbox, resources, timers
+from .store.schema import HEADS_WHERE
 from .transaction import Within
 
 log = logging.getLogger(__name__)
@@ -524,10 +535,16 @@ class Worker:
             raise LostClaim(call.idempotency_key)
 
     def _mark(self, cursor: Any, call: EffectCall, status: str, error: str | None) -> None:
-        """Record the effect's outcome, if this worker still holds its claim."""
-        store = self.store
-        self._held(cursor, store.sql.finish_effect, call, new_status=status,
-                   now=store.time_param(self.engine.clock.now()), error=error)
+        """Record the effect's outcome, if this worker still holds its claim; a done effect
+        passes its resource's queue head to the next (a failed one keeps it: the effects
+        behind it wait for ``retry``)."""
+        sql = self.store.sql
+        self._held(cursor, sql.finish_effect, call, new_status=status,
+                   now=self.store.time_param(self.engine.clock.now()), error=error)
+        if status == DONE:
+            if sql.lock_resource_of_effect is not None:
+                cursor.execute(sql.lock_resource_of_effect, {"id_": call.id})
+            cursor.execute(sql.pass_head, {"id_": call.id})
 
     def _done(self, call: EffectCall, follow_up: FollowUp | None) -> None:
         if follow_up is None:
@@ -661,15 +678,16 @@ class _ClaimStatements:
 
 def _claim_statements(postgresql: bool, names: list[str]) -> _ClaimStatements:
     e = outbox.alias("e")
-    p = outbox.alias("p")
     now: Any = bindparam("now")
-    # effects of one resource run in order: not while an earlier one is unfinished
-    blocked = exists().where(p.c.resource_id == e.c.resource_id, p.c.id < e.c.id,
-                             p.c.status.in_([literal(s) for s in (PENDING, RUNNING, FAILED)]))
-    due = or_(and_(e.c.status == PENDING, e.c.next_attempt_at <= now),
-              and_(e.c.status == RUNNING, e.c.lease_until < now))
+    # effects of one resource run in order: only the head of its queue may run, and the
+    # claim walks the heads alone (a partial index), however many effects wait behind them
+    # (a running head was due when it was claimed: it is taken again once its lease ended)
+    due = and_(e.c.next_attempt_at <= now,
+               or_(e.c.status == literal_column(f"'{PENDING}'"), e.c.lease_until < now))
     # a worker claims only what it has handlers for: others may serve the rest
-    picked = (select(e.c.id).where(due, ~blocked, e.c.name.in_([literal(n) for n in names]))
+    picked = (select(e.c.id).where(text(HEADS_WHERE.replace("head", "e.head")
+                                        .replace("status", "e.status")), due,
+                                   e.c.name.in_([literal(n) for n in names]))
               .order_by(e.c.next_attempt_at, e.c.id).limit(bindparam("limit")))
     if postgresql:
         picked = picked.with_for_update(skip_locked=True, of=e)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import select
 
 from lifecycle import (
     Effect,
@@ -25,6 +26,7 @@ from lifecycle import (
     timer_records,
 )
 from lifecycle.files import atomic_write, verified_append
+from lifecycle.store import outbox
 
 CHAIN: dict[str, Any] = {
     "name": "chain",
@@ -453,3 +455,42 @@ def test_entry_effects_run_on_every_entry_and_on_creation(store: Store,
                      ("terminate", "p1", 4)]
     assert [e.idempotency_key for e in effect_records(engine)][1:3] == [
         "pilot:p1:3:0:note", "pilot:p1:3:1:terminate"]
+
+
+TOCK: dict[str, Any] = {
+    "name": "tock", "initial": "a", "states": ["a", "b"],
+    "transitions": [{"trigger": "tock", "source": "a", "dest": "b", "effects": ["e"]},
+                    {"trigger": "tock", "source": "b", "dest": "a", "effects": ["e"]}],
+}
+
+
+def _heads(store: Store) -> list[tuple[int, str]]:
+    with store.read() as db:
+        return [(r.id, r.status) for r in db.execute(
+            select(outbox.c.id, outbox.c.status).where(outbox.c.head == 1)).all()]
+
+
+def test_an_effect_asked_for_while_its_predecessor_is_recorded_done_can_run(
+        store: Store) -> None:
+    """The queue head passes from a finished effect to the next under the resource's lock:
+    a transition asking for an effect while the worker records its predecessor done waits
+    for that record, then finds nothing open and makes its effect the head (without the
+    lock, each would miss the other's uncommitted row, and the new effect would never
+    run)."""
+    engine = Engine(store, [TOCK], effects={"e": lambda c: None})
+    engine.create("tock", "t1")
+    engine.fire("t1", "tock")
+    [(first, _)] = _heads(store)
+    worker = Worker(engine)
+    [call] = worker._claim(1)
+    other = threading.Thread(target=engine.fire, args=("t1", "tock"))
+    with store.write() as cursor:
+        worker._mark(cursor, call, "done", None)  # recorded, not committed yet
+        other.start()
+        other.join(1.0)  # it waits for the lock (were there none, it would commit now)
+    other.join(60)
+    assert not other.is_alive()
+    [(second, status)] = _heads(store)
+    assert second > first and status == "pending"
+    assert Worker(engine).run_until_idle().done == 1
+    assert _heads(store) == []

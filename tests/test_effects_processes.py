@@ -13,7 +13,7 @@ import pytest
 from procs import machines
 from sqlalchemy import text
 
-from lifecycle import Engine, Store, effect_records, outbox_counts
+from lifecycle import Engine, Store, Worker, effect_records, outbox_counts
 
 RUN = [sys.executable, str(Path(__file__).parent / "procs" / "run_worker.py")]
 
@@ -155,3 +155,46 @@ def test_fast_shutdown_abandons_the_running_handler(sqlite_url: str, tmp_path: P
     [effect] = effect_records(engine)
     assert (effect.status, effect.attempts) == ("pending", 0)  # given back, not lost
     engine.store.dispose()
+
+
+def test_effects_asked_for_while_workers_finish_their_predecessors(postgres_url: str) -> None:
+    """Each resource's effects form a queue whose head alone may run. Transitions ask for new
+    effects on the very resources whose effects two worker processes are finishing: a new
+    effect must become the head when its predecessor is done, whichever commits first, or
+    it would wait for ever. At the end nothing is left, and every queue ran in order."""
+    store = Store(postgres_url, upgrade=True)
+    with store.begin() as db:
+        db.execute(text("CREATE TABLE effect_calls (n BIGSERIAL PRIMARY KEY, "
+                        "idempotency_key TEXT NOT NULL, effect_id BIGINT NOT NULL, "
+                        "resource TEXT NOT NULL, worker TEXT NOT NULL)"))
+    engine = Engine(store, [machines.TICKER], effects={"e0": lambda c: None,
+                                                       "e1": lambda c: None})
+    keys = [f"q{i:02d}" for i in range(40)]
+    for key in keys:
+        engine.create("ticker", key)
+        engine.fire(key, "tick")
+    workers = [subprocess.Popen([*RUN, "ticker", postgres_url, "effect_calls", f"w{i}"],
+                                stderr=subprocess.PIPE, text=True) for i in range(2)]
+    try:
+        for _ in range(15):  # while they work: more effects on the same resources
+            for key in keys:
+                engine.fire(key, "tick")
+    finally:
+        for worker in workers:
+            _, stderr = worker.communicate(timeout=300)
+            assert worker.returncode == 0, stderr
+    last = machines.ticker_engine(postgres_url, "effect_calls", "last")
+    Worker(last).run_until_idle()  # what came after the workers found the outbox empty
+    last.store.dispose()
+    assert outbox_counts(engine) == {"done": 40 * 16 * 2}, "an effect was never claimable"
+    with store.read() as db:
+        calls = db.execute(text("SELECT effect_id, resource FROM effect_calls ORDER BY n")).all()
+        heads = db.execute(text("SELECT count(*) FROM lifecycle_effects WHERE head = 1")).scalar()
+    assert heads == 0
+    assert len(calls) == len({c.effect_id for c in calls}) == 40 * 16 * 2
+    per_resource: dict[str, list[int]] = {}
+    for call in calls:
+        per_resource.setdefault(call.resource, []).append(call.effect_id)
+    for resource, order in per_resource.items():
+        assert order == sorted(order), f"{resource} ran out of order: {order}"
+    store.dispose()

@@ -9,7 +9,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, insert, literal_column, null, select, update
+from sqlalchemy import (
+    Connection,
+    bindparam,
+    case,
+    func,
+    insert,
+    literal_column,
+    null,
+    select,
+    update,
+)
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError, OperationalError
@@ -27,6 +37,7 @@ from .database import (
 from .schema import (
     CANCELLED,
     FIRED,
+    OPEN,
     PENDING,
     REFUSED,
     RUNNING,
@@ -283,13 +294,40 @@ class Statements:
                     observed_at=bindparam("observed_at_"))
         )
 
+    def _queue_heads(self) -> None:
+        """Each resource's effects form a queue; its head (the first open effect, marked
+        ``head = 1``) is the only one that may run. A transition that asks for effects makes
+        its first one the head if nothing is open; an effect done passes the head to the
+        next. Both run under the resource's row lock (the transition's compare-and-swap, or
+        ``lock_resource_of_effect``), so on PostgreSQL neither misses the other's rows."""
+        sql, f = self._sql, outbox.c
+        self.open_effect = sql(select(func.min(f.id)).where(
+            f.resource_id == bindparam("resource_id"),
+            f.status.in_([_constant(s) for s in OPEN])))
+        of_effect = select(outbox.c.resource_id).where(
+            outbox.c.id == bindparam("id_")).scalar_subquery()
+        self.lock_resource_of_effect = (
+            sql(select(resources.c.id).where(resources.c.id == of_effect).with_for_update())
+            if self.dialect.name == "postgresql" else None)
+        after = outbox.alias("after")
+        following = (select(func.min(after.c.id))
+                     .where(after.c.resource_id == of_effect,
+                            after.c.id > bindparam("id_"),
+                            after.c.status == _constant(PENDING))
+                     .scalar_subquery())
+        self.pass_head = sql(
+            update(outbox).where((f.id == bindparam("id_")) | (f.id == following))
+            .values(head=case((f.id == bindparam("id_"), null()), else_=literal_column("1"))))
+
     def _outbox(self) -> None:
         """Effects and timers asked for, and their outcomes."""
         sql = self._sql
         self.insert_effect = sql(insert(outbox).values(**{
             name: bindparam(name) for name in (
                 "resource_id", "seq", "position", "name", "args", "status", "attempts",
-                "next_attempt_at", "idempotency_key", "fence", "on_failure", "created_at")}))
+                "next_attempt_at", "idempotency_key", "fence", "on_failure", "created_at",
+                "head")}))
+        self._queue_heads()
         t = timers.c
         self.insert_timer = sql(insert(timers).values(**{
             name: bindparam(name) for name in (

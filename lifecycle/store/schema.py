@@ -22,6 +22,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
@@ -153,6 +154,13 @@ observations = Table(
 
 # The statuses of an effect's row (the outbox) and of a timer's: the one place they are named.
 PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
+OPEN = (PENDING, RUNNING, FAILED)
+"""The statuses of an effect that holds up the effects after it on its resource."""
+HEADS_WHERE = "head = 1 AND status IN ('pending', 'running')"
+"""The heads a worker may claim: the partial index the claim walks, and the terms the claim
+must repeat word for word for SQLite to use it."""
+HEAD_COMMENT = ("1 on the first open (pending, running or failed) effect of its resource, "
+                "the only one that may run; NULL on every other")
 FIRED, REFUSED, CANCELLED = "fired", "refused", "cancelled"
 
 outbox = Table(
@@ -181,8 +189,13 @@ outbox = Table(
            comment="the claim's end, renewed by its worker's heartbeat"),
     Column("created_at", UtcDateTime(), nullable=False),
     Column("finished_at", UtcDateTime()),
+    Column("head", Integer, comment=HEAD_COMMENT),
     Index(None, "status", "next_attempt_at"),
     Index(None, "resource_id", "status"),
+    # the claim walks the heads of the resources' queues in due order: its cost does not
+    # grow with the effects waiting behind them
+    Index("ix_lifecycle_effects_heads", "next_attempt_at", "id",
+          sqlite_where=text(HEADS_WHERE), postgresql_where=text(HEADS_WHERE)),
     comment="the transactional outbox: side effects of committed transitions",
 )
 
