@@ -609,6 +609,10 @@ class Engine:
                                      for effect in compiled.entry_effects.get(state, ())))
         store = self.store
         row, when = entry.row, store.time_param(entry.now)
+        head: int | None = None
+        if effects:  # the first is its resource's queue head when nothing else is open
+            cursor.execute(store.sql.open_effect, {"resource_id": row.id})
+            head = 1 if cursor.fetchone()[0] is None else None
         for position, effect in enumerate(effects):  # the outbox: one row per effect
             cursor.execute(store.sql.insert_effect, {
                 "resource_id": row.id, "seq": entry.seq, "position": position,
@@ -618,6 +622,7 @@ class Engine:
                                    f"{effect.name}",
                 "fence": store.json_param(entry.fence) if entry.fence else None,
                 "on_failure": effect.on_failure, "created_at": when,
+                "head": head if position == 0 else None,
             })
         if compiled.timeouts:
             self._set_timers(cursor, compiled, entry)
