@@ -11,7 +11,8 @@ from lifecycle import SimulatedClock
 from lifecycle.sim import simulations
 from lifecycle.sim.loop import EventLoop
 
-SMALL = {"drone-race": {"drones": 10, "hours": 0.5}, "job-exit-crash": {"jobs": 40}}
+SMALL = {"drone-race": {"drones": 10, "hours": 0.5}, "job-exit-crash": {"jobs": 40},
+         "scancel-flood": {"containers": 50}}
 
 
 def test_every_simulation_has_a_small_setting() -> None:

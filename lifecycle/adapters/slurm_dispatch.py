@@ -26,23 +26,26 @@ processes each has its own limits (run one dispatcher per cluster, as Arvados do
 
 - :class:`CommandPool`: at most ``max_in_flight`` commands of any kind at once; a command
   waits for a slot (at most its timeout).
-- :class:`ScancelRate`: at most ``per_second`` scancel invocations started in any one
-  second. It never makes a caller sleep: :meth:`ScancelRate.reserve` either grants a cancel
-  now or books it a slot later and says how long to wait, and the machine waits in a state
-  with a timer (``cancelling.throttled``), so no handler thread is held and the wait is in
-  the journal.
+- :class:`ScancelRate`: at most ``per_second`` scancel invocations started a second, one
+  tick of ``1 / per_second`` apart. A long wait is never slept in a handler thread:
+  :meth:`ScancelRate.reserve` books a cancel's ticks and says how long until its first,
+  and the machine waits that long in a state with a timer (``cancelling.throttled``), so
+  no thread is held and the wait is in the journal; each invocation then waits only for
+  its own tick (milliseconds) inside its slot.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import re
 import subprocess
 import threading
+import time
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..clock import Clock, SystemClock
@@ -140,21 +143,17 @@ class CommandPool:
             self._slots.release()
 
 
-@dataclass(slots=True)
-class _Grant:
-    at: float
-    count: int
-
-
 class ScancelRate:
-    """At most ``per_second`` scancel invocations started in any one-second window, granted
-    first come, first served.
+    """At most ``per_second`` scancel invocations started a second: each starts at least
+    ``1 / per_second`` after the one before (a ticker), first come, first served.
 
-    :meth:`reserve` grants ``count`` invocations (one cancel's three) at once when the last
-    second leaves room, and otherwise books them the earliest slot that does, after every
-    slot already booked, and returns the seconds until it. A caller that comes back for its
-    key at or after its slot gets it without a new booking. A cancel of more invocations
-    than ``per_second`` is granted alone in its second. ``per_second=None``: no limit."""
+    :meth:`reserve` books a cancel's invocations the next free ticks, after every tick
+    already booked, and says how long until its first: the machine waits that long in a
+    state with a timer (no thread is held), then asks again and is told 0. :meth:`turn`,
+    called for each invocation from inside its slot in the pool, says how long to wait
+    before starting it: until its booked tick, and at least one tick after the last
+    invocation started (a few milliseconds when the cancel was booked). Times are counted
+    in whole microseconds, so the spacing is exact. ``per_second=None``: no limit."""
 
     def __init__(self, per_second: float | None, clock: Clock | None = None) -> None:
         if per_second is not None and not per_second > 0:
@@ -162,39 +161,54 @@ class ScancelRate:
                              f"{per_second}")
         self.per_second = per_second
         self.clock = clock or SystemClock()
+        self.spacing = math.ceil(1_000_000 / per_second) if per_second else 0
         self._lock = threading.Lock()
-        self._grants: deque[_Grant] = deque()
-        self._booked: dict[str, float] = {}
+        self._next = -(2**62)
+        self._last = -(2**62)
+        self._booked: dict[str, deque[int]] = {}
+
+    def _now(self) -> int:
+        return round(self.clock.now().timestamp() * 1_000_000)
 
     def reserve(self, key: str, count: int = len(CANCEL_STEPS)) -> float:
-        """Seconds to wait before cancelling ``key``: 0.0 means go now (and is counted)."""
-        now = self.clock.now().timestamp()
-        if self.per_second is None:
+        """Seconds until ``key``'s cancel may begin (booking it if it is not yet booked);
+        0.0: begin now."""
+        if not self.spacing:
             return 0.0
+        now = self._now()
         with self._lock:
-            booked = self._booked.get(key)
-            if booked is not None:
-                if booked <= now:
-                    del self._booked[key]
-                    return 0.0
-                return booked - now
-            at = self._earliest(count, now)
-            self._grants.append(_Grant(at, count))
-            if at <= now:
-                return 0.0
-            self._booked[key] = at
-            return at - now
+            ticks = self._booked.get(key)
+            if not ticks:
+                self._forget_stale(now)
+                first = max(now, self._next)
+                ticks = deque(first + i * self.spacing for i in range(count))
+                self._booked[key] = ticks
+                self._next = first + count * self.spacing
+            return max(0, ticks[0] - now) / 1_000_000
 
-    def _earliest(self, count: int, now: float) -> float:
-        assert self.per_second is not None
-        at = max(now, self._grants[-1].at) if self._grants else now
-        while self._grants and self._grants[0].at + 1.0 <= at:
-            self._grants.popleft()  # out of every window from here on
-        while True:
-            window = [g for g in self._grants if g.at + 1.0 > at]
-            if not window or sum(g.count for g in window) + count <= self.per_second:
-                return at
-            at = window[0].at + 1.0  # when the oldest grant of the window drops out
+    def turn(self, key: str) -> float:
+        """Seconds to wait before starting the next scancel invocation for ``key``; the
+        invocation is counted as started then."""
+        if not self.spacing:
+            return 0.0
+        now = self._now()
+        with self._lock:
+            ticks = self._booked.get(key)
+            booked = ticks.popleft() if ticks else None
+            if ticks is not None and not ticks:
+                del self._booked[key]
+            at = max(now, self._last + self.spacing, booked if booked is not None else now)
+            if booked is None:
+                self._next = max(self._next, at + self.spacing)
+            self._last = at
+            return (at - now) / 1_000_000
+
+    def _forget_stale(self, now: int) -> None:
+        """Bookings whose cancel never came (its job left while it waited)."""
+        stale = [k for k, ticks in self._booked.items()
+                 if ticks and ticks[-1] < now - 60_000_000]
+        for key in stale:
+            del self._booked[key]
 
 
 @dataclass
@@ -219,6 +233,8 @@ class SlurmDispatch:
     scancels_per_second: float | None = 10.0
     clock: Clock = field(default_factory=SystemClock)
     runner: Runner = run_command
+    sleep: Callable[[float], None] = time.sleep
+    """How a scancel waits for its turn under the rate limit (a few milliseconds)."""
 
     def __post_init__(self) -> None:
         if bool(self.script) == (self.wrap is not None):
@@ -256,10 +272,8 @@ class SlurmDispatch:
         for step in CANCEL_STEPS:
             argv = [self.scancel, f"--name={name}", *step]
             ran += 1
-            with self._counting:
-                self.scancel_invocations += 1
             try:
-                done = self._run(argv)
+                done = self._run(argv, turn_of=name)
             except SiteError as exc:
                 return CancelOutcome(None, ran, str(exc))
             if done.returncode != 0:
@@ -272,11 +286,20 @@ class SlurmDispatch:
         if done.returncode != 0:
             raise self._failed(argv, done)
 
-    def _run(self, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+    def _run(self, argv: Sequence[str],
+             turn_of: str | None = None) -> subprocess.CompletedProcess[str]:
+        """Run a command in a slot of the pool; a scancel for ``turn_of`` also waits for
+        its turn under the rate limit."""
         full = [*self.command_prefix, *argv]
         env = {**os.environ, **self.environment} if self.environment else None
         shown = " ".join(full)
         with self.pool.slot(shown):
+            if turn_of is not None:
+                wait = self.rate.turn(turn_of)
+                if wait > 0:
+                    self.sleep(wait)
+                with self._counting:
+                    self.scancel_invocations += 1
             log.debug("running %s", shown)
             try:
                 return self.runner(full, self.timeout, env)

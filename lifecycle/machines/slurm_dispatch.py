@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -224,7 +225,8 @@ def effects(slurm: DispatchSlurm, *, timeout: float = 300.0) -> dict[str, Effect
     def scancel(call: EffectCall) -> FollowUp:
         wait = slurm.rate.reserve(call.key)
         if wait > 0:
-            return FollowUp("throttled", {"throttle_wait": round(wait, 6)})
+            # to the next whole microsecond (the clock's), so the timer is never early
+            return FollowUp("throttled", {"throttle_wait": math.ceil(wait * 1e6 + 1) / 1e6})
         outcome = slurm.cancel(call.key)
         failures = 0 if outcome.ok else int(call.data.get("scancel_failures", 0)) + 1
         if not outcome.ok:
@@ -398,14 +400,16 @@ class Dispatcher:
             report.refused += 1
 
     def _renice(self, watched: Sequence[Any], jobs: Mapping[str, QueueEntry]) -> int:
+        """Renice the jobs of containers yet to run or running whose niceness must change
+        for Slurm's order to follow the containers' priorities."""
         ours = []
         for r in watched:
-            job = jobs.get(r.key)
+            job = jobs.get(r.key) if r.state in ("submitted", "running") else None
             want = wanted_priority(int(r.data.get("priority", 0)), r.data.get("created_at"))
             if job is None or want == 0:
                 continue
             ours.append((job, want))
-            if job.state != "RUNNING" and job.priority <= LOW_PRIORITY:
+            if job.state == "PENDING" and job.priority <= LOW_PRIORITY:
                 self.log.warning("job %s has low priority %d, nice %d, state %s, reason %s",
                                  job.name, job.priority, job.nice, job.state, job.reason)
         ours.sort(key=lambda pair: (pair[1], pair[0].name), reverse=True)

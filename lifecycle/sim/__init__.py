@@ -11,9 +11,10 @@ from .simulation import Simulation
 
 def simulations() -> dict[str, Simulation]:
     """Every simulation, by name."""
-    from . import drone_race, job_exit_crash
+    from . import drone_race, job_exit_crash, scancel_flood
 
-    found: list[Simulation] = [drone_race.SIMULATION, job_exit_crash.SIMULATION]
+    found: list[Simulation] = [drone_race.SIMULATION, job_exit_crash.SIMULATION,
+                             scancel_flood.SIMULATION]
     return {s.name: s for s in found}
 
 

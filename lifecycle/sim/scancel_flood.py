@@ -1,0 +1,403 @@
+"""``lifecycle simulate scancel-flood``: many containers finish at once while Slurm takes a
+random time to clear their jobs, dispatched by Arvados' ``crunch-dispatch-slurm`` as it is
+and by the ``slurm_dispatch`` machine.
+
+The world, the same for both (drawn from the seed): each job lingers in squeue after its
+container finished for a random time (exponential, mean ``linger_mean``: COMPLETING, an
+epilog, a supervisor that is slow to exit) and leaves by itself then, or ``exit_time``
+(uniform) after the TERM of a ``scancel --batch --signal=TERM --state=running`` reached
+it, whichever comes first. Slurm's controller answers one command at a time, ``ctld_rate``
+a second, first come first served, so a command takes longer when many are queued before
+it. squeue is asked every ``poll_interval`` seconds, from a random phase.
+
+Before: Arvados' policy, read from its source (``services/crunch-dispatch-slurm``): when a
+container finishes, its goroutine cancels at once (delay A = 0) with the three scancels, at
+most 3 Slurm commands in flight across all containers and no other limit; then it waits for
+the next squeue poll, and if the job is still listed logs "still in squeue after scancel",
+sleeps 1 s and cancels again. The extra cancel the race between its two goroutines often
+adds once the job has left is not counted (in Arvados' favour).
+
+After: the ``slurm_dispatch`` machine, its engine, store, timers and worker, and its
+:class:`~lifecycle.machines.slurm_dispatch.Dispatcher` polling, with the rate limit of the
+real adapter (:class:`~lifecycle.adapters.slurm_dispatch.ScancelRate`) on the simulated
+clock. A command's wait for a slot in the pool of ``max_in_flight`` is modelled as the
+command starting later in simulated time (its handler returns at once here).
+
+Counted for both: scancel invocations, the most commands in flight at once, the most
+scancel invocations started in any one second, the longest a job lingered after its
+container finished, and "still in squeue" log lines (in all, and the most for one
+container).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import tempfile
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..adapters.slurm_dispatch import CANCEL_STEPS, CancelOutcome, QueueEntry, ScancelRate
+from ..clock import SimulatedClock
+from ..engine import Engine
+from ..machines import slurm_dispatch as machine
+from ..outbox import timer_records
+from ..store import Store
+from ..worker import Worker
+from .loop import EventLoop, Progress
+from .simulation import Simulation
+
+START = "2026-01-01T00:00:00Z"
+RUNNING_STEP = 1
+"""The index, in CANCEL_STEPS, of the scancel that sends TERM to a running job."""
+
+
+@dataclass
+class Job:
+    name: str
+    lingers: float
+    """When the job would leave squeue by itself (its container finished at 0)."""
+    exit_time: float
+    """How long it takes to leave once a TERM reached it."""
+    leaves_at: float = math.inf
+    termed_at: float | None = None
+    cancels: int = 0
+    log_lines: int = 0
+
+    def __post_init__(self) -> None:
+        self.leaves_at = self.lingers
+
+    def term(self, at: float) -> None:
+        if self.termed_at is None:
+            self.termed_at = at
+        self.leaves_at = min(self.leaves_at, at + self.exit_time)
+
+
+class SlurmModel:
+    """Slurm's controller, answering one command at a time (``ctld_rate`` a second, first
+    come first served), a pool of ``pool_size`` commands in flight (more wait for a slot, in
+    order), and the jobs; in the loop's simulated seconds."""
+
+    def __init__(self, loop: EventLoop, ctld_rate: float, pool_size: int,
+                 turn: Callable[[str], float] | None = None) -> None:
+        self.loop = loop
+        self.turn = turn
+        """The rate limit's wait before a scancel starts (None: no limit)."""
+        self.ctld_rate = ctld_rate
+        self.pool_size = pool_size
+        self.jobs: dict[str, Job] = {}
+        self.ctld_free = 0.0
+        self.busy = 0
+        self.most_in_flight = 0
+        self.queued: deque[tuple[str | None, Callable[[], None] | None]] = deque()
+        self.scancel_starts: list[float] = []
+
+    def command(self, scancel_of: str | None,
+                then: Callable[[], None] | None = None) -> None:
+        """Run a command (a scancel of ``scancel_of``'s job, or another) now, or when a slot
+        frees; ``then`` when it has ended."""
+        if self.busy < self.pool_size:
+            self._start(scancel_of, then)
+        else:
+            self.queued.append((scancel_of, then))
+
+    def _start(self, scancel_of: str | None, then: Callable[[], None] | None) -> None:
+        start = self.loop.elapsed
+        self.busy += 1
+        self.most_in_flight = max(self.most_in_flight, self.busy)
+        if scancel_of is not None:
+            if self.turn is not None:      # waits for its tick in its slot
+                start += self.turn(scancel_of)
+            self.scancel_starts.append(start)
+        end = max(start, self.ctld_free) + 1.0 / self.ctld_rate
+        self.ctld_free = end
+
+        def ended() -> None:
+            self.busy -= 1
+            if self.queued:
+                self._start(*self.queued.popleft())
+            if then is not None:
+                then()
+
+        self.loop.at(end, ended)
+
+    def cancel(self, name: str, done: Callable[[], None] | None = None) -> None:
+        """The three scancels, one after the other; ``done`` after the last."""
+        job = self.jobs[name]
+        job.cancels += 1
+
+        def step(i: int) -> None:
+            if i == RUNNING_STEP + 1:
+                job.term(self.loop.elapsed)       # the TERM reached the job's batch shell
+            if i == len(CANCEL_STEPS):
+                if done is not None:
+                    done()
+                return
+            self.command(name, lambda: step(i + 1))
+
+        step(0)
+
+    def listed(self, name: str) -> bool:
+        return self.jobs[name].leaves_at > self.loop.elapsed
+
+    def figures(self, bound: float) -> dict[str, Any]:
+        jobs = list(self.jobs.values())
+        return {
+            "scancel_invocations": len(self.scancel_starts),
+            "most_in_flight": self.most_in_flight,
+            "most_scancels_in_one_second": _most_in_a_second(self.scancel_starts),
+            "longest_linger": round(max((j.leaves_at for j in jobs), default=0.0), 3),
+            "lingered_past_bound": sum(1 for j in jobs
+                                       if j.leaves_at > bound + j.exit_time + 1e-9),
+            "containers_cancelled": sum(1 for j in jobs if j.cancels),
+            "still_in_squeue_lines": sum(j.log_lines for j in jobs),
+            "most_lines_for_one_container": max((j.log_lines for j in jobs), default=0),
+        }
+
+
+def _most_in_a_second(starts: Sequence[float]) -> int:
+    """The most starts in any window [t, t + 1 s) (in whole microseconds, as the clock)."""
+    ordered = sorted(round(at * 1_000_000) for at in starts)
+    most = first = 0
+    for last, at in enumerate(ordered):
+        while ordered[first] + 1_000_000 <= at:
+            first += 1
+        most = max(most, last - first + 1)
+    return most
+
+
+def draw_world(loop: EventLoop, options: dict[str, Any], names: Sequence[str],
+               pool_size: int) -> SlurmModel:
+    model = SlurmModel(loop, options["ctld_rate"], pool_size)
+    low, high = options["exit_time"]
+    for name in names:
+        model.jobs[name] = Job(name, loop.rng.expovariate(1.0 / options["linger_mean"]),
+                               loop.rng.uniform(low, high))
+    return model
+
+
+# -- before: Arvados' policy -------------------------------------------------------------------
+
+
+def before(seed: int, options: dict[str, Any]) -> dict[str, Any]:
+    clock = SimulatedClock(START)
+    loop = EventLoop(clock, seed)
+    names = [f"c{i:05d}" for i in range(1, options["containers"] + 1)]
+    model = draw_world(loop, options, names, 3)
+    phase = loop.rng.uniform(0, options["poll_interval"])
+    waiting: list[str] = []      # goroutines blocked in HasUUID until the next poll
+
+    def cancel(name: str) -> None:
+        model.cancel(name, lambda: waiting.append(name))
+
+    def poll() -> None:
+        for name in list(waiting):
+            waiting.remove(name)
+            if model.listed(name):
+                model.jobs[name].log_lines += 1     # "still in squeue after scancel"
+                loop.after(1.0, functools.partial(cancel, name))
+        if waiting or any(model.listed(n) for n in names) or model.busy:
+            loop.after(options["poll_interval"], poll)
+
+    for name in names:                              # all finish at once; delay A is 0
+        loop.at(0.0, functools.partial(cancel, name))
+    loop.at(phase, poll)
+    loop.run(options["limit"])
+    return model.figures(options["poll_interval"])          # Arvados' delay A is 0
+
+
+# -- after: the machine ----------------------------------------------------------------------
+
+
+class SimulatedSlurm:
+    """The machine's Slurm over the model, on the engine's simulated clock."""
+
+    def __init__(self, model: SlurmModel, loop: EventLoop, rate: ScancelRate) -> None:
+        self.model = model
+        self.loop = loop
+        self.rate = rate
+
+    def submit(self, name: str) -> None:
+        """A new job, which stays until cancelled."""
+        self.model.command(None)
+        self.model.jobs[name] = Job(name, math.inf, 1.0)
+
+    def queue(self) -> dict[str, QueueEntry]:
+        self.model.command(None)
+        return {name: QueueEntry(name, 10000, 1, "COMPLETING", "None")
+                for name in self.model.jobs if self.model.listed(name)}
+
+    def cancel(self, name: str) -> CancelOutcome:
+        self.model.cancel(name)
+        return CancelOutcome(0, len(CANCEL_STEPS))
+
+    def renice(self, name: str, nice: int) -> None:
+        self.model.command(None)
+
+
+class _Counter(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: dict[str, int] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "still in squeue" in record.msg:
+            key = str(record.args[0]) if isinstance(record.args, tuple) else "?"
+            self.lines[key] = self.lines.get(key, 0) + 1
+
+
+def after(seed: int, options: dict[str, Any], store: Store, prefix: str,
+          progress: Progress | None) -> dict[str, Any]:
+    clock = SimulatedClock(START)
+    loop = EventLoop(clock, seed)
+    keys = [f"{prefix}c{i:05d}" for i in range(1, options["containers"] + 1)]
+    model = draw_world(loop, options, keys, options["max_in_flight"])
+    phase = loop.rng.uniform(0, options["poll_interval"])
+    rate = ScancelRate(options["scancels_per_second"], clock)
+    model.turn = rate.turn
+    slurm = SimulatedSlurm(model, loop, rate)
+    engine = Engine(store, [machine.SPEC], guards=machine.GUARDS,
+                    effects=machine.effects(slurm), clock=clock)
+    worker = Worker(engine, seed=seed)
+    logger = logging.getLogger(f"{__name__}.after")
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    counter = _Counter()
+    logger.addHandler(counter)
+    settings = machine.Settings(delay_a=options["delay_a"], delay_b=options["delay_b"],
+                                poll_interval=options["poll_interval"],
+                                log_interval=options["log_interval"])
+    dispatcher = machine.Dispatcher(engine, slurm, settings, logger=logger)
+    woken: set[float] = set()
+
+    def work() -> None:
+        worker.run_until_idle()
+        pending = timer_records(engine, statuses=("pending",))
+        if pending:
+            due = (pending[0].due_at - loop.start).total_seconds()
+            if due > loop.elapsed and due not in woken:
+                woken.add(due)
+                loop.at(due, work)
+
+    def poll() -> None:
+        report = dispatcher.poll()
+        work()
+        if report.containers:
+            loop.after(options["poll_interval"], poll)
+
+    def finish() -> None:
+        for key in keys:
+            dispatcher.add(key, state="running")
+        for key in keys:
+            engine.fire(f"{machine.MACHINE}:{key}", "container_done",
+                        {"container_state": "Complete"}, actor="crunch-run")
+        work()
+
+    loop.at(0.0, finish)
+    loop.at(phase, poll)
+    try:
+        loop.run(options["limit"], progress)
+    finally:
+        logger.removeHandler(counter)
+    for key, lines in counter.lines.items():
+        model.jobs[key].log_lines = lines
+    figures = model.figures(bound(options))
+    figures["log_lines_left_out"] = dispatcher.still_in_squeue.suppressed
+    figures["left_in_squeue"] = sum(1 for k in keys if model.listed(k))
+    gone = engine.resources(machine.MACHINE, state="gone")
+    figures["containers_gone"] = sum(1 for r in gone if r.key in model.jobs)
+    figures["longest_wait_for_a_scancel_slot"] = round(max(
+        (float(r.data.get("throttle_wait", 0.0)) for r in engine.resources(machine.MACHINE)
+         if r.key in model.jobs), default=0.0), 3)
+    cancelled = [k for k in keys if model.jobs[k].cancels]
+    figures["example"] = cancelled[0] if cancelled else (keys[0] if keys else None)
+    return figures
+
+
+DEFAULTS: dict[str, Any] = {
+    "containers": 1000, "linger_mean": 8.0, "exit_time": (2.0, 20.0), "ctld_rate": 200.0,
+    "poll_interval": 10.0, "delay_a": 10.0, "delay_b": 10.0, "scancels_per_second": 20.0,
+    "max_in_flight": 3, "log_interval": 60.0, "limit": 3600.0,
+}
+
+
+def simulate(*, seed: int = 1, progress: Progress | None = None, store: Store | None = None,
+             prefix: str = "", **changes: Any) -> dict[str, Any]:
+    """Both policies on one world; the machine's on ``store`` (default: a temporary one)."""
+    options = {**DEFAULTS, **{k: v for k, v in changes.items() if v is not None}}
+    started = time.perf_counter()
+    old = before(seed, options)
+    with tempfile.TemporaryDirectory(prefix="lifecycle-scancel-flood-") as directory:
+        target = store or Store(f"sqlite:///{Path(directory) / 'run.db'}", upgrade=True)
+        try:
+            new = after(seed, options, target, prefix, progress)
+        finally:
+            if store is None:
+                target.dispose()
+    example = new.pop("example")
+    report: dict[str, Any] = {
+        "simulation": "scancel-flood", "seed": seed,
+        "options": {k: list(v) if isinstance(v, tuple) else v for k, v in options.items()},
+        "before": old, "after": new,
+        "goal": {"scancels_per_second": options["scancels_per_second"],
+                 "in_flight": options["max_in_flight"],
+                 "linger": f"delay A + one poll + its exit time = {bound(options):g} s "
+                           "+ its exit time"},
+        "timing": {"seconds": round(time.perf_counter() - started, 2)},
+        "hints": [f"lifecycle history slurm_dispatch:{example}   a container whose job "
+                  "lingered past delay A: the squeue each scancel rested on, and the "
+                  "delays"] if example else [],
+    }
+    report["measures"] = [
+        {"what": "scancel invocations", "before": old["scancel_invocations"],
+         "after": new["scancel_invocations"]},
+        {"what": "most scancels started in one second",
+         "before": old["most_scancels_in_one_second"],
+         "after": new["most_scancels_in_one_second"]},
+        {"what": "most Slurm commands in flight", "before": old["most_in_flight"],
+         "after": new["most_in_flight"]},
+        {"what": "longest linger after finishing (s)", "before": _seconds(
+            old["longest_linger"]), "after": _seconds(new["longest_linger"])},
+        {"what": "jobs lingering past delay A + a poll + their exit time",
+         "before": old["lingered_past_bound"], "after": new["lingered_past_bound"]},
+        {"what": '"still in squeue" log lines', "before": old["still_in_squeue_lines"],
+         "after": new["still_in_squeue_lines"]},
+    ]
+    return report
+
+
+def bound(options: Mapping[str, Any]) -> float:
+    """What a job may linger beyond its own exit time: delay A and one poll."""
+    return float(options["delay_a"] + options["poll_interval"])
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.1f}" if math.isfinite(value) else str(value)
+
+
+SIMULATION = Simulation(
+    name="scancel-flood",
+    summary="Arvados dispatching containers that finish together: the scancel loop",
+    run=simulate,
+    options={
+        "containers": (int, DEFAULTS["containers"], "containers finishing at once"),
+        "linger_mean": (float, DEFAULTS["linger_mean"],
+                        "mean seconds a job lingers in squeue by itself"),
+        "ctld_rate": (float, DEFAULTS["ctld_rate"], "commands slurmctld answers a second"),
+        "poll_interval": (float, DEFAULTS["poll_interval"], "seconds between squeue polls"),
+        "delay_a": (float, DEFAULTS["delay_a"], "the machine's delay A, seconds"),
+        "delay_b": (float, DEFAULTS["delay_b"], "the machine's delay B, seconds"),
+        "scancels_per_second": (float, DEFAULTS["scancels_per_second"],
+                                "the machine's scancel rate limit R"),
+        "max_in_flight": (int, DEFAULTS["max_in_flight"],
+                          "the machine's pool P of Slurm commands in flight"),
+        "log_interval": (float, DEFAULTS["log_interval"],
+                         "seconds between repeats of a container's \"still in squeue\""),
+    },
+    demo={"containers": 200},
+)

@@ -1,0 +1,643 @@
+"""The slurm_dispatch machine: its cancel path on a simulated clock (delay A, delay B and its
+backoff, the freshness rule, the log throttle), the limits under a thousand simultaneous
+finishes, the adapter's parsing, and the whole path on a real single-node Slurm (see
+tests/slurm_cluster.py; skipped without the Slurm binaries or root, unless
+LIFECYCLE_REQUIRE_SLURM=1)."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lifecycle import Engine, SimulatedClock, Store, Worker
+from lifecycle.adapters.slurm import run_command
+from lifecycle.adapters.slurm_dispatch import (
+    CANCEL_STEPS,
+    CancelOutcome,
+    QueueEntry,
+    ScancelRate,
+    SlurmDispatch,
+    parse_squeue,
+)
+from lifecycle.errors import SiteError
+from lifecycle.machines import slurm_dispatch as sd
+from lifecycle.sim import scancel_flood
+
+START = "2026-01-01T00:00:00Z"
+REQUIRE_SLURM = os.environ.get("LIFECYCLE_REQUIRE_SLURM") == "1"
+
+
+# -- a Slurm in memory, on the simulated clock ------------------------------------------------
+
+
+@dataclass
+class FakeSlurm:
+    """Jobs listed while ``listed`` holds them; records each cancel with its time."""
+
+    clock: SimulatedClock
+    listed: dict[str, str] = field(default_factory=dict)
+    cancels: list[tuple[str, float]] = field(default_factory=list)
+    exit_codes: list[int] = field(default_factory=list)
+    renices: list[tuple[str, int]] = field(default_factory=list)
+    before_answer: Callable[[], None] | None = None
+    entries: dict[str, QueueEntry] = field(default_factory=dict)
+    per_second: float | None = None
+
+    def __post_init__(self) -> None:
+        self.rate = ScancelRate(self.per_second, self.clock)
+        self.start = self.clock.now()
+
+    def elapsed(self) -> float:
+        return (self.clock.now() - self.start).total_seconds()
+
+    def submit(self, name: str) -> None:
+        self.listed[name] = "PENDING"
+
+    def queue(self) -> dict[str, QueueEntry]:
+        answer = {n: self.entries.get(n, QueueEntry(n, 10000, 1, s, "None"))
+                  for n, s in self.listed.items()}
+        if self.before_answer is not None:
+            self.before_answer()
+        return answer
+
+    def cancel(self, name: str) -> CancelOutcome:
+        self.cancels.append((name, self.elapsed()))
+        code = self.exit_codes.pop(0) if self.exit_codes else 0
+        return CancelOutcome(code, len(CANCEL_STEPS) if code == 0 else 1, f"exit {code}")
+
+    def renice(self, name: str, nice: int) -> None:
+        self.renices.append((name, nice))
+
+
+@pytest.fixture
+def sqlite_store(tmp_path: Path) -> Iterator[Store]:
+    store = Store(f"sqlite:///{tmp_path / 'dispatch.db'}", upgrade=True)
+    yield store
+    store.dispose()
+
+
+def machine(store: Store, settings: sd.Settings, **fake: Any) -> tuple[
+        Engine, Worker, sd.Dispatcher, FakeSlurm, SimulatedClock]:
+    clock = SimulatedClock(START)
+    slurm = FakeSlurm(clock, **fake)
+    engine = Engine(store, [sd.SPEC], guards=sd.GUARDS, effects=sd.effects(slurm), clock=clock)
+    return engine, Worker(engine), sd.Dispatcher(engine, slurm, settings), slurm, clock
+
+
+def tick(clock: SimulatedClock, worker: Worker, dispatcher: sd.Dispatcher, seconds: float,
+         *, poll_every: float) -> None:
+    """``seconds`` of simulated time in steps of 0.5 s: timers and effects at each step, a
+    poll at every multiple of ``poll_every`` seconds since the start."""
+    start = SimulatedClock(START).now()
+    per_poll = round(poll_every / 0.5)
+    for _ in range(round(seconds / 0.5)):
+        clock.advance(0.5)
+        worker.run_until_idle()
+        if round((clock.now() - start).total_seconds() / 0.5) % per_poll == 0:
+            dispatcher.poll()
+            worker.run_until_idle()
+
+
+# -- the cancel path on a simulated clock -----------------------------------------------------
+
+
+def test_delay_a_then_scancel_on_the_next_poll_then_delay_b(sqlite_store: Store) -> None:
+    settings = sd.Settings(delay_a=20.0, delay_b=15.0, poll_interval=5.0)
+    engine, worker, dispatcher, slurm, clock = machine(sqlite_store, settings)
+    dispatcher.add("c1", state="running")
+    slurm.listed["c1"] = "COMPLETING"            # the job lingers after the container ends
+    engine.fire("slurm_dispatch:c1", "container_done", {"container_state": "Complete"})
+    tick(clock, worker, dispatcher, 19.5, poll_every=5.0)
+    assert slurm.cancels == []                   # polls at 5, 10, 15 s: within delay A
+    assert engine.get("c1").state == "finished"
+    tick(clock, worker, dispatcher, 40.5, poll_every=5.0)
+    # delay A ends at 20 s, the poll at 20 s scancels; delay B (15 s) ends at 35 s, the next
+    # poll at 35 s scancels again; then at 50 s
+    assert [at for _, at in slurm.cancels] == [20.0, 35.0, 50.0]
+    assert engine.get("c1").data["scancels"] == 3
+    del slurm.listed["c1"]
+    tick(clock, worker, dispatcher, 5.0, poll_every=5.0)
+    assert engine.get("c1").state == "gone"
+    assert len(slurm.cancels) == 3
+
+
+def test_a_failed_scancel_backs_off_exponentially_to_the_cap(sqlite_store: Store) -> None:
+    settings = sd.Settings(delay_a=0.0, delay_b=5.0, error_delay=10.0, error_cap=40.0,
+                           poll_interval=0.5)
+    engine, worker, dispatcher, slurm, clock = machine(
+        sqlite_store, settings, exit_codes=[1, 1, 1, 1, 1, 0])
+    dispatcher.add("c1", state="running")
+    slurm.listed["c1"] = "RUNNING"
+    engine.fire("slurm_dispatch:c1", "container_done")
+    tick(clock, worker, dispatcher, 200.0, poll_every=0.5)
+    times = [at for _, at in slurm.cancels]
+    gaps = [round(b - a, 1) for a, b in itertools.pairwise(times)]
+    # after each failure 10, 20, 40, 40 (the cap), 40 s; after the good one 5 s again
+    assert gaps[:6] == [10.0, 20.0, 40.0, 40.0, 40.0, 5.0]
+    assert engine.get("c1").data["scancel_failures"] == 0
+
+
+def test_api_cancel_is_at_once_without_delay_a(sqlite_store: Store) -> None:
+    _engine, worker, dispatcher, slurm, _clock = machine(sqlite_store,
+                                                       sd.Settings(delay_a=60.0))
+    dispatcher.add("c1", state="running", priority=5)
+    slurm.listed["c1"] = "RUNNING"
+    dispatcher.set_priority("c1", 0)             # priority 0 in the API: cancel
+    worker.run_until_idle()
+    assert slurm.cancels == [("c1", 0.0)]
+
+
+def test_no_scancel_rests_on_an_squeue_asked_before_the_last_transition(
+        sqlite_store: Store) -> None:
+    settings = sd.Settings(delay_a=0.0, delay_b=0.5, poll_interval=1.0)
+    engine, worker, dispatcher, slurm, clock = machine(sqlite_store, settings)
+    dispatcher.add("c1", state="running")
+    slurm.listed["c1"] = "COMPLETING"
+    engine.fire("slurm_dispatch:c1", "container_done")
+    worker.run_until_idle()                      # delay A 0: due at once
+    clock.advance(1)
+    dispatcher.poll()                            # the first scancel, at 1 s
+    worker.run_until_idle()
+    assert [at for _, at in slurm.cancels] == [1.0]
+    clock.advance(0.2)
+
+    def delay_b_ends_meanwhile() -> None:
+        # squeue was asked at 1.2 s and answers at 1.7 s: delay B ended at 1.5 s
+        clock.advance(0.5)
+        worker.run_until_idle()
+        assert engine.get("c1").state == "cancelling.due"
+
+    slurm.before_answer = delay_b_ends_meanwhile
+    report = dispatcher.poll()
+    worker.run_until_idle()
+    assert report.refused == 1
+    assert len(slurm.cancels) == 1               # not on an squeue older than the move
+    refusal = [e for e in engine.history("c1") if e.kind == "refusal"][-1]
+    assert refusal.source == "cancelling.due"
+    slurm.before_answer = None
+    clock.advance(1)
+    dispatcher.poll()                            # an squeue made after it: scancel
+    worker.run_until_idle()
+    assert [at for _, at in slurm.cancels] == [1.0, 2.7]
+
+
+def test_a_job_that_left_during_delay_a_is_never_scancelled(sqlite_store: Store) -> None:
+    engine, worker, dispatcher, slurm, clock = machine(sqlite_store,
+                                                       sd.Settings(delay_a=10.0))
+    dispatcher.add("c1", state="running")
+    slurm.listed["c1"] = "COMPLETING"
+    engine.fire("slurm_dispatch:c1", "container_done")
+    tick(clock, worker, dispatcher, 5.0, poll_every=5.0)
+    del slurm.listed["c1"]
+    tick(clock, worker, dispatcher, 30.0, poll_every=5.0)
+    assert engine.get("c1").state == "gone"
+    assert slurm.cancels == []
+
+
+def test_job_gone_before_its_container_started_unlocks_it(sqlite_store: Store) -> None:
+    engine, worker, dispatcher, slurm, clock = machine(sqlite_store, sd.Settings())
+    dispatcher.add("c1")
+    engine.fire("slurm_dispatch:c1", "lock")
+    worker.run_until_idle()                      # sbatch
+    assert engine.get("c1").state == "submitted" and "c1" in slurm.listed
+    clock.advance(1)
+    dispatcher.poll()
+    assert engine.get("c1").state == "submitted"
+    del slurm.listed["c1"]
+    clock.advance(1)
+    dispatcher.poll()
+    assert engine.get("c1").state == "queued"
+
+
+# -- the log throttle -------------------------------------------------------------------------
+
+
+def test_still_in_squeue_is_logged_once_then_once_per_interval_with_a_count(
+        sqlite_store: Store, caplog: pytest.LogCaptureFixture) -> None:
+    settings = sd.Settings(delay_a=0.0, delay_b=1.0, poll_interval=1.0, log_interval=30.0)
+    engine, worker, dispatcher, slurm, clock = machine(sqlite_store, settings)
+    for key in ("c1", "c2"):
+        dispatcher.add(key, state="running")
+        slurm.listed[key] = "RUNNING"
+        engine.fire(f"slurm_dispatch:{key}", "container_done")
+    with caplog.at_level(logging.INFO, logger="lifecycle.machines.slurm_dispatch"):
+        tick(clock, worker, dispatcher, 75.0, poll_every=1.0)
+    lines = [r.getMessage() for r in caplog.records if "still in squeue" in r.getMessage()]
+    for key in ("c1", "c2"):
+        mine = [line for line in lines if line.startswith(f"container {key} ")]
+        # the first, then one at 30 s and one at 60 s after it, each with the count left out
+        assert len(mine) == 3, mine
+        assert "left out" not in mine[0]
+        counts = [int(line.split("; ")[1].split()[0]) for line in mine[1:]]
+        assert all(count > 0 for count in counts)
+        assert counts == [29, 29]               # a poll a second, one line per 30 s
+    # and those held back since the last line, to be counted in the next
+    reported = sum(int(line.split("; ")[1].split()[0]) for line in lines if "left out" in line)
+    assert 0 < dispatcher.still_in_squeue.suppressed - reported <= 2 * 30
+    assert len(slurm.cancels) > 20               # the scancels go on; only the log is quiet
+
+
+def test_log_throttle_counts_what_it_holds_back() -> None:
+    clock = SimulatedClock(START)
+    throttle = sd.LogThrottle(10.0, clock)
+    assert throttle.allow("a") == 0
+    assert throttle.allow("a") is None
+    assert throttle.allow("b") == 0              # per key
+    clock.advance(9.9)
+    assert throttle.allow("a") is None
+    clock.advance(0.1)
+    assert throttle.allow("a") == 2
+    throttle.forget("a")
+    assert throttle.allow("a") == 0
+
+
+# -- priorities -------------------------------------------------------------------------------
+
+
+def test_wanted_priority_orders_by_priority_then_age() -> None:
+    old = sd.wanted_priority(500, "2026-01-01T00:00:00+00:00")
+    new = sd.wanted_priority(500, "2026-01-02T00:00:00+00:00")
+    higher = sd.wanted_priority(501, "2026-01-02T00:00:00+00:00")
+    assert higher > old > new > 0
+    assert sd.wanted_priority(5000, None) == 5000
+    assert sd.wanted_priority(0, None) == 0
+
+
+def test_renice_only_the_jobs_whose_niceness_must_change(sqlite_store: Store) -> None:
+    _engine, _worker, dispatcher, slurm, _clock = machine(sqlite_store, sd.Settings())
+    for key, priority in (("a", 900), ("b", 100), ("c", 500)):
+        dispatcher.add(key, state="running", priority=priority,
+                       created_at="2026-01-01T00:00:00+00:00")
+        slurm.listed[key] = "PENDING"
+    # Slurm's priority is its base less the niceness (10000 at submission)
+    slurm.entries = {k: QueueEntry(k, 10000, 4_000_000 - 10000, "PENDING", "Priority")
+                     for k in ("a", "b", "c")}
+    dispatcher.poll()
+    # a (the highest) gets nice 0; c and b below it, in that order
+    assert dict(slurm.renices) == {"a": 0, "c": 10, "b": 20}
+    slurm.renices.clear()
+    slurm.entries = {"a": QueueEntry("a", 0, 4_000_000, "PENDING", "Priority"),
+                     "c": QueueEntry("c", 10, 3_999_990, "PENDING", "Priority"),
+                     "b": QueueEntry("b", 20, 3_999_980, "PENDING", "Priority")}
+    dispatcher.poll()
+    assert slurm.renices == []                   # in order already: nothing to do
+    dispatcher.set_priority("b", 1000)           # now b comes first, the others follow
+    dispatcher.poll()
+    assert dict(slurm.renices) == {"b": 0, "a": 10, "c": 20}
+
+
+# -- the limits ---------------------------------------------------------------------------
+
+
+def _most_in_one_second(starts: Sequence[float]) -> int:
+    ordered = sorted(round(s * 1_000_000) for s in starts)
+    most = first = 0
+    for last, at in enumerate(ordered):
+        while ordered[first] + 1_000_000 <= at:
+            first += 1
+        most = max(most, last - first + 1)
+    return most
+
+
+def test_rate_limit_books_a_thousand_cancels_in_order_at_most_r_a_second() -> None:
+    clock = SimulatedClock(START)
+    rate = ScancelRate(20, clock)
+    keys = [f"c{i}" for i in range(1000)]
+    waits = {key: rate.reserve(key) for key in keys}   # a thousand finish at once
+    assert waits["c0"] == 0.0
+    assert [waits[k] for k in keys] == sorted(waits[k] for k in keys)
+    assert waits["c999"] == pytest.approx(999 * 3 / 20)
+    assert rate.reserve("c5") == waits["c5"]          # asking again books nothing new
+    starts: list[float] = []
+    for key in sorted(keys, key=waits.__getitem__):
+        now = (clock.now() - SimulatedClock(START).now()).total_seconds()
+        clock.advance(max(0.0, waits[key] - now))
+        assert rate.reserve(key) == 0.0               # its slot has come
+        for _ in CANCEL_STEPS:
+            wait = rate.turn(key)
+            clock.advance(wait)
+            starts.append((clock.now() - SimulatedClock(START).now()).total_seconds())
+    assert len(starts) == 3000
+    assert _most_in_one_second(starts) == 20
+
+
+def test_an_unlimited_rate_never_waits() -> None:
+    rate = ScancelRate(None, SimulatedClock(START))
+    assert [rate.reserve(f"c{i}") for i in range(100)] == [0.0] * 100
+    assert rate.turn("c1") == 0.0
+
+
+def test_pool_holds_at_most_p_commands_for_a_thousand_threads() -> None:
+    size, cancels = 4, 1000
+    total = cancels * len(CANCEL_STEPS)
+    state = {"in_flight": 0, "most": 0, "started": 0, "finished": 0}
+    lock = threading.Condition()
+
+    def runner(argv: Sequence[str], timeout: float,
+               env: Mapping[str, str] | None) -> subprocess.CompletedProcess[str]:
+        with lock:
+            state["in_flight"] += 1
+            state["started"] += 1
+            state["most"] = max(state["most"], state["in_flight"])
+            lock.notify_all()
+            # hold the slot until the pool is full, or every cancel not yet finished
+            # is in here (nothing more can come)
+            lock.wait_for(lambda: state["in_flight"] >= min(size,
+                                                            cancels - state["finished"]),
+                          timeout=60)
+            state["in_flight"] -= 1
+            lock.notify_all()
+        return subprocess.CompletedProcess(list(argv), 0, "", "")
+
+    slurm = SlurmDispatch(wrap="true", max_in_flight=size, scancels_per_second=None,
+                          runner=runner, timeout=120)
+    outcomes: list[CancelOutcome] = []
+
+    def cancel(name: str) -> None:
+        outcomes.append(slurm.cancel(name))
+        with lock:
+            state["finished"] += 1
+            lock.notify_all()
+
+    threads = [threading.Thread(target=cancel, args=(f"c{i}",)) for i in range(cancels)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert len(outcomes) == cancels and all(o.ok for o in outcomes)
+    assert state["started"] == total == slurm.scancel_invocations
+    assert state["most"] == size == slurm.pool.most_in_flight
+
+
+def test_a_thousand_finishes_at_once_within_the_limits() -> None:
+    """The machine, its worker and its poll against the simulated Slurm of the
+    simulation: a thousand containers finish together, most of their jobs linger."""
+    report = scancel_flood.simulate(seed=3, containers=1000, linger_mean=30.0,
+                                    scancels_per_second=25.0, max_in_flight=2,
+                                    log_interval=3600.0)
+    after, before = report["after"], report["before"]
+    assert after["containers_cancelled"] > 200   # the limits were put to work
+    assert after["most_scancels_in_one_second"] <= 25
+    assert after["most_in_flight"] <= 2
+    assert after["containers_gone"] == 1000 and after["left_in_squeue"] == 0
+    assert after["most_lines_for_one_container"] <= 1
+    assert after["scancel_invocations"] < before["scancel_invocations"]
+    assert before["most_scancels_in_one_second"] > 25   # Arvados has no rate limit
+
+
+def test_simulation_is_reproducible() -> None:
+    first = scancel_flood.simulate(seed=5, containers=50)
+    second = scancel_flood.simulate(seed=5, containers=50)
+    for report in (first, second):
+        report.pop("timing")
+    assert first == second
+
+
+# -- the adapter ------------------------------------------------------------------------------
+
+
+def test_squeue_is_read_line_by_line_and_a_bad_line_is_skipped(
+        caplog: pytest.LogCaptureFixture) -> None:
+    out = ("zzzzz-dz642-000000000000001 10000 4294901760 PENDING Resources\n"
+           "zzzzz-dz642-000000000000002 0 4294991760 RUNNING None\n"
+           "garbage\n"
+           "zzzzz-dz642-000000000000003 ten 1 PENDING None\n"
+           "\n"
+           "zzzzz-dz642-000000000000004 5 100 PENDING launch failed requeued held\n")
+    with caplog.at_level(logging.WARNING):
+        jobs = parse_squeue(out)
+    assert sorted(jobs) == ["zzzzz-dz642-000000000000001", "zzzzz-dz642-000000000000002",
+                            "zzzzz-dz642-000000000000004"]
+    assert jobs["zzzzz-dz642-000000000000001"] == QueueEntry(
+        "zzzzz-dz642-000000000000001", 10000, 4294901760, "PENDING", "Resources")
+    assert jobs["zzzzz-dz642-000000000000004"].reason == "launch failed requeued held"
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 2 and "line 3" in warned[0] and "line 4" in warned[1]
+
+
+def test_a_failed_squeue_moves_nobody(sqlite_store: Store) -> None:
+    engine, _worker, dispatcher, slurm, _clock = machine(sqlite_store, sd.Settings())
+    dispatcher.add("c1", state="running")
+
+    def down() -> dict[str, QueueEntry]:
+        raise SiteError("squeue: slurmctld is down")
+
+    slurm.queue = down  # type: ignore[method-assign]
+    report = dispatcher.poll()
+    assert report.error and engine.get("c1").state == "running"
+    assert engine.observations("c1") == []
+
+
+def test_the_cancel_stops_at_the_first_failing_step() -> None:
+    calls: list[list[str]] = []
+
+    def runner(argv: Sequence[str], timeout: float,
+               env: Mapping[str, str] | None) -> subprocess.CompletedProcess[str]:
+        calls.append(list(argv))
+        code = 1 if "--state=running" in argv else 0
+        return subprocess.CompletedProcess(list(argv), code, "", "scancel: error: boom")
+
+    slurm = SlurmDispatch(wrap="true", runner=runner, scancels_per_second=None)
+    outcome = slurm.cancel("c1")
+    assert (outcome.exit, outcome.invocations) == (1, 2) and "boom" in outcome.detail
+    assert calls == [["scancel", "--name=c1", "--state=pending"],
+                     ["scancel", "--name=c1", "--batch", "--signal=TERM", "--state=running"]]
+
+
+# -- on a real Slurm --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    from slurm_cluster import missing_binaries, start_cluster
+
+    problem = None
+    missing = missing_binaries()
+    if missing:
+        problem = f"Slurm binaries missing: {', '.join(missing)}"
+    elif os.geteuid() != 0:
+        problem = "starting slurmctld/slurmd needs root"
+    if problem:
+        if REQUIRE_SLURM:
+            pytest.fail(f"LIFECYCLE_REQUIRE_SLURM=1 but {problem}")
+        pytest.skip(problem)
+    cluster = start_cluster()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    def __call__(self, argv: Sequence[str], timeout: float,
+                 env: Mapping[str, str] | None) -> subprocess.CompletedProcess[str]:
+        self.calls.append(list(argv))
+        return run_command(argv, timeout, env)
+
+    def scancels(self, name: str) -> list[list[str]]:
+        return [c[2:] for c in self.calls if c[0] == "scancel" and c[1] == f"--name={name}"]
+
+
+@dataclass
+class Live:
+    engine: Engine
+    worker: Worker
+    dispatcher: sd.Dispatcher
+    slurm: SlurmDispatch
+    recorder: Recorder
+    cluster: Any
+
+    def until(self, key: str, done: Callable[[Any], bool], timeout: float = 60) -> Any:
+        """Poll and work (each a few milliseconds on this cluster) until ``done(resource)``;
+        a generous deadline only against a hang."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.dispatcher.poll()
+            self.worker.run_until_idle()
+            resource = self.engine.get(key)
+            if done(resource):
+                return resource
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{key} is {resource.state} after {timeout} s\n"
+                                     f"{self.cluster.log_tail()}")
+            time.sleep(0.05)
+
+
+@pytest.fixture
+def live(cluster: Any, tmp_path: Path) -> Iterator[Callable[..., Live]]:
+    def make(script: str, settings: sd.Settings) -> Live:
+        recorder = Recorder()
+        out = cluster.directory / "log"
+        slurm = SlurmDispatch(
+            wrap=script, sbatch_options=[f"--chdir={cluster.directory}",
+                                         f"--output={out}/job-%j.out"],
+            environment={"SLURM_CONF": str(cluster.conf)}, runner=recorder, timeout=20)
+        store = Store(f"sqlite:///{tmp_path / 'live.db'}", upgrade=True)
+        stores.append(store)
+        engine = Engine(store, [sd.SPEC], guards=sd.GUARDS, effects=sd.effects(slurm))
+        return Live(engine, Worker(engine), sd.Dispatcher(engine, slurm, settings), slurm,
+                    recorder, cluster)
+
+    stores: list[Store] = []
+    yield make
+    for store in stores:
+        store.dispose()
+
+
+def _name() -> str:
+    return f"zzzzz-dz642-{uuid.uuid4().hex[:15]}"
+
+
+def _job_id(cluster: Any, name: str) -> str:
+    return str(cluster.run("squeue", "-h", "-t", "all", "-o", "%A", f"--name={name}").strip())
+
+
+def test_real_slurm_submit_run_finish_linger_cancel_gone(live: Callable[..., Live]) -> None:
+    box = live("exec sleep 300", sd.Settings(delay_a=0.5, delay_b=0.5, poll_interval=0.1))
+    name = _name()
+    key = f"slurm_dispatch:{name}"
+    box.dispatcher.add(name)
+    box.engine.fire(key, "lock")
+    box.worker.run_until_idle()                               # sbatch
+    assert box.engine.get(key).state == "submitted"
+    job = _job_id(box.cluster, name)
+    box.cluster.wait_for_state(job, "RUNNING")
+    box.engine.fire(key, "started")
+    box.until(key, lambda r: r.observation is not None
+              and r.observation.status.get("state") == "RUNNING")
+    # the container reports Complete; its job lingers (still running)
+    box.engine.fire(key, "container_done", {"container_state": "Complete"})
+    gone = box.until(key, lambda r: r.state == "gone")
+    assert gone.data["scancels"] >= 1
+    assert box.recorder.scancels(name)[:3] == [list(s) for s in CANCEL_STEPS]
+    assert box.cluster.wait_for_state(job, "CANCELLED", "FAILED", "COMPLETED")
+    path = [e.dest for e in box.engine.history(key) if e.kind == "transition"]
+    assert path[:7] == ["locked", "submitted", "running", "finished", "cancelling.due",
+                        "cancelling.scancelling", "cancelling.waiting"]
+    assert path[-1] == "gone"
+    assert box.engine.get(key).data["scancel_exit"] == 0
+
+
+def test_real_slurm_pending_job_cancelled_by_the_api(live: Callable[..., Live]) -> None:
+    box = live("exec sleep 300", sd.Settings(poll_interval=0.1))
+    name = _name()
+    key = f"slurm_dispatch:{name}"
+    box.slurm.sbatch_options = [*box.slurm.sbatch_options, "--begin=now+3600"]
+    box.dispatcher.add(name)
+    box.engine.fire(key, "lock")
+    box.worker.run_until_idle()
+    job = _job_id(box.cluster, name)
+    assert box.cluster.job_state(job) == "PENDING"
+    box.dispatcher.set_priority(name, 0)                      # cancelled in the API
+    box.worker.run_until_idle()
+    assert box.recorder.scancels(name)[0] == ["--state=pending"]
+    box.cluster.wait_for_state(job, "CANCELLED")
+    assert box.until(key, lambda r: r.state == "gone").data["scancel_exit"] == 0
+
+
+def test_real_slurm_cancel_of_a_job_already_gone_is_harmless(
+        live: Callable[..., Live]) -> None:
+    box = live("true", sd.Settings(delay_a=0.0, poll_interval=0.1))
+    name = _name()
+    key = f"slurm_dispatch:{name}"
+    box.dispatcher.add(name)
+    box.engine.fire(key, "lock")
+    box.worker.run_until_idle()
+    job = _job_id(box.cluster, name)
+    box.cluster.wait_for_state(job, "COMPLETED")
+    box.engine.fire(key, "cancel")                            # the job has already left
+    box.worker.run_until_idle()
+    assert box.engine.get(key).data["scancel_exit"] == 0
+    assert len(box.recorder.scancels(name)) == 3              # all three ran, exit 0
+    resource = box.until(key, lambda r: r.state == "gone")
+    assert resource.data["scancels"] == 1
+    outcome = box.slurm.cancel(name)                          # and once more, directly
+    assert outcome.ok and outcome.invocations == 3
+    assert box.cluster.job_state(job) == "COMPLETED"
+
+
+def test_real_slurm_job_that_ignores_term(live: Callable[..., Live],
+                                          caplog: pytest.LogCaptureFixture) -> None:
+    box = live("trap '' TERM; while true; do sleep 0.1; done",
+               sd.Settings(delay_a=0.0, delay_b=0.3, poll_interval=0.1, log_interval=3600))
+    name = _name()
+    key = f"slurm_dispatch:{name}"
+    box.dispatcher.add(name)
+    box.engine.fire(key, "lock")
+    box.worker.run_until_idle()
+    job = _job_id(box.cluster, name)
+    box.cluster.wait_for_state(job, "RUNNING")
+    box.engine.fire(key, "started")
+    box.engine.fire(key, "container_done", {"container_state": "Cancelled"})
+    with caplog.at_level(logging.INFO, logger="lifecycle.machines.slurm_dispatch"):
+        resource = box.until(key, lambda r: r.data.get("scancels", 0) >= 3)
+    assert resource.state.startswith("cancelling")
+    assert box.cluster.job_state(job) == "RUNNING"          # TERM to the shell is ignored
+    # each scancel after the first rested on an squeue made after the one before
+    history = box.engine.history(key)
+    last_scancel = None
+    for entry in history:
+        if entry.dest == "cancelling.scancelling" and entry.trigger is None:
+            assert entry.observation is not None
+            if last_scancel is not None:
+                assert entry.observation.observed_at >= last_scancel
+        if entry.trigger == "scancelled":
+            last_scancel = entry.at
+    lines = [r for r in caplog.records if "still in squeue" in r.getMessage()]
+    assert len(lines) == 1                                    # throttled: one per container
+    box.cluster.run("scancel", "--full", "--signal=KILL", job)  # end it for good
+    assert box.until(key, lambda r: r.state == "gone").state == "gone"
