@@ -722,18 +722,18 @@ class Engine:
     def resources(self, machine: str | None = None, state: str | None = None) -> list[Resource]:
         """Resources, by machine and key; ``state`` may be a composite state, which takes in
         every state inside it."""
+        _argument(machine, "machine name")
+        _argument(state, "state")
         return queries.listing(self.store, machine, state)
 
     def counts(self, machine: str | None = None) -> dict[str, dict[str, int]]:
         """How many resources each machine has in each state."""
-        return queries.counts(self.store, machine)
         _argument(machine, "machine name")
-        _argument(state, "state")
+        return queries.counts(self.store, machine)
 
     def verify(self) -> list[Mismatch]:
         """Replay every resource's journal and compare it with the resource's row."""
         return verify(self.store)
-        _argument(machine, "machine name")
 
 
 class _TimerFired(Within):
@@ -766,17 +766,17 @@ def _fence(edge: Edge, observation: Observation | None) -> dict[str, Any]:
     }
 
 
-def _looked_up(key: str) -> str:
-    """``key`` (or ``MACHINE:KEY``), if it is text a database can be asked about."""
-    problem = values.text_problem(key, 2 * _KEY_MAX)
-    if problem is not None:
-        raise LifecycleError(f"invalid key {key!r}: it {problem}")
 def _argument(value: str | None, what: str) -> None:
     """A name to look up (a machine's, a state's) is text a database can be asked about."""
     if value is not None and (problem := values.text_problem(value, 4 * _KEY_MAX)):
         raise LifecycleError(f"invalid {what} {value!r}: it {problem}")
 
 
+def _looked_up(key: str) -> str:
+    """``key`` (or ``MACHINE:KEY``), if it is text a database can be asked about."""
+    problem = values.text_problem(key, 2 * _KEY_MAX)
+    if problem is not None:
+        raise LifecycleError(f"invalid key {key!r}: it {problem}")
     return key
 
 
