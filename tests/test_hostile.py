@@ -435,3 +435,27 @@ def test_an_unexpected_failure_is_one_line_with_its_own_exit(plugin_dir: Path) -
     assert ran.code == 4, ran.output
     assert ran.stderr.startswith("error: unexpected ") and "LIFECYCLE_TRACEBACK=1" in ran.stderr
     assert len(ran.stderr.strip().splitlines()) == 1
+
+
+def test_a_handler_error_with_a_url_is_shown_and_logged_without_its_password(
+        plugin_dir: Path) -> None:
+    (plugin_dir / "leaky.py").write_text(
+        "from lifecycle import PermanentError\n"
+        "def send(call):\n"
+        "    raise PermanentError('cannot reach smtp://bob:Hunter2/Secret@mail.example.org')\n"
+        "effects = {'send': send}\n")
+    spec = plugin_dir / "mailing.yaml"
+    spec.write_text(json.dumps({**TOGGLE, "transitions": [
+        {"trigger": "flip", "source": "off", "dest": "on", "effects": ["send"]},
+        {"trigger": "flip", "source": "on", "dest": "off"}]}))
+    db, env = str(plugin_dir / "m.db"), {"LIFECYCLE_PLUGINS": "leaky"}
+    assert_clean(cli("db", "upgrade", db=db), 0)
+    assert_clean(cli("create", str(spec), "m1", db=db, env=env), 0)
+    assert_clean(cli("fire", "m1", "flip", db=db, env=env), 0)
+    shown = [cli("worker", "--until-idle", db=db, env=env), cli("stuck", db=db, env=env),
+             cli("stuck", "--json", db=db, env=env), cli("show", "m1", db=db, env=env)]
+    for ran in shown:
+        assert_clean(ran, 0)
+        assert "Hunter2" not in ran.output and "Secret" not in ran.output, ran.output
+    assert "smtp://bob:***@mail.example.org" in shown[2].stdout
+    assert json.loads(shown[2].stdout)[0]["name"] == "send"  # still JSON

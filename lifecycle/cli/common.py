@@ -109,6 +109,7 @@ class SafeConsole(Console):
                    overflow: Any = None, emoji: bool | None = None,
                    markup: bool | None = None, highlight: bool | None = None,
                    highlighter: Any = None) -> Text:
+        text = redact.text(text)  # before the layout measures it (the stream does it too)
         if markup is False or "[" not in text:
             return Text(text, style=style, justify=justify, overflow=overflow)
         styled = _styled(text)
@@ -144,8 +145,9 @@ err = SafeConsole(stderr=True, highlight=False, soft_wrap=True, emoji=False)
 
 
 class _Forgiving(io.TextIOBase):
-    """sys.stdout or sys.stderr for the length of a command: what cannot be encoded is
-    written with backslash escapes, and a closed pipe swallows the rest."""
+    """sys.stdout or sys.stderr for the length of a command: no URL's password gets through
+    (what a handler's error or a log line says included), what cannot be encoded is written
+    with backslash escapes, and a closed pipe swallows the rest."""
 
     def __init__(self, stream: IO[str]) -> None:
         self.stream = stream
@@ -154,11 +156,12 @@ class _Forgiving(io.TextIOBase):
     def write(self, text: str) -> int:
         if self.closed_pipe:
             return len(text)
+        shown = redact.text(text)
         try:
-            self.stream.write(text)
+            self.stream.write(shown)
         except UnicodeEncodeError:
             encoding = getattr(self.stream, "encoding", None) or "ascii"
-            self._write(text.encode(encoding, "backslashreplace").decode(encoding))
+            self._write(shown.encode(encoding, "backslashreplace").decode(encoding))
         except (BrokenPipeError, ValueError):  # ValueError: the stream was closed
             self.closed_pipe = True
             _silence(self.stream)
