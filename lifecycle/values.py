@@ -77,6 +77,12 @@ def problems(value: Any, root: str) -> Iterator[ValueProblem]:
     """Every value of the document ``value`` that cannot be stored, as :class:`ValueProblem`,
     in document order, paths starting at ``root``. Stops after a problem of size (too deep,
     too many values, too much text): the rest is not looked at."""
+    if type(value) is dict and len(value) <= 64 and all(
+            _plain(key) and (_plain(item) or item is None or type(item) is bool
+                             or (type(item) is int and MIN_INT <= item <= MAX_INT)
+                             or (type(item) is float and math.isfinite(item)))
+            for key, item in value.items()):
+        return  # the common case, a flat object of plain values, checked at once
     count = 0
     text = 0
     stack: list[tuple[Any, str, int]] = [(value, root, 0)]
@@ -126,6 +132,10 @@ def problems(value: Any, root: str) -> Iterator[ValueProblem]:
         if text > MAX_TEXT:
             yield ValueProblem(root, f"holds more than {MAX_TEXT:,} characters of text")
             return
+
+
+def _plain(text: Any) -> bool:
+    return type(text) is str and text.isascii() and "\x00" not in text and len(text) <= 4096
 
 
 def check(value: Any, root: str) -> None:
