@@ -8,6 +8,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ..errors import SiteError
+
 # ResourceStatus, from the site about the drone's job
 BOOTING, RUNNING, STOPPED, DELETED, ERROR = "Booting", "Running", "Stopped", "Deleted", "Error"
 RESOURCE_STATUSES = (BOOTING, RUNNING, STOPPED, DELETED, ERROR)
@@ -34,9 +36,25 @@ class Terminated:
     detail: str = ""
 
 
+class DroneCrashed(SiteError):
+    """Raised by a site's ``deploy`` when the drone crashed while it was being deployed
+    (TARDIS's ``TardisDroneCrashed``): the drone goes to ``cleanup``, which removes whatever
+    the site left of it (``remote_id``, when the site knows one), instead of to ``down``."""
+
+    def __init__(self, message: str, remote_id: str | None = None) -> None:
+        super().__init__(message)
+        self.remote_id = remote_id
+
+
 class Site(Protocol):
+    """A drone's site. It may also have a ``drone_minimum_lifetime`` attribute (seconds, or
+    None), TARDIS's site setting: an available drone is drained once it has been available
+    for longer; the deploy effect copies it into each drone's data."""
+
     def deploy(self, drone: Drone) -> str:
-        """Submit the drone's job; its id at the site."""
+        """Submit the drone's job; its id at the site. Raise :class:`DroneCrashed` when the
+        drone crashed on the way (it is then cleaned up), or another ``SiteError`` when the
+        site refused it (the deploy is retried, then the drone goes down)."""
         ...
 
     def status(self, drones: Sequence[Drone]) -> dict[str, str]:
@@ -69,4 +87,17 @@ class BatchSystem(Protocol):
     def machine_status(self, drones: Sequence[Drone]) -> dict[str, str]:
         """The MachineStatus of each drone (by name); a machine the pool does not know is
         NotAvailable."""
+        ...
+
+
+class PoolFigures(Protocol):
+    """What the overlay pool says of how its drones are used, as TARDIS's batch system
+    adapters report it: per drone, the largest (allocation) and the smallest (utilisation)
+    of the ratios of requested to total resources (CPU, memory, disk), from 0 to 1; a drone
+    the pool does not know is 0. A ``DronePool`` (COBalD's pool interface) reads them."""
+
+    def allocation(self, drones: Sequence[Drone]) -> dict[str, float]:
+        ...
+
+    def utilisation(self, drones: Sequence[Drone]) -> dict[str, float]:
         ...

@@ -13,12 +13,18 @@ most ``max_age`` seconds old, asking the site when it has none; on a fresh Runni
 goes on to integrate (and is drained, not removed). The removal itself is fenced: the site is
 asked to terminate the job only if it is still in the observed state.
 
+Around the table it does what TARDIS does: the site's ``drone_minimum_lifetime`` counts from
+the drone's entry into ``available`` and is exceeded strictly; ``cleanup`` asks the site to
+terminate again on every heartbeat while the status stays Booting, Stopped or Error (each
+time fenced on that fresh status); a deploy that crashed (:class:`DroneCrashed`) goes to
+``cleanup``; a stop that failed leaves the drone in ``shutdown`` to try again; ``down`` sets
+the drone's demand to 0.
+
 ``drone_spec(race_guard=False)`` is TARDIS as it is today, for the simulation of the incident.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -36,16 +42,20 @@ from ..adapters.sites import (
     STOPPED,
     BatchSystem,
     Drone,
+    DroneCrashed,
     Site,
 )
 from ..compiled import GuardContext
 from ..effects import Effect, EffectCall, FollowUp, Retry
+from ..errors import SiteError
 from ..fresh import ProbeRequest
 from ..spec import MachineSpec
 from .builtin import Builtin
 from .drone_sim import ScenarioBatch, ScenarioSite
 
 REF = "TARDIS dronestates.py"
+DEPLOY_ATTEMPTS = 3
+"""Attempts at deploying a drone the site refuses, before it goes down."""
 LIVE_STATES = ("request", "booting", "integrate", "integrating", "available", "drain",
                "draining", "disintegrate", "shutdown", "shutting_down", "cleanup")
 
@@ -56,7 +66,8 @@ class DroneData(BaseModel):
     demand: int = 1
     """1 while the pool wants the drone, 0 once it is to be released."""
     minimum_lifetime: float | None = None
-    """Seconds after deployment from which an available drone is drained."""
+    """Seconds in ``available`` after which the drone is drained (strictly more): the site's
+    ``drone_minimum_lifetime``, copied into the data when the drone is deployed."""
     drain_requested: bool = False
     """The pool asked for the drone to be drained."""
     remote_id: str | None = None
@@ -122,14 +133,26 @@ def drone_spec(*, race_guard: bool = True, start_gate: bool = False,
         "Booting": "cleanup", "Running+Available": "drain",
         "Running+Drained": "disintegrate", "Running+NotAvailable": "shutdown", **rs},
         risky, fresh)
-    eventless += _status_edges("shutdown", {"Booting": "cleanup", "Running": "shutting_down",
-                                            **rs}, risky, fresh)
+    # shutdown + Running: stop the job, staying in shutdown until the site took the stop
+    # (its follow-up `stopped` moves on); a failed stop stays, and the next heartbeat tries
+    # again (TARDIS: ShutDownState, "failure -> stay")
+    eventless += _status_edges("shutdown", {"Booting": "cleanup", "Running": "shutdown",
+                                            **rs}, risky - {"shutdown"}, fresh)
     eventless += _status_edges("shutting_down", {"Booting": "cleanup", **rs}, risky, fresh)
-    eventless += _status_edges("cleanup", {"Running": "drain", "Deleted": "down"}, set(),
-                               fresh)
+    # cleanup + Booting, Stopped or Error: terminate again, on every heartbeat (TARDIS:
+    # CleanupState). Each time is a risky edge of its own, so each terminate is fenced on a
+    # status made after the previous one.
+    eventless += _status_edges("cleanup", {"Booting": "cleanup", "Running": "drain",
+                                           "Stopped": "cleanup", "Deleted": "down",
+                                           "Error": "cleanup"}, {"cleanup"}, fresh)
     for edge in eventless:
-        if edge["source"] == "shutdown" and edge["dest"] == "shutting_down":
+        if edge["source"] == "shutdown" and edge["dest"] == "shutdown":
             edge["effects"] = ["stop"]
+            edge["description"] = "stop the job; on success the drone goes to shutting_down"
+        if edge["source"] == "cleanup" and edge["dest"] == "cleanup":
+            edge["description"] = "the job is still there: ask the site to terminate it again"
+        if edge["dest"] == "down":
+            edge["effects"] = ["release"]
     name = "drone" if race_guard else "drone_tardis"
     return MachineSpec.model_validate({
         "name": name,
@@ -152,24 +175,39 @@ def drone_spec(*, race_guard: bool = True, start_gate: bool = False,
             {"name": "draining", "description": "payload finishing"},
             {"name": "disintegrate", "effects": ["disintegrate"],
              "description": "take the machine out of the pool"},
-            {"name": "shutdown", "description": "stop the job if it runs"},
+            {"name": "shutdown", "description": "stop the job if it runs (again on every "
+                                                "heartbeat until the site takes it)"},
             {"name": "shutting_down", "description": "waiting for the job to stop"},
             {"name": "cleanup", "effects": [{"name": "terminate",
                                              "args": {"fenced": race_guard}}],
-             "description": "remove the job from the site"},
-            {"name": "down", "description": "finished"},
+             "description": "remove the job from the site (again on every heartbeat while "
+                            "it stays Booting, Stopped or Error)"},
+            {"name": "down", "description": "finished; demand 0"},
         ],
         "transitions": [
             {"trigger": "deployed", "source": "request", "dest": "booting",
              "description": "the site accepted the job", "ref": f"{REF}: request"},
             {"trigger": "deploy_failed", "source": "request", "dest": "down",
+             "effects": ["release"], "merge_payload": False,
              "description": "the site refused the job for good", "ref": f"{REF}: request"},
+            {"trigger": "deploy_crashed", "source": "request", "dest": "cleanup",
+             "description": "the site says the drone crashed while it was deployed: remove "
+                            "what is left of it", "ref": f"{REF}: request, TardisDroneCrashed"},
             {"trigger": "integrated", "source": "integrate", "dest": "integrating",
              "ref": f"{REF}: integrate"},
             {"trigger": "drain_started", "source": "drain", "dest": "draining",
              "ref": f"{REF}: drain"},
             {"trigger": "disintegrated", "source": "disintegrate", "dest": "shutdown",
              "ref": f"{REF}: disintegrate"},
+            {"trigger": "stopped", "source": "shutdown", "dest": "shutting_down",
+             "description": "the site took the stop", "ref": f"{REF}: shutdown"},
+            {"trigger": "stop_failed", "source": "shutdown", "dest": "shutdown",
+             "merge_payload": False,
+             "description": "the stop failed: stay, and stop again on the next heartbeat",
+             "ref": f"{REF}: shutdown, stop_resource failed"},
+            {"trigger": "released", "source": "down", "dest": "down",
+             "description": "the drone is finished: its demand is 0",
+             "ref": f"{REF}: down"},
         ],
         "eventless": eventless,
         "data_model": DroneData,
@@ -190,10 +228,12 @@ def _ms(value: str) -> Callable[[GuardContext], bool]:
 def _wants_drain(c: GuardContext) -> bool:
     if c.data.get("drain_requested") or c.data.get("demand", 1) == 0:
         return True
-    lifetime, deployed = c.data.get("minimum_lifetime"), c.data.get("deployed_at")
-    if lifetime is None or deployed is None:
+    # TARDIS's check_minimum_lifetime: the time since the drone's last change of state (in
+    # available: its entry into available), strictly more than the site's setting
+    lifetime, since = c.data.get("minimum_lifetime"), c.last_transition_at
+    if not lifetime or since is None:
         return False
-    return (c.now - dt.datetime.fromisoformat(deployed)).total_seconds() >= float(lifetime)
+    return (c.now - since).total_seconds() > float(lifetime)
 
 
 GUARDS: dict[str, Callable[[GuardContext], bool]] = {
@@ -216,9 +256,23 @@ def effects(site: Site, batch: BatchSystem) -> dict[str, Effect]:
     """The drone's effect handlers, acting through ``site`` and ``batch``."""
 
     def deploy(call: EffectCall) -> FollowUp:
-        remote_id = site.deploy(_drone(call))
-        return FollowUp("deployed", {"remote_id": remote_id,
-                                     "deployed_at": call.now.isoformat()})
+        try:
+            remote_id = site.deploy(_drone(call))
+        except DroneCrashed as exc:
+            # TARDIS: TardisDroneCrashed in RequestState -> CleanupState
+            return FollowUp("deploy_crashed", {"remote_id": exc.remote_id,
+                                               "deploy_error": str(exc)})
+        except SiteError as exc:
+            if call.attempt < DEPLOY_ATTEMPTS:
+                raise  # retried, with backoff
+            # refused for good (TARDIS: auth, timeout, quota -> DownState); the effect is
+            # done, so that down's own effect (demand 0) runs after it
+            return FollowUp("deploy_failed", {"deploy_error": str(exc)})
+        found: dict[str, Any] = {"remote_id": remote_id, "deployed_at": call.now.isoformat()}
+        lifetime = getattr(site, "drone_minimum_lifetime", None)
+        if lifetime is not None:  # a site setting, kept with the drone for every process
+            found["minimum_lifetime"] = float(lifetime)
+        return FollowUp("deployed", found)
 
     def integrate(call: EffectCall) -> FollowUp:
         batch.integrate(_drone(call), open_gate=bool(call.args.get("open_gate")))
@@ -232,26 +286,36 @@ def effects(site: Site, batch: BatchSystem) -> dict[str, Effect]:
         batch.disintegrate(_drone(call))
         return FollowUp("disintegrated")
 
-    def stop(call: EffectCall) -> None:
-        site.stop(_drone(call))
+    def stop(call: EffectCall) -> FollowUp:
+        try:
+            site.stop(_drone(call))
+        except SiteError as exc:
+            # TARDIS: stop_resource failed -> stay in ShutDownState; the next heartbeat on a
+            # Running status stops again
+            return FollowUp("stop_failed", {"error": str(exc)})
+        return FollowUp("stopped")
+
+    def release(call: EffectCall) -> FollowUp:
+        return FollowUp("released", {"demand": 0})
 
     def terminate(call: EffectCall) -> None:
         expect = None
         if call.args.get("fenced") and call.fence is not None:
             observed = call.fence.get("expect", {}).get("resource_status")
-            expect = observed if observed in (BOOTING, RUNNING) else None
+            expect = observed if observed in (BOOTING, RUNNING, STOPPED, ERROR) else None
         outcome = site.terminate(_drone(call), expect)
         # kept with the effect: whether the site acted, or why it left the job alone
         call.save_progress({"acted": outcome.acted, "detail": outcome.detail})
 
     patient = Retry(max_attempts=None, base=10, cap=300)
     return {
-        "deploy": Effect(deploy, Retry(max_attempts=3, base=10, cap=60)),
+        "deploy": Effect(deploy, Retry(max_attempts=DEPLOY_ATTEMPTS, base=10, cap=60)),
         "integrate": Effect(integrate, patient),
         "drain": Effect(drain, patient),
         "disintegrate": Effect(disintegrate, patient),
         "stop": Effect(stop, patient),
         "terminate": Effect(terminate, patient),
+        "release": Effect(release, patient),
     }
 
 
@@ -324,7 +388,6 @@ def reconcile(engine: Any, site: Site, batch: BatchSystem, *, machine: str = "dr
 
     When the site (or the pool) cannot be asked, nothing is observed and no drone is
     stepped: the drones keep their state, and no risky edge fires on an old picture."""
-    from ..errors import SiteError
 
     # a drone without a job at the site yet (its deploy has not run) has nothing to ask about
     drones = [r for r in engine.resources(machine)
@@ -334,13 +397,15 @@ def reconcile(engine: Any, site: Site, batch: BatchSystem, *, machine: str = "dr
                               "site_error": None}
     if not drones:
         return report
+    # an answer is true at the moment the question was asked, not when it arrived: both
+    # statuses are stamped with the time the site was asked, the earlier of the two
+    asked_at = engine.clock.now()
     try:
         site_status = site.status(refs)
         pool_status = batch.machine_status(refs)
     except SiteError as exc:
         report["site_error"] = str(exc)
         return report
-    asked_at = engine.clock.now()
     for i, drone in enumerate(drones):
         key = f"{machine}:{drone.key}"
         engine.observe(key, {
