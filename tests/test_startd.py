@@ -396,7 +396,7 @@ def test_a_hook_that_prints_garbage_abandons_the_fetch(tmp_path: Path, store: St
         hooks.fetch_work("FETCH", {"Name": "slot1"})
     # through the machine: the fetch is abandoned, the slot stays, fetching ends
     slot = Slot(store)
-    engine = Engine(Store(store.url), [sd.SPEC], guards=sd.GUARDS, clock=slot.clock,
+    engine = Engine(store, [sd.SPEC], guards=sd.GUARDS, clock=slot.clock,
                     effects=sd.effects(hooks, RecordingCollector(), RecordingSchedds(),
                                        slot.ids))
     engine.fire(KEY, "fetch")
@@ -443,7 +443,7 @@ def test_reply_fetch_and_evict_claim_get_job_and_slot_ads(tmp_path: Path,
                   | {"FETCH_HOOK_FETCH_WORK": _hook(tmp_path, "FETCH_WORK",
                                                     "echo 'JobId = 3'\n")})
     slot = Slot(store)
-    engine = Engine(Store(store.url), [sd.SPEC], guards=sd.GUARDS, clock=slot.clock,
+    engine = Engine(store, [sd.SPEC], guards=sd.GUARDS, clock=slot.clock,
                     effects=sd.effects(hooks, RecordingCollector(), RecordingSchedds(),
                                        slot.ids))
     engine.fire(KEY, "fetch")
@@ -516,3 +516,22 @@ def test_the_collector_gets_the_full_advertised_id_privately(published: Slot) ->
     assert ad["PublicClaimId"] == slot.data["advertised_claim_id"]
     assert ad["ClaimId"] == slot.startd.advertised("slot1")
     assert public_form(ad["ClaimId"]) == ad["PublicClaimId"]
+
+
+# -- the simulation ------------------------------------------------------------------------------
+
+
+def test_the_simulation_reproduces_the_seed_and_the_fix() -> None:
+    from lifecycle.sim import simulations
+
+    simulation = simulations()["startd-fetch"]
+    first = simulation.run(seed=3, **simulation.demo)
+    again = simulation.run(seed=3, **simulation.demo)
+    assert {k: v for k, v in first.items() if k != "timing"} == {
+        k: v for k, v in again.items() if k != "timing"}
+    before, after = first["before"], first["after"]
+    assert before["attempts"] > 5 and after["attempts"] > 0
+    assert before["success_percent"] < 20 < 90 < after["success_percent"]
+    assert set(before["refusals"]) == {"it is stale"}
+    assert after["mean_wait_seconds"] < before["mean_wait_seconds"]
+    assert before["fetched_jobs"] > 20 and after["fetched_jobs"] > 20

@@ -229,30 +229,37 @@ def _fetch_edges() -> list[dict[str, Any]]:
     return edges
 
 
+def _publish(state: str, activity: str) -> dict[str, Any]:
+    return {"name": "publish", "args": {"State": state.title(), "Activity": activity.title()}}
+
+
 def _states() -> list[dict[str, Any]]:
-    def leaves(*names: str) -> list[dict[str, Any]]:
-        return [{"name": n, "effects": ["publish"]} for n in names]
+    def leaves(*names: str, state: str = "") -> list[dict[str, Any]]:
+        return [{"name": n, "effects": [_publish(state, n)]} for n in names]
 
     return [
-        {"name": "owner", "initial": "idle", "states": leaves("idle"),
+        {"name": "owner", "initial": "idle", "states": leaves("idle", state="owner"),
          "description": "the machine's owner may be using it: no jobs from outside"},
-        {"name": "unclaimed", "initial": "idle", "states": leaves("idle", "benchmarking"),
+        {"name": "unclaimed", "initial": "idle",
+         "states": leaves("idle", "benchmarking", state="unclaimed"),
          "description": "willing to run jobs, not claimed"},
-        {"name": "matched", "initial": "idle", "states": leaves("idle"),
+        {"name": "matched", "initial": "idle", "states": leaves("idle", state="matched"),
          "timeout": {"after": "match_timeout", "trigger": "match_timeout"},
          "description": "matched by the negotiator, waiting for the schedd's claim"},
         {"name": "claimed", "initial": "idle",
-         "states": leaves("idle", "busy", "suspended", "retiring"),
+         "states": leaves("idle", "busy", "suspended", "retiring", state="claimed"),
          "description": "claimed by a schedd or by fetched work"},
         {"name": "preempting", "initial": "vacating",
-         "states": [{"name": "vacating", "effects": ["publish"],
+         "states": [{"name": "vacating", "effects": [_publish("preempting", "vacating")],
                      "timeout": {"after": "max_vacate_time", "trigger": "vacate_timeout"}},
-                    {"name": "killing", "effects": ["publish"]}],
+                    {"name": "killing", "effects": [_publish("preempting", "killing")]}],
          "effects": [{"name": "vacate_claim", "on_failure": "vacated"}],
          "description": "getting rid of the current claim's job"},
-        {"name": "backfill", "initial": "idle", "states": leaves("idle", "busy", "killing"),
+        {"name": "backfill", "initial": "idle",
+         "states": leaves("idle", "busy", "killing", state="backfill"),
          "description": "running backfill work"},
-        {"name": "drained", "initial": "retiring", "states": leaves("retiring", "idle"),
+        {"name": "drained", "initial": "retiring",
+         "states": leaves("retiring", "idle", state="drained"),
          "description": "drained: no new jobs"},
     ]
 
@@ -404,7 +411,9 @@ def effects(hooks: Hooks, collector: Collector, schedds: Schedd,
 
     def publish(call: EffectCall) -> None:
         advertised = call.data.get("advertised_claim_id")
-        ad = {**call.data.get("ad", {}), "Name": call.key, "PublicClaimId": advertised,
+        cur = call.data.get("claims", {}).get("cur") or {}
+        ad = {**call.data.get("ad", {}), **call.args, "Name": call.key,
+              "PublicClaimId": advertised, "RemoteOwner": cur.get("requester"),
               "EnteredCurrentState": int(call.now.timestamp())}
         # the private part of the ad: what the negotiator hands to the schedd it matches
         ad["ClaimId"] = ids.full(call.key, advertised) if advertised else None

@@ -11,10 +11,10 @@ from .simulation import Simulation
 
 def simulations() -> dict[str, Simulation]:
     """Every simulation, by name."""
-    from . import drone_race, job_exit_crash, scancel_flood
+    from . import drone_race, job_exit_crash, scancel_flood, startd_fetch
 
     found: list[Simulation] = [drone_race.SIMULATION, job_exit_crash.SIMULATION,
-                             scancel_flood.SIMULATION]
+                             scancel_flood.SIMULATION, startd_fetch.SIMULATION]
     return {s.name: s for s in found}
 
 
