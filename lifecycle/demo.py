@@ -27,8 +27,11 @@ def run_demo(engine: Engine, out: Console, *, seed: int = 1) -> list[dict[str, A
     store = engine.store
     out.print(f"[bold]lifecycle demo[/] on {store.display_url}: each incident's race, as it "
               "happened and with lifecycle's machine\n", soft_wrap=False)
-    runs = 1 + sum(1 for r in engine.resources() if r.key.endswith("-d00001"))
-    prefix = f"demo{runs}-"
+    # each run's resources under keys of their own (demo1-..., demo2-...): a simulation reads
+    # and changes only the resources it created, so every run prints the same figures
+    earlier = {r.key.split("-", 1)[0] for r in engine.resources()
+               if re.fullmatch(r"demo\d+-.*", r.key)}
+    prefix = f"demo{len(earlier) + 1}-"
     reports = []
     with Progress(TextColumn("{task.description:<34}"), BarColumn(), TimeElapsedColumn(),
                   console=out, transient=True) as progress:

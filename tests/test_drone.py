@@ -165,3 +165,254 @@ def test_reconcile_cli(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     second = runner.invoke(main, ["reconcile", "--db", db, "--json"])
     assert json.loads(second.output.splitlines()[-1])["moved"] == {
         "integrating -> available": 1}
+
+
+# -- around the table, as TARDIS does it -------------------------------------------------------
+
+
+class SlowSite(ScenarioSite):
+    """A site (and a pool) whose answers take simulated time to come."""
+
+    def __init__(self, world: World, clock: SimulatedClock, seconds: float) -> None:
+        super().__init__(world)
+        self.clock = clock
+        self.seconds = seconds
+        self.asked_at: list[dt.datetime] = []
+
+    def status(self, drones: Sequence[Drone]) -> dict[str, str]:
+        self.asked_at.append(self.clock.now())
+        answer = super().status(drones)
+        self.clock.advance(self.seconds)
+        return answer
+
+
+class SlowPool(ScenarioBatch):
+    def __init__(self, world: World, clock: SimulatedClock, seconds: float) -> None:
+        super().__init__(world)
+        self.clock = clock
+        self.seconds = seconds
+
+    def machine_status(self, drones: Sequence[Drone]) -> dict[str, str]:
+        answer = super().machine_status(drones)
+        self.clock.advance(self.seconds)
+        return answer
+
+
+def test_reconcile_stamps_each_observation_with_the_time_it_asked(store: Store) -> None:
+    world = World()
+    clock = SimulatedClock("2026-01-01T00:00:00Z")
+    guards, effects, probes = drone.BUILTIN.simulation(world)
+    engine = Engine(store, [drone.SPEC], guards=guards, effects=effects, probes=probes,
+                    clock=clock)
+    engine.create("drone", "d1", state="booting", data={"remote_id": "job-d1"})
+    world.status["d1"] = {"resource_status": "Booting"}
+    clock.advance(10)
+    site = SlowSite(world, clock, 8.0)
+    drone.reconcile(engine, site, SlowPool(world, clock, 7.0))
+    [observation] = engine.observations("d1")
+    assert site.asked_at == [dt.datetime(2026, 1, 1, 0, 0, 10, tzinfo=dt.UTC)]
+    assert observation.observed_at == site.asked_at[0]     # not 00:00:25, when both answered
+    assert clock.now() - observation.observed_at == dt.timedelta(seconds=15)
+
+
+def test_cleanup_terminates_again_on_every_heartbeat_each_time_fenced(store: Store) -> None:
+    """Each heartbeat in cleanup on a Booting, Stopped or Error status asks the site to
+    terminate again, fenced on the status that heartbeat saw."""
+    world = World()
+    clock = SimulatedClock("2026-01-01T00:00:00Z")
+    guards, effects, probes = drone.BUILTIN.simulation(world)
+    engine = Engine(store, [drone.SPEC], guards=guards, effects=effects, probes=probes,
+                    clock=clock)
+    engine.create("drone", "d1", state="cleanup", data={"remote_id": "job-d1", "demand": 0})
+    worker = Worker(engine)
+    for status in ("Booting", "Stopped", "Error", "Booting", "Running"):
+        world.status["d1"] = {"resource_status": status}   # the job is (back) in this status
+        drone.reconcile(engine, ScenarioSite(world), ScenarioBatch(world))
+        worker.run_until_idle()
+        clock.advance(60)
+    terminates = [args["expect"] for action, _, args in world.actions if action == "terminate"]
+    # adopted in cleanup: its entry effect, on no observation; then one for each heartbeat,
+    # fenced on the status that heartbeat saw
+    assert terminates == [None, "Booting", "Stopped", "Error", "Booting"]
+    assert engine.get("d1").state == "draining"            # and Running drains it
+    kinds = [(e.source, e.dest) for e in engine.history("d1") if e.kind == "transition"]
+    assert kinds.count(("cleanup", "cleanup")) == 4
+    tardis = drone.drone_spec(race_guard=False)
+    [self_loop] = [e for e in tardis.eventless if e.source == "cleanup" and e.dest == "cleanup"
+                   and e.guards == ("rs_booting",)]
+    assert self_loop.fresh is None       # TARDIS: on whatever status it holds, unfenced
+
+
+def test_a_drone_that_goes_down_asks_for_nothing(store: Store) -> None:
+    world = World()
+    clock = SimulatedClock("2026-01-01T00:00:00Z")
+    guards, effects, probes = drone.BUILTIN.simulation(world)
+    engine = Engine(store, [drone.SPEC], guards=guards, effects=effects, probes=probes,
+                    clock=clock)
+    sources = {"booting": "Deleted", "integrating": "Deleted", "available": "Deleted",
+               "draining": "Deleted", "shutdown": "Deleted", "shutting_down": "Deleted",
+               "cleanup": "Deleted"}
+    for state, status in sources.items():
+        engine.create("drone", state, state=state, data={"remote_id": f"job-{state}"})
+        engine.observe(state, {"resource_status": status})
+        assert engine.step(state).dest == "down", state
+    Worker(engine).run_until_idle()
+    for state in sources:
+        assert engine.get(state).data["demand"] == 0, state
+        assert engine.history(state)[-1].trigger == "released"
+
+
+# -- COBalD drives the pool --------------------------------------------------------------------
+
+
+class Figures:
+    def __init__(self, allocation: dict[str, float], utilisation: dict[str, float]) -> None:
+        self.figures = {"allocation": allocation, "utilisation": utilisation}
+        self.asked: list[list[str]] = []
+
+    def allocation(self, drones: Sequence[Drone]) -> dict[str, float]:
+        self.asked.append([d.name for d in drones])
+        return {d.name: self.figures["allocation"].get(d.name, 0.0) for d in drones}
+
+    def utilisation(self, drones: Sequence[Drone]) -> dict[str, float]:
+        self.asked.append([d.name for d in drones])
+        return {d.name: self.figures["utilisation"].get(d.name, 0.0) for d in drones}
+
+
+def test_drone_pool_reports_what_tardis_drones_report(store: Store) -> None:
+    pytest.importorskip("cobald")
+    from cobald.interfaces import Pool
+
+    from lifecycle.machines.drone_pool import DronePool
+
+    clock = SimulatedClock("2026-01-01T00:00:00Z")
+    engine = Engine(store, [drone.SPEC], guards=drone.GUARDS, clock=clock, strict=False)
+    for key, state, demand in [("p-00001", "available", 1), ("p-00002", "available", 1),
+                               ("p-00003", "available", 0), ("p-00004", "booting", 1),
+                               ("p-00005", "draining", 0), ("p-00006", "down", 0),
+                               ("other-00001", "available", 1)]:
+        engine.create("drone", key, state=state, data={"demand": demand})
+        clock.advance(1)
+    figures = Figures({"p-00001": 1.0, "p-00002": 0.5, "other-00001": 1.0},
+                      {"p-00001": 0.75, "p-00002": 0.25, "other-00001": 1.0})
+    pool = DronePool(engine, figures, prefix="p-", cores=8)
+    assert isinstance(pool, Pool)
+    assert pool.supply == 16.0                  # two available drones still wanted, 8 cores each
+    assert pool.demand == 24.0                  # and the booting one, wanted too
+    assert pool.allocation == 0.75 and pool.utilisation == 0.5
+    assert figures.asked[-1] == ["p-00001", "p-00002"]
+    pool.demand = 40                            # two more drones, under keys of its own
+    assert sorted(d.key for d in pool.wanted()) == [
+        "p-00001", "p-00002", "p-00004", "p-00007", "p-00008"]
+    assert engine.get("p-00008").data["demand"] == 1
+    pool.demand = 3   # supply 16 > 3: release 37 of the 40 wanted, in the policy's order
+    released = [e.key for e in pool.drones() if e.data["demand"] == 0 and e.version > 1]
+    assert sorted(released) == ["p-00001", "p-00002", "p-00004", "p-00007"]
+    assert [d.key for d in pool.wanted()] == ["p-00008"]   # 8 cores more than 5: kept
+    assert engine.get("other-00001").version == 1    # another pool's drone: untouched
+    pool.demand = -5
+    assert pool.demand == 0.0
+    assert pool.supply == 0.0 and pool.allocation == 1.0 and pool.utilisation == 1.0
+    with pytest.raises(ValueError, match="unknown release policy"):
+        DronePool(engine, figures, policy="oldest")
+
+
+def drive_with_cobald(url: str, *, race_guard: bool, seed: int) -> dict[str, Any]:
+    """COBalD's LinearController regulates a DronePool over the simulated site and pool of
+    the drone race, every minute, for two hours; payload comes for the first hour."""
+    from cobald.controller.linear import LinearController
+
+    from lifecycle.machines.drone_pool import DronePool
+    from lifecycle.sim.drone_race import START, SimulatedPool
+    from lifecycle.sim.loop import EventLoop
+
+    store = Store(url, upgrade=True)
+    clock = SimulatedClock(START)
+    loop = EventLoop(clock, seed)
+    world = SimulatedPool(loop, {
+        "boot_time": (30.0, 300.0), "payload_delay": (3.0, 30.0), "payload_length": 600.0,
+        "start_gate": False, "site_lag": 10.0, "minimum_lifetime": None,
+        "payload_until": 3600.0})
+    spec = drone.drone_spec(race_guard=race_guard)
+    engine = Engine(store, [spec], guards=drone.GUARDS, effects=drone.effects(world, world),
+                    probes={"site": drone.probe(world, world)}, clock=clock)
+    worker = Worker(engine, seed=seed)
+    pool = DronePool(engine, world, machine=spec.name, prefix="cobald-")
+    controller = LinearController(pool, low_utilisation=0.5, high_allocation=0.5,
+                                  rate=1 / 60, interval=60)
+    demands: list[float] = []
+    released_running: list[str] = []
+
+    def regulate() -> None:
+        before = {d.key for d in pool.wanted()}
+        controller.regulate(controller.interval)   # COBalD's own rule, as its run() does
+        for key in before - {d.key for d in pool.wanted()}:
+            if world.payload_running(key):
+                released_running.append(key)
+        worker.run_until_idle()
+        demands.append(pool.demand)
+
+    def heartbeat() -> None:
+        drone.reconcile(engine, world, world, machine=spec.name)
+        worker.run_until_idle()
+
+    loop.every(60, heartbeat, until=7200)
+    loop.every(60, regulate, until=7200, offset=30)
+    loop.run(7200)
+    drones = engine.resources(spec.name)
+    released = [d.key for d in drones if any(
+        e.kind == "update" and e.actor == "cobald" and e.payload == {"demand": 0}
+        for e in engine.history(f"{spec.name}:{d.key}"))]
+    store.dispose()
+    return {"demands": demands, "drones": [d.key for d in drones], "deployed": len(world.jobs),
+            "released": released, "released_running": released_running,
+            "killed": world.killed_payloads, "removed_running": world.removed_running}
+
+
+def test_cobalds_linear_controller_drives_a_drone_pool(tmp_path: Any) -> None:
+    pytest.importorskip("cobald")
+    run = drive_with_cobald(f"sqlite:///{tmp_path / 'pool.db'}", race_guard=True, seed=1)
+    demands = run["demands"]
+    peak = demands.index(max(demands))
+    assert max(demands) >= 8 and demands[0] < max(demands)        # demand rises ...
+    assert min(demands[peak:]) <= max(demands) / 4                 # ... and falls
+    assert all(key.startswith("cobald-") for key in run["drones"])
+    assert run["deployed"] == len(run["drones"]) > max(demands)    # each drone deployed
+    assert len(run["released"]) >= 10                              # and released by COBalD
+    assert run["released_running"]          # some released while their payload ran ...
+    assert run["killed"] == 0 and run["removed_running"] == 0      # ... none removed
+    again = drive_with_cobald(f"sqlite:///{tmp_path / 'again.db'}", race_guard=True, seed=1)
+    assert again == run                                            # the same seed, the same run
+    tardis = drive_with_cobald(f"sqlite:///{tmp_path / 'tardis.db'}", race_guard=False, seed=1)
+    assert tardis["removed_running"] > 0    # the same controller on TARDIS's machine does
+
+
+# -- the demo and the simulations touch only their own resources ------------------------------
+
+
+def figures_of(output: str) -> list[str]:
+    """The demo table's lines with figures."""
+    return [line.strip() for line in output.splitlines()
+            if __import__("re").search(r"\s\d[\d,.]*\s+\d[\d,.]*\s*$", line)]
+
+
+def test_lifecycle_demo_twice_in_one_folder_prints_the_same_figures(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    for name in [n for n in __import__("os").environ if n.startswith("LIFECYCLE_")]:
+        monkeypatch.delenv(name)
+    runner = CliRunner()
+    first = runner.invoke(main, ["demo"])
+    assert first.exit_code == 0, first.output
+    engine = Engine(Store(f"sqlite:///{tmp_path / 'lifecycle.db'}"), [], strict=False)
+    journals = {f"{r.machine}:{r.key}": len(engine.history(f"{r.machine}:{r.key}"))
+                for r in engine.resources()}
+    second = runner.invoke(main, ["demo"])
+    assert second.exit_code == 0, second.output
+    assert figures_of(first.output) == figures_of(second.output)
+    assert len(figures_of(first.output)) >= 3
+    assert "drone_tardis:demo1-" in first.output and "drone_tardis:demo2-" in second.output
+    # the first run's resources are as it left them: the second wrote nothing to them
+    assert {key: len(engine.history(key)) for key in journals} == journals
+    engine.store.dispose()

@@ -8,6 +8,9 @@ refreshed for all drones in one call every ``status_interval`` seconds; each dro
 on its own heartbeat; a controller that raises and lowers demand and releases drones by the
 release policy. Counted: payloads killed (a terminate or stop that hit a drone running
 payload), drones removed while running, and the probe calls the guard cost.
+
+A run touches only the drones it created (its keys start with its ``prefix``), so runs can
+share a database (``lifecycle demo`` runs on ./lifecycle.db, again and again).
 """
 
 from __future__ import annotations
@@ -82,6 +85,12 @@ class SimulatedPool:
         self.victims: list[str] = []
         self.saved: list[str] = []
 
+    @property
+    def drone_minimum_lifetime(self) -> float | None:
+        """The site's setting (TARDIS's ``drone_minimum_lifetime``)."""
+        value = self.options.get("minimum_lifetime")
+        return None if value is None else float(value)
+
     # -- the site ---------------------------------------------------------------------
 
     def deploy(self, drone: Drone) -> str:
@@ -109,6 +118,9 @@ class SimulatedPool:
     def _payload(self, job: Job) -> None:
         if job.state != RUNNING or job.draining or job.payload_since is not None:
             return
+        until = self.options.get("payload_until")
+        if until is not None and self.loop.elapsed >= until:
+            return  # the pool's queue is empty: no more payload to match
         job.payload_since = self.loop.elapsed
         job.payload_until = job.payload_since + self.loop.rng.expovariate(
             1 / self.options["payload_length"])
@@ -189,6 +201,19 @@ class SimulatedPool:
         if job is not None:
             job.in_pool = False
 
+    def allocation(self, drones: Sequence[Drone]) -> dict[str, float]:
+        """A one-core drone: all of it is allocated while it runs payload."""
+        return {d.name: 1.0 if (job := self.jobs.get(d.name)) is not None
+                and job.state == RUNNING and self._payload_running(job) else 0.0
+                for d in drones}
+
+    def utilisation(self, drones: Sequence[Drone]) -> dict[str, float]:
+        return self.allocation(drones)
+
+    def payload_running(self, name: str) -> bool:
+        job = self.jobs.get(name)
+        return job is not None and job.state == RUNNING and self._payload_running(job)
+
     def machine_status(self, drones: Sequence[Drone]) -> dict[str, str]:
         out = {}
         for drone in drones:
@@ -232,6 +257,8 @@ def run_variant(*, seed: int, race_guard: bool, options: dict[str, Any], store: 
     heartbeat = options["heartbeat"]
     counter = [0]
     live: dict[str, Any] = {}
+    mine: set[str] = set()
+    """This run's drones: the only ones it reads or changes."""
 
     def settle() -> None:
         worker.run_until_idle()
@@ -239,10 +266,9 @@ def run_variant(*, seed: int, race_guard: bool, options: dict[str, Any], store: 
     def new_drone() -> None:
         counter[0] += 1
         name = f"{prefix}d{counter[0]:05d}"
-        low, high = options["lifetime"]
-        engine.create(machine, name, {"minimum_lifetime": loop.rng.uniform(low, high)},
-                      actor="cobald")
+        engine.create(machine, name, actor="cobald")
         live[name] = True
+        mine.add(name)
         settle()
         loop.after(loop.rng.uniform(0, heartbeat), lambda: beat(name))
 
@@ -272,7 +298,8 @@ def run_variant(*, seed: int, race_guard: bool, options: dict[str, Any], store: 
         target = round(options["drones"] * loop.rng.uniform(low, high))
         # the pool: drones on their way up or up, still wanted (draining ones are leaving)
         wanted = [r for r in engine.resources(machine)
-                  if r.state in drone_machine.POOL_STATES and r.data.get("demand", 1) == 1]
+                  if r.key in mine and r.state in drone_machine.POOL_STATES
+                  and r.data.get("demand", 1) == 1]
         if target > len(wanted):
             for _ in range(target - len(wanted)):
                 new_drone()
@@ -302,7 +329,7 @@ def run_variant(*, seed: int, race_guard: bool, options: dict[str, Any], store: 
 DEFAULTS: dict[str, Any] = {
     "drones": 300, "hours": 6.0, "heartbeat": 60.0, "status_interval": 60.0,
     "site_lag": 10.0, "boot_time": (30.0, 300.0), "payload_delay": (3.0, 30.0),
-    "payload_length": 1800.0, "lifetime": (1200.0, 2400.0), "demand": (0.3, 1.0),
+    "payload_length": 1800.0, "minimum_lifetime": 1800.0, "demand": (0.3, 1.0),
     "demand_interval": 60.0, "max_age": 30.0, "start_gate": False,
     "policy": "newest_first",
 }
