@@ -459,3 +459,23 @@ def test_a_handler_error_with_a_url_is_shown_and_logged_without_its_password(
         assert "Hunter2" not in ran.output and "Secret" not in ran.output, ran.output
     assert "smtp://bob:***@mail.example.org" in shown[2].stdout
     assert json.loads(shown[2].stdout)[0]["name"] == "send"  # still JSON
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_a_command_that_committed_exits_0_when_its_output_is_lost(tmp_path: Path) -> None:
+    db = str(tmp_path / "full.db")
+    assert_clean(cli("db", "upgrade", db=db), 0)
+    command = [sys.executable, "-m", "lifecycle"]
+    with open("/dev/full", "w") as full:
+        for args in (["create", "batch_job", "lost[/]"], ["fire", "lost[/]", "hold", "--json"]):
+            ran = subprocess.run([*command, *args, "--db", db], stdout=full, stderr=subprocess.PIPE,
+                                 text=True, timeout=120)
+            assert ran.returncode == 0, ran.stderr
+            assert "Traceback" not in ran.stderr and "Exception ignored" not in ran.stderr
+    assert json.loads(cli("show", "lost[/]", "--json", db=db).stdout)["state"] == "held"
+    closed = subprocess.Popen([*command, "history", "lost[/]", "--db", db],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert closed.stdout is not None and closed.stderr is not None
+    closed.stdout.close()  # the reader went away (| head)
+    assert closed.wait(timeout=120) == 0
+    assert "Traceback" not in closed.stderr.read()

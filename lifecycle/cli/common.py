@@ -165,6 +165,10 @@ class _Forgiving(io.TextIOBase):
         except (BrokenPipeError, ValueError):  # ValueError: the stream was closed
             self.closed_pipe = True
             _silence(self.stream)
+        except OSError as exc:  # a full disk: said once on stderr; the outcome stands
+            self.closed_pipe = True
+            if self.stream is not sys.__stderr__:
+                print(f"warning: output lost: {exc.strerror or exc}", file=sys.__stderr__)
         return len(text)
 
     def _write(self, text: str) -> None:
