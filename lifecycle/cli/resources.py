@@ -239,13 +239,16 @@ def history(key: str, db_url: str | None, as_json: bool) -> None:
     table.columns[0].justify = "right"
     table.columns[0].no_wrap = table.columns[1].no_wrap = True
     table.columns[2].overflow = "fold"
+    above: int | None = None  # the observation shown on the line above, if any
     for item in _timeline(entries, seen):
         if isinstance(item, JournalEntry):
             table.add_row(str(item.seq), time_text(item.at, one_day),
-                          _entry_text(item, effects.get(item.seq, []), one_day))
+                          _entry_text(item, effects.get(item.seq, []), one_day, above))
+            above = None
         else:
             table.add_row("", time_text(item[0].recorded_at, one_day),
                           _observed_text(item, one_day))
+            above = item[-1].id
     out.print(table)
     out.print("[dim]in full, with versions and fences: --json[/]")
 
@@ -289,11 +292,12 @@ def _observed_text(run: list[Observation], one_day: bool) -> Group:
     return layout.block(heading, layout.key_values(first.status), indent=2)
 
 
-def _entry_text(entry: JournalEntry, effects: list[Any], one_day: bool) -> Group:
+def _entry_text(entry: JournalEntry, effects: list[Any], one_day: bool,
+                above: int | None = None) -> Group:
     heading = _what(entry)
     if entry.kind in ("create", "adopt"):
         heading.append(f" in {entry.dest}")
-    elif entry.source and entry.source != entry.dest:
+    elif entry.source and (entry.source != entry.dest or entry.kind == "transition"):
         heading.append(f": {entry.source} -> {entry.dest}")
     if entry.actor:
         heading.append(f", by {entry.actor}", style="dim")
@@ -306,9 +310,12 @@ def _entry_text(entry: JournalEntry, effects: list[Any], one_day: bool) -> Group
         details.append("on no observation: none was recorded, and no probe answered")
     if seen is not None:
         age = (entry.at - seen.observed_at).total_seconds()
-        details.append(f"on observation #{seen.id} by {seen.source}, {age:.1f} s old "
-                       f"(true at {time_text(seen.observed_at, one_day)}):")
-        details += [(2, line) for line in layout.key_values(seen.status)]
+        if seen.id == above:  # its status is on the lines just above
+            details.append(f"on observation #{seen.id} above, {age:.1f} s old")
+        else:
+            details.append(f"on observation #{seen.id} by {seen.source}, {age:.1f} s old "
+                           f"(true at {time_text(seen.observed_at, one_day)}):")
+            details += [(2, line) for line in layout.key_values(seen.status)]
     for effect in effects:
         details.append(_effect_text(effect, one_day))
         details += [(2, line) for line in layout.key_values(effect.progress)]
