@@ -134,13 +134,13 @@ def test_delay_a_then_scancel_on_the_next_poll_then_delay_b(sqlite_store: Store)
 
 def test_a_failed_scancel_backs_off_exponentially_to_the_cap(sqlite_store: Store) -> None:
     settings = sd.Settings(delay_a=0.0, delay_b=5.0, error_delay=10.0, error_cap=40.0,
-                           poll_interval=0.5)
+                           poll_interval=1.0)
     engine, worker, dispatcher, slurm, clock = machine(
         sqlite_store, settings, exit_codes=[1, 1, 1, 1, 1, 0])
     dispatcher.add("c1", state="running")
     slurm.listed["c1"] = "RUNNING"
     engine.fire("slurm_dispatch:c1", "container_done")
-    tick(clock, worker, dispatcher, 200.0, poll_every=0.5)
+    tick(clock, worker, dispatcher, 200.0, poll_every=1.0)
     times = [at for _, at in slurm.cancels]
     gaps = [round(b - a, 1) for a, b in itertools.pairwise(times)]
     # after each failure 10, 20, 40, 40 (the cap), 40 s; after the good one 5 s again

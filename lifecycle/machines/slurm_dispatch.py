@@ -368,7 +368,8 @@ class Dispatcher:
             report.error = str(exc)
             return report
         report.jobs = len(jobs)
-        watched = [r for r in self.engine.resources(MACHINE) if r.state in WATCHED]
+        watched = [r for state in ("submitted", "running", "finished", "cancelling")
+                   for r in self.engine.resources(MACHINE, state=state)]
         report.containers = len(watched)
         for resource in watched:
             self._observe(resource, jobs.get(resource.key), asked_at, report)

@@ -42,12 +42,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import func, select
+
 from ..adapters.slurm_dispatch import CANCEL_STEPS, CancelOutcome, QueueEntry, ScancelRate
 from ..clock import SimulatedClock
+from ..effects import PENDING
 from ..engine import Engine
 from ..machines import slurm_dispatch as machine
-from ..outbox import timer_records
-from ..store import Store
+from ..store import Store, timers
 from ..worker import Worker
 from .loop import EventLoop, Progress
 from .simulation import Simulation
@@ -277,9 +279,11 @@ def after(seed: int, options: dict[str, Any], store: Store, prefix: str,
 
     def work() -> None:
         worker.run_until_idle()
-        pending = timer_records(engine, statuses=("pending",))
-        if pending:
-            due = (pending[0].due_at - loop.start).total_seconds()
+        with store.read() as db:   # the next timer, to wake the worker then
+            soonest = db.execute(select(func.min(timers.c.due_at)).where(
+                timers.c.status == PENDING)).scalar()
+        if soonest is not None:
+            due = (store.time_value(soonest) - loop.start).total_seconds()
             if due > loop.elapsed and due not in woken:
                 woken.add(due)
                 loop.at(due, work)
