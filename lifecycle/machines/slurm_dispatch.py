@@ -51,9 +51,9 @@ MACHINE = "slurm_dispatch"
 REF = "Arvados crunch-dispatch-slurm"
 LOW_PRIORITY = 20000
 """A pending job at or below this Slurm priority draws a warning (Arvados' threshold)."""
-WATCHED = ("submitted", "running", "finished", "cancelling.due", "cancelling.scancelling",
-           "cancelling.throttled", "cancelling.waiting")
-"""The states in which a container's job is looked for in squeue."""
+WATCHED = ("submitted", "running", "finished", "cancelling")
+"""The states (``cancelling`` with its children) in which a container's job is looked for
+in squeue."""
 AFTER_SCANCEL = ("cancelling.due", "cancelling.waiting", "cancelling.throttled")
 
 
@@ -368,8 +368,7 @@ class Dispatcher:
             report.error = str(exc)
             return report
         report.jobs = len(jobs)
-        watched = [r for state in ("submitted", "running", "finished", "cancelling")
-                   for r in self.engine.resources(MACHINE, state=state)]
+        watched = [r for state in WATCHED for r in self.engine.resources(MACHINE, state=state)]
         report.containers = len(watched)
         for resource in watched:
             self._observe(resource, jobs.get(resource.key), asked_at, report)
