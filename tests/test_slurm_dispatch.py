@@ -112,9 +112,9 @@ def tick(clock: SimulatedClock, worker: Worker, dispatcher: sd.Dispatcher, secon
 # -- the cancel path on a simulated clock -----------------------------------------------------
 
 
-def test_delay_a_then_scancel_on_the_next_poll_then_delay_b(sqlite_store: Store) -> None:
+def test_delay_a_then_scancel_on_the_next_poll_then_delay_b(store: Store) -> None:
     settings = sd.Settings(delay_a=20.0, delay_b=15.0, poll_interval=5.0)
-    engine, worker, dispatcher, slurm, clock = machine(sqlite_store, settings)
+    engine, worker, dispatcher, slurm, clock = machine(store, settings)
     dispatcher.add("c1", state="running")
     slurm.listed["c1"] = "COMPLETING"            # the job lingers after the container ends
     engine.fire("slurm_dispatch:c1", "container_done", {"container_state": "Complete"})
@@ -159,9 +159,9 @@ def test_api_cancel_is_at_once_without_delay_a(sqlite_store: Store) -> None:
 
 
 def test_no_scancel_rests_on_an_squeue_asked_before_the_last_transition(
-        sqlite_store: Store) -> None:
+        store: Store) -> None:
     settings = sd.Settings(delay_a=0.0, delay_b=0.5, poll_interval=1.0)
-    engine, worker, dispatcher, slurm, clock = machine(sqlite_store, settings)
+    engine, worker, dispatcher, slurm, clock = machine(store, settings)
     dispatcher.add("c1", state="running")
     slurm.listed["c1"] = "COMPLETING"
     engine.fire("slurm_dispatch:c1", "container_done")
