@@ -641,3 +641,32 @@ def test_real_slurm_job_that_ignores_term(live: Callable[..., Live],
     assert len(lines) == 1                                    # throttled: one per container
     box.cluster.run("scancel", "--full", "--signal=KILL", job)  # end it for good
     assert box.until(key, lambda r: r.state == "gone").state == "gone"
+
+
+def test_real_slurm_renice_follows_the_containers_priorities(
+        live: Callable[..., Live]) -> None:
+    box = live("exec sleep 300", sd.Settings(poll_interval=0.1))
+    box.slurm.sbatch_options = [*box.slurm.sbatch_options, "--begin=now+3600"]  # pending
+    low, high = _name(), _name()
+    for name, priority in ((low, 100), (high, 900)):
+        box.dispatcher.add(name, priority=priority, created_at="2026-12-02T09:00:00+00:00")
+        box.engine.fire(f"slurm_dispatch:{name}", "lock")
+    box.worker.run_until_idle()
+
+    def nice(name: str) -> int:
+        return int(box.cluster.run("squeue", "-h", "-o", "%y", f"--name={name}").strip())
+
+    assert (nice(low), nice(high)) == (10000, 10000)          # as submitted
+    report = box.dispatcher.poll()
+    assert report.reniced == 2
+    assert nice(high) == 0                                    # the higher priority first
+    assert nice(low) > 0
+    updates = [c[2:] for c in box.recorder.calls if c[:2] == ["scontrol", "update"]]
+    assert sorted(updates) == sorted([[f"JobName={high}", "Nice=0"],
+                                      [f"JobName={low}", f"Nice={nice(low)}"]])
+    assert box.dispatcher.poll().reniced == 0                 # in order now: left alone
+    for name in (low, high):
+        box.dispatcher.set_priority(name, 0)
+    box.worker.run_until_idle()
+    for name in (low, high):
+        box.until(f"slurm_dispatch:{name}", lambda r: r.state == "gone")
