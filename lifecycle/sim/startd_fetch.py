@@ -159,7 +159,8 @@ class Run:
         resource = self.engine.get(self.key(slot))
         if resource.state == "claimed.busy" and resource.data["job"]:
             job = resource.data["job"]["JobId"]
-            rng = random.Random(f"{self.seed}:{job}")  # the same job in both variants
+            # the same job in both variants, whatever the slots are called
+            rng = random.Random(f"{self.seed}:{self.names.index(slot)}:{job.rsplit('.')[-1]}")
             length = rng.expovariate(1 / float(self.options["job_length"]))
             self.loop.after(length, lambda: self.job_done(slot, job))
         else:
