@@ -535,3 +535,47 @@ def test_the_simulation_reproduces_the_seed_and_the_fix() -> None:
     assert set(before["refusals"]) == {"it is stale"}
     assert after["mean_wait_seconds"] < before["mean_wait_seconds"]
     assert before["fetched_jobs"] > 20 and after["fetched_jobs"] > 20
+
+
+def test_expired_leases_are_found_and_vacated(store: Store) -> None:
+    slot = Slot(store)
+    reach(slot, "claimed.busy")
+    slot.clock.advance(2399)
+    assert slot.startd.expire_leases() == []
+    slot.clock.advance(2)
+    [result] = slot.startd.expire_leases()
+    assert (result.trigger, result.dest) == ("lease_expired", "preempting.vacating")
+
+
+def test_another_slot_s_id_is_named_as_such(store: Store) -> None:
+    engine = Slot(store).engine
+    two = sd.Startd(engine, address=ADDRESS, slots=2)
+    a = two.add_slot("a", 1)  # sequences 1, 3, 5, ...
+    b = two.add_slot("b", 2)  # 2, 4, 6, ...
+    engine.fire("startd:a", "evaluate")
+    engine.fire("startd:b", "evaluate")
+    theirs = b.data["advertised_claim_id"]
+    assert theirs != a.data["advertised_claim_id"]
+    with pytest.raises(sd.ClaimRefused, match="secret part"):  # the cookie is b's
+        two.request_claim("a", two.ids.full("b", theirs), requester="schedd-a")
+    assert sd.refusal(engine.get("startd:a").data, theirs) == \
+        "it is an id of another slot of this startd"
+    assert not engine.fire("startd:a", "request_claim",
+                           {"claim_id": theirs, "requester": "x"}).fired
+    two.request_claim("b", two.ids.full("b", theirs), requester="schedd-a")
+    assert engine.get("startd:b").state == "claimed.idle"
+
+
+def test_describe_prints_each_edge_with_the_manual_s_ref(db_url: str) -> None:
+    from click.testing import CliRunner
+
+    from lifecycle.cli import main
+
+    result = CliRunner().invoke(main, ["describe", "startd", "--json", "--db", db_url])
+    assert result.exit_code == 0, result.output
+    described = json.loads(result.output)
+    edges = described["transitions"] if "transitions" in described else described["edges"]
+    refs = {(e["trigger"], str(e["source"]), e.get("ref")) for e in edges}
+    assert ("evaluate", str(["owner.idle"]) if isinstance(edges[0]["source"], list)
+            else "owner.idle", "A, 1") in refs
+    assert {e.get("ref") for e in edges} >= {"A, 1", "J, 22", "I, 23", "I, 24", "J, 25", "33"}

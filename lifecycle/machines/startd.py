@@ -468,7 +468,7 @@ class ClaimRefused(LifecycleError):
                          + (f"; the slot advertises {expected}" if expected else ""))
 
 
-def refusal(data: Mapping[str, Any], state: str, claim_id: str) -> str:
+def refusal(data: Mapping[str, Any], claim_id: str) -> str:
     """Why a request naming ``claim_id`` (public form) is not for the advertised claim."""
     model = SlotData.model_validate(dict(data))
     claims, mine = model.claims, f"<{model.address}>#{model.birthdate}#"
@@ -482,6 +482,8 @@ def refusal(data: Mapping[str, Any], state: str, claim_id: str) -> str:
     if not claim_id.startswith(mine) or sequence is None:
         return "it is not an id of this startd (another startd, or one from before a " \
                "restart)"
+    if sequence % model.sequence_stride != model.next_sequence % model.sequence_stride:
+        return "it is an id of another slot of this startd"
     if sequence < model.next_sequence:
         return "it is stale: the slot made that claim and has since replaced it"
     return "this slot never made that claim"
@@ -513,6 +515,23 @@ class Startd:
         public = self.engine.get(f"{MACHINE}:{slot}").data["advertised_claim_id"]
         return self.ids.full(slot, public)
 
+    def expire_leases(self) -> list[FireResult]:
+        """Fire ``lease_expired`` for every claim whose lease has run out (the startd's
+        periodic check; the guard ``lease_over`` checks the lease again as it decides)."""
+        now, fired = self.engine.clock.now(), []
+        for resource in self.engine.resources(MACHINE):
+            claims = Claims.model_validate(resource.data.get("claims") or {})
+            for claim in (claims.cur, claims.pre):
+                if claim is None or claim.lease_expires is None or \
+                        dt.datetime.fromisoformat(claim.lease_expires) > now:
+                    continue
+                result = self.engine.fire(f"{MACHINE}:{resource.key}", "lease_expired",
+                                          {"claim_id": claim.id}, actor="startd")
+                if result.fired:
+                    fired.append(result)
+                    break
+        return fired
+
     def request_claim(self, slot: str, claim_id: str, *, requester: str,
                       rank: float | None = None, job: Mapping[str, Any] | None = None,
                       actor: str | None = None) -> FireResult:
@@ -541,7 +560,7 @@ class Startd:
 def _why_refused(resource: Resource, public: str, result: FireResult) -> str:
     guards = result.guards or {}
     if resource.data.get("advertised_claim_id") != public:
-        return refusal(resource.data, resource.state, public)
+        return refusal(resource.data, public)
     if guards.get("rank_not_below") is False:
         return "its rank is below the current claim's"
     if guards.get("willing") is False:
