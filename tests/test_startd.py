@@ -579,3 +579,18 @@ def test_describe_prints_each_edge_with_the_manual_s_ref(db_url: str) -> None:
     assert ("evaluate", str(["owner.idle"]) if isinstance(edges[0]["source"], list)
             else "owner.idle", "A, 1") in refs
     assert {e.get("ref") for e in edges} >= {"A, 1", "J, 22", "I, 23", "I, 24", "J, 25", "33"}
+
+
+def test_a_failing_reply_fetch_is_logged_and_the_job_runs(tmp_path: Path,
+                                                        store: Store) -> None:
+    hooks = Hooks({"FETCH_HOOK_FETCH_WORK": _hook(tmp_path, "fetch", "echo 'JobId = 9'\n"),
+                   "FETCH_HOOK_REPLY_FETCH": _hook(tmp_path, "reply", "exit 2\n")})
+    slot = Slot(store)
+    engine = Engine(store, [sd.SPEC], guards=sd.GUARDS, clock=slot.clock,
+                    effects=sd.effects(hooks, RecordingCollector(), RecordingSchedds(),
+                                       slot.ids))
+    engine.fire(KEY, "fetch")
+    stats = Worker(engine).run_until_idle()
+    assert engine.get(KEY).state == "claimed.busy"
+    assert engine.get(KEY).data["job"] == {"JobId": 9}
+    assert stats.failed == 0

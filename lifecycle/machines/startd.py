@@ -208,8 +208,10 @@ def _leaving_edges() -> list[dict[str, Any]]:
 def _fetch_edges() -> list[dict[str, Any]]:
     accept = ({"name": "reply_fetch", "args": {"accept": True}},)
     job = ("has_job", "willing")
+    # a fetch that fails for good still ends (fetched_work without a job clears fetching)
+    fetch = {"name": "fetch_work", "on_failure": "fetched_work"}
     edges = [_e("fetch", leaf, leaf, "fetch", "run FETCH_WORK", ("may_fetch",),
-                effects=("fetch_work",))
+                effects=(fetch,))
              for leaf in ("owner.idle", "unclaimed.idle", "claimed.idle")]
     edges += [
         _e("fetched_work", "owner.idle", "claimed.busy", "fetch", "fetched work accepted: "
@@ -434,8 +436,12 @@ def effects(hooks: Hooks, collector: Collector, schedds: Schedd,
             return  # no work came: nothing to reply to
         cur = call.data.get("claims", {}).get("cur") or {}
         claim = ids.full(call.key, cur["id"]) if cur.get("id") else ""
-        hooks.reply_fetch(str(call.data.get("hook_keyword")), bool(call.args.get("accept")),
-                          job, _public_ad(call), claim)
+        try:
+            hooks.reply_fetch(str(call.data.get("hook_keyword")),
+                              bool(call.args.get("accept")), job, _public_ad(call), claim)
+        except HookFailed as exc:  # advisory, as in HTCondor: logged, and kept with the effect
+            log.warning("%s: %s", call.key, exc)
+            call.save_progress({"hook_failed": str(exc)})
 
     def vacate_claim(call: EffectCall) -> FollowUp:
         claim = call.data.get("vacating")
