@@ -420,6 +420,8 @@ def effects(hooks: Hooks, collector: Collector, schedds: Schedd,
         # the private part of the ad: what the negotiator hands to the schedd it matches
         ad["ClaimId"] = ids.full(call.key, advertised) if advertised else None
         collector.publish(call.key, ad)
+        # kept with the effect, so that the history shows which id each ad advertised
+        call.save_progress({"advertised_claim_id": advertised})
 
     def fetch_work(call: EffectCall) -> FollowUp:
         keyword = str(call.data.get("hook_keyword"))

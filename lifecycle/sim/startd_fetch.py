@@ -307,8 +307,8 @@ def simulate(*, seed: int = 1, progress: Progress | None = None, store: Store | 
     hints = []
     if before["example"]:
         hints.append(f"lifecycle history startd:{before['example']}   a slot of the seed's "
-                     "startd: a new advertised claim at every fetched job, so schedds' "
-                     "requests name stale ids")
+                     "startd that refused schedds: each ad it published advertised another "
+                     "claim id")
     report["hints"] = hints
     return report
 
