@@ -601,3 +601,12 @@ def test_a_failing_reply_fetch_is_logged_and_the_job_runs(tmp_path: Path,
     assert engine.get(KEY).state == "claimed.busy"
     assert engine.get(KEY).data["job"] == {"JobId": 9}
     assert stats.failed == 0
+
+
+def test_un_retiring_needs_a_preempting_claim_that_was_taken(store: Store) -> None:
+    slot = Slot(store)
+    reach(slot, "claimed.busy")
+    slot.policy(PREEMPT=True)
+    slot.fire("evaluate", to="claimed.retiring")  # retiring for PREEMPT: nobody waits in pre
+    assert not slot.fire("release_claim", {"claim_id": slot.claim("pre")}).fired
+    assert slot.state == "claimed.retiring"

@@ -155,7 +155,8 @@ def _claim_edges() -> list[dict[str, Any]]:
         _e("retirement_expired", "claimed.suspended", "preempting", "H, 17",
            "retirement expired while suspended"),
         _e("release_claim", "claimed.retiring", "claimed.busy", "19", "the preempting "
-           "claim was released: the job un-retires", ("names_preempting_claim",)),
+           "claim was released: the job un-retires", ("names_preempting_claim",
+                                                       "names_held_claim")),
         _e("release_claim", "claimed", "preempting", "H, 10", "the schedd released the "
            "claim", ("names_current_claim",)),
         _e("lease_expired", "claimed.retiring", "claimed.busy", "19", "the preempting "
@@ -436,8 +437,11 @@ def effects(hooks: Hooks, collector: Collector, schedds: Schedd,
         job = call.payload.get("job")
         if not isinstance(job, Mapping):
             return  # no work came: nothing to reply to
-        cur = call.data.get("claims", {}).get("cur") or {}
-        claim = ids.full(call.key, cur["id"]) if cur.get("id") else ""
+        claims = call.data.get("claims", {})
+        pre = claims.get("pre") or {}
+        # the fetch claim: current, or preempting when the job waits for the slot
+        fetched = pre if pre.get("type") == "fetch" else claims.get("cur") or {}
+        claim = ids.full(call.key, fetched["id"]) if fetched.get("id") else ""
         try:
             hooks.reply_fetch(str(call.data.get("hook_keyword")),
                               bool(call.args.get("accept")), job, _public_ad(call), claim)
@@ -508,13 +512,14 @@ class Startd:
     ids: ClaimIds = field(default_factory=ClaimIds)
     slots: int = 1
 
+    def __post_init__(self) -> None:
+        if self.birthdate is None:  # when this startd started: part of every id it makes
+            self.birthdate = int(self.engine.clock.now().timestamp())
+
     def add_slot(self, name: str, number: int = 1, **settings: Any) -> Resource:
         """Slot ``name``, the ``number``-th of ``slots``, in Owner (settings: any data of
         :class:`SlotData`: policy, ad, hook_keyword, keep_advertised_claim, ...)."""
-        birth = self.birthdate
-        if birth is None:
-            birth = int(self.engine.clock.now().timestamp())
-        data = {"address": self.address, "birthdate": birth, "next_sequence": number,
+        data = {"address": self.address, "birthdate": self.birthdate, "next_sequence": number,
                 "sequence_stride": self.slots, **settings}
         return self.engine.create(MACHINE, name, data, actor="startd")  # type: ignore[no-any-return]
 
