@@ -126,7 +126,7 @@ def problems(value: Any, root: str) -> Iterator[ValueProblem]:
             stack.extend(reversed(children))
             reason = None
         else:
-            reason = f"is a {type(item).__name__}, not a JSON value"
+            reason = f"is a Python {type(item).__name__}, not a JSON value"
         if reason is not None:
             yield ValueProblem(path, reason)
         if text > MAX_TEXT:

@@ -265,11 +265,11 @@ def test_available_triggers(engine: Engine) -> None:
 
 def test_payload_json_cannot_hold_is_refused(engine: Engine) -> None:
     engine.create("slot", "s")
-    with pytest.raises(InvalidData, match="payload is not JSON"):
+    with pytest.raises(InvalidData, match=r"payload\.load: is nan, not a finite number"):
         engine.fire("s", "claim", {"claim_id": "c", "load": float("nan")})
-    with pytest.raises(InvalidData, match="payload is not JSON"):
+    with pytest.raises(InvalidData, match=r"payload\.when: is a Python object, not a JSON value"):
         engine.fire("s", "claim", {"claim_id": "c", "when": object()})
-    with pytest.raises(InvalidData, match="data is not JSON"):
+    with pytest.raises(InvalidData, match=r"data\.x: is inf, not a finite number"):
         engine.create("slot", "t", {"x": float("inf")})
     assert engine.get("s").version == 1
     assert [r.key for r in engine.resources("slot")] == ["s"]

@@ -11,9 +11,11 @@ command that committed exits 0 whatever happens while it prints: printing never 
 Everything a command prints that comes from data (keys, actors, data, payloads, errors) is
 text. The consoles read markup of lifecycle's own styles only (``[bold]``, ``[red]``, ...,
 closed by ``[/]``), a tag only where it is opened and closed; any other bracket, an
-unclosed tag, a ``[/]`` with nothing to close, prints as it is, and ``\\[`` (what
-:func:`escape` makes of data) is always a plain ``[``. Nothing printed can raise a markup
-error.
+unclosed tag, a ``[/]`` with nothing to close, prints as it is, and a backslash before a
+tag (what :func:`escape` puts before one in data) makes it text. Nothing printed can raise
+a markup error. Data that holds a whole pair of those tags (``[red]x[/]``) is still read as
+markup where a command interpolates it without :func:`escape`: pass data through
+:func:`escape`, or print it as a :class:`~rich.text.Text`. No URL's password is printed.
 """
 
 from __future__ import annotations
