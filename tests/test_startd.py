@@ -610,3 +610,53 @@ def test_un_retiring_needs_a_preempting_claim_that_was_taken(store: Store) -> No
     slot.fire("evaluate", to="claimed.retiring")  # retiring for PREEMPT: nobody waits in pre
     assert not slot.fire("release_claim", {"claim_id": slot.claim("pre")}).fired
     assert slot.state == "claimed.retiring"
+
+
+TRIGGERS = sorted(sd.SPEC.triggers)
+POLICY = ("START", "PREEMPT", "SUSPEND", "CONTINUE", "KILL", "WANT_SUSPEND", "WANT_VACATE",
+          "START_BACKFILL", "EVICT_BACKFILL", "RUNBENCHMARKS")
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("keep", [True, False])
+def test_random_lives_keep_the_claim_rules(store: Store, seed: int, keep: bool) -> None:
+    """Random events, payloads, policies and waits: after each, the advertised claim is
+    HTCondor's, the claims are distinct, an id the slot let go never comes back, and the
+    states hold the claims they should."""
+    import random
+
+    rng = random.Random(seed)
+    slot = Slot(store, keep=keep)
+    gone: set[str] = set()
+    held = {slot.claim("cur")}
+    for _ in range(300):
+        if rng.random() < 0.2:
+            slot.policy(**{name: rng.random() < 0.5 for name in rng.sample(POLICY, 3)})
+        slot.clock.advance(rng.choice([0, 1, 30, 200, 2500]))
+        data = slot.data
+        ids = [c["id"] for c in data["claims"].values() if c] + ["<elsewhere>#1#1#..."]
+        payload: dict[str, Any] = {"claim_id": rng.choice([data["advertised_claim_id"],
+                                                           *ids]),
+                                   "requester": rng.choice(["schedd-a", "schedd-b"]),
+                                   "rank": rng.choice([0, 1, 2, 3])}
+        if rng.random() < 0.5:
+            payload["job"] = {"Cmd": "/bin/true"} if rng.random() < 0.8 else None
+        slot.engine.fire(KEY, rng.choice(slot.engine.available_triggers(KEY) if rng.random() < 0.9
+                                             else TRIGGERS), payload)
+        data, state = slot.data, slot.state
+        claims = data["claims"]
+        now = {c["id"] for c in claims.values() if c}
+        advertised = claims["pre_pre"] or claims["pre"] or claims["cur"]
+        assert data["advertised_claim_id"] == advertised["id"]
+        assert len(now) == len([c for c in claims.values() if c])
+        assert not (now & gone), f"an id came back in {state}"
+        gone |= held - now
+        held = now
+        top = state.split(".")[0]
+        if top == "claimed":
+            assert claims["pre"] is not None
+        if top not in ("claimed", "preempting"):
+            assert claims["pre_pre"] is None
+        if top == "owner":
+            assert claims["pre"] is None
+        assert all(i.endswith("#...") for i in now)
