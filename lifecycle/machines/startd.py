@@ -29,9 +29,9 @@ HTCondor's periodic policy evaluation.
 Work fetch: ``fetch`` runs the slot's FETCH_WORK hook (an effect), whose answer comes back as
 ``fetched_work``; the job is accepted into a fetch claim only when the slot is not
 Preempting, is willing (``START``), and, when Claimed, ranks the job strictly above the
-current claim. A fetched job that finishes takes the slot back to Owner, as the seed's startd
+current claim. A fetched job that finishes takes the slot back to Owner, as the report's startd
 does; ``keep_advertised_claim`` (default true) keeps the advertised claim across that cycle
-(the seed's options C and D); false is the startd the seed describes, for the simulation.
+(the report's options C and D); false is the startd the report describes, for the simulation.
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ def _claim_edges() -> list[dict[str, Any]]:
         _e("activate", "claimed.idle", "claimed.busy", "11", "the claim is activated: a "
            "starter runs its job", ("names_current_claim",)),
         _e("starter_exited", "claimed.busy", "owner.idle", "fetch", "a fetched job is done: "
-           "back to Owner, as the seed's startd", ("fetch_claim",)),
+           "back to Owner, as the report's startd", ("fetch_claim",)),
         _e("starter_exited", "claimed.busy", "claimed.idle", "12", "the job is done"),
         _e("starter_exited", "claimed.retiring", "preempting", "H, 18", "the retiring job "
            "is done"),

@@ -13,7 +13,7 @@ slot, so two slots of one startd never share an id.
 The rules live in :class:`SlotData`, whose class says ``follows_transitions``: the engine
 validates the data on every transition with the transition in the validation context, and
 :func:`follow` computes the claims that transition leaves, in the transition's own
-transaction. They are the domain's, with the project's change (the seed's option D):
+transaction. They are the domain's, with the project's change (the report's option D):
 
 - entering Owner deletes the current claim and makes a fresh one, dropping the preempting
   claims; except, when ``keep_advertised_claim`` is on and the slot leaves Claimed after
@@ -21,7 +21,7 @@ transaction. They are the domain's, with the project's change (the seed's option
   again, so the id a schedd read from the collector stays good across fetch cycles;
 - accepting fetched work in Owner or Unclaimed makes a fetch claim current; with
   ``keep_advertised_claim`` the current claim is parked in ``pre`` (option C), without it
-  the current claim is dropped (the seed's code);
+  the current claim is dropped (the report's code);
 - entering Claimed from elsewhere makes a fresh ``pre`` (the claim that may preempt) when
   there is none;
 - a claim request while Claimed stores the requester in ``pre`` (or, naming ``pre_pre``,
@@ -140,7 +140,7 @@ class SlotData(BaseModel):
     advertised_claim_id: str | None = None
     """The public id the slot advertises (kept by the rule above, for reading)."""
     keep_advertised_claim: bool = True
-    """The seed's options C and D; false is the startd as the seed found it."""
+    """The report's options C and D; false is the startd as the report found it."""
     policy: dict[str, bool | int | float | str] = Field(default_factory=dict)
     ad: dict[str, Any] = Field(default_factory=dict)
     job: dict[str, Any] | None = None
@@ -291,7 +291,7 @@ def _enter_owner(data: SlotData) -> None:
             and parked is not None and parked.requester is None):
         claims.cur = _unclaimed(parked)  # option D: the advertised claim stays good
     else:
-        claims.cur = data.mint()  # HTCondor (and the seed): a fresh claim
+        claims.cur = data.mint()  # HTCondor (and the report's startd): a fresh claim
     claims.pre = claims.pre_pre = None
     data.job, data.starter, data.retiring_before_suspend = None, False, False
 

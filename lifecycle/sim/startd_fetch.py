@@ -9,7 +9,7 @@ Every schedd ranks its jobs above fetched work; now and then it wants a slot, re
 slot's ClaimId from the collector and sends a claim request, again every ``retry``
 seconds until it gets the slot, which it then holds for ``hold`` seconds.
 
-Before, the startd the seed describes (``keep_advertised_claim: false``): every fetched
+Before, the startd the report describes (``keep_advertised_claim: false``): every fetched
 job and every return to Owner makes new claim ids, so the id in the collector is stale by
 the time a schedd uses it. After, the ``startd`` machine: the advertised claim is parked
 while a fetched job runs and comes back afterwards, so the id stays good. Both runs meet
@@ -306,7 +306,7 @@ def simulate(*, seed: int = 1, progress: Progress | None = None, store: Store | 
     }
     hints = []
     if before["example"]:
-        hints.append(f"lifecycle history startd:{before['example']}   a slot of the seed's "
+        hints.append(f"lifecycle history startd:{before['example']}   a slot of the report's "
                      "startd that refused schedds: each ad it published advertised another "
                      "claim id")
     report["hints"] = hints
