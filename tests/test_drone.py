@@ -416,3 +416,25 @@ def test_lifecycle_demo_twice_in_one_folder_prints_the_same_figures(
     # the first run's resources are as it left them: the second wrote nothing to them
     assert {key: len(engine.history(key)) for key in journals} == journals
     engine.store.dispose()
+
+
+def test_the_deploy_brings_the_sites_minimum_lifetime_along(store: Store) -> None:
+    import subprocess
+
+    from lifecycle.adapters.slurm import SlurmSite
+
+    def sbatch(argv: Sequence[str], timeout: float,
+               env: Any) -> subprocess.CompletedProcess[str]:
+        return subprocess.CompletedProcess(list(argv), 0, "4242\n", "")
+
+    site = SlurmSite(wrap="start-drone", runner=sbatch, drone_minimum_lifetime=3600)
+    clock = SimulatedClock("2026-01-01T00:00:00Z")
+    pool = ScenarioBatch(World())
+    engine = Engine(store, [drone.SPEC], guards=drone.GUARDS, effects=drone.effects(site, pool),
+                    probes={"site": drone.probe(site, pool)}, clock=clock)
+    engine.create("drone", "d1")
+    Worker(engine).run_until_idle()
+    assert engine.get("d1").data["remote_id"] == "4242"
+    assert engine.get("d1").data["minimum_lifetime"] == 3600.0
+    with pytest.raises(ValueError, match="drone_minimum_lifetime is a positive number"):
+        SlurmSite(wrap="x", drone_minimum_lifetime=0)

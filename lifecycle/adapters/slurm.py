@@ -145,11 +145,17 @@ class SlurmSite:
     stop_signal: str | None = None
     hold_before_cancel: bool = True
     runner: Runner = run_command
+    drone_minimum_lifetime: float | None = None
+    """TARDIS's site setting: seconds an available drone runs before it is drained (None:
+    until the pool releases it). The drone's deploy copies it into the drone's data."""
 
     def __post_init__(self) -> None:
         if bool(self.script) == (self.wrap is not None):
             raise ValueError("SlurmSite needs exactly one of script=[path, args...] or "
                              "wrap='command line'")
+        if self.drone_minimum_lifetime is not None and not self.drone_minimum_lifetime > 0:
+            raise ValueError("SlurmSite drone_minimum_lifetime is a positive number of seconds "
+                             f"(or None), not {self.drone_minimum_lifetime}")
         if self.max_ids_per_call < 1:
             raise ValueError(f"SlurmSite max_ids_per_call must be at least 1, "
                              f"not {self.max_ids_per_call}")
