@@ -144,7 +144,7 @@ def test_until_idle_waits_for_effects_another_host_holds(
         with engine.store.begin() as db:  # the other host's lease runs out
             db.execute(update(outbox).values(
                 lease_until=engine.clock.now() - dt.timedelta(seconds=1)))
-        stdout, stderr = process.communicate(timeout=300)
+        _, stderr = process.communicate(timeout=300)
     finally:
         if process.poll() is None:
             process.kill()
