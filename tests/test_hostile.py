@@ -267,8 +267,11 @@ def test_bad_json_arguments_are_usage_errors(db: str) -> None:
 
 def test_a_key_that_is_not_utf8_is_one_line(db: str) -> None:
     ran = cli("show", "\udcff\udcfe", db=db)  # what Python makes of the bytes ff fe in argv
-    assert_clean(ran, 1)
-    assert "invalid key" in ran.stderr
+    assert_clean(ran, 2)
+    assert "argument 2 ('\\udcff\\udcfe') contains a lone surrogate" in ran.stderr
+    ran = cli("retry", "k\x00", db=db)
+    assert_clean(ran, 2)
+    assert "contains a NUL character" in ran.stderr
 
 
 def test_a_file_that_is_not_a_database(tmp_path: Path) -> None:

@@ -36,6 +36,7 @@ from rich.text import Text
 from .. import redact
 from ..documents import DocumentError, load_json
 from ..errors import LifecycleError, SpecError
+from ..values import string_problem
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -242,6 +243,16 @@ class OneLineErrors(click.Group):
     def add_command(self, cmd: click.Command, name: str | None = None) -> None:
         finite_options(cmd)
         super().add_command(cmd, name)
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """Every argument is text: a byte that is not UTF-8 (Python's lone surrogate for
+        it) or a NUL is a usage error, whatever the argument is for."""
+        for position, argument in enumerate(args, start=1):
+            problem = string_problem(argument)
+            if problem is not None:
+                raise click.UsageError(f"argument {position} ({argument!r}) {problem}; "
+                                       "arguments are UTF-8 text", ctx)
+        return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
         streams = sys.stdout, sys.stderr
