@@ -12,7 +12,7 @@ from lifecycle.sim import simulations
 from lifecycle.sim.loop import EventLoop
 
 SMALL = {"drone-race": {"drones": 10, "hours": 0.5}, "job-exit-crash": {"jobs": 40},
-         "scancel-flood": {"containers": 50}}
+         "scancel-flood": {"containers": 50}, "startd-fetch": {"slots": 2, "hours": 0.1}}
 
 
 def test_every_simulation_has_a_small_setting() -> None:
