@@ -6,10 +6,14 @@ from typing import Any
 
 from sqlalchemy import func, or_, select
 
-from .errors import AmbiguousKey, UnknownResource
+from . import values
+from .errors import AmbiguousKey, LifecycleError, UnknownResource
 from .records import JournalEntry, Observation, Resource
 from .spec import SEPARATOR
 from .store import Store, journal, observations, resources
+
+LONGEST_KEY = 510
+"""Characters of a key as asked for (``MACHINE:KEY``: two names of at most 255)."""
 
 
 def split_key(key: str) -> tuple[str | None, str]:
@@ -43,6 +47,9 @@ def _resource(r: Any) -> Resource:
 
 
 def _row(db: Any, key: str) -> Any:
+    problem = values.text_problem(key, LONGEST_KEY)
+    if problem is not None:  # before a database is asked (PostgreSQL refuses a NUL)
+        raise LifecycleError(f"invalid key {key!r}: it {problem}")
     machine, plain = split_key(key)
     query = _resource_query().where(resources.c.key == plain)
     if machine is not None:

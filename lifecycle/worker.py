@@ -48,6 +48,7 @@ from sqlalchemy import (
     update,
 )
 
+from . import redact
 from .effects import DONE, FAILED, PENDING, RUNNING, Effect, EffectCall, FollowUp, Retry
 from .engine import Engine
 from .errors import DatabaseError, LostClaim, PermanentError, RetryableError, UnknownResource
@@ -515,7 +516,8 @@ class Worker:
                     kind, value = "error", failure  # handler's writes, or its follow-up)
             effect = self.engine.handlers.get(call.name) or Effect(lambda c: None)
             exc: BaseException = value
-            message = f"{type(exc).__name__}: {exc}"
+            # stored, logged and shown: no password of any URL in it
+            message = redact.text(f"{type(exc).__name__}: {exc}")
             permanent = isinstance(exc, PermanentError) or kind == "failed"
             limit = effect.retry.max_attempts
             if permanent or (limit is not None and call.attempt >= limit):

@@ -22,7 +22,18 @@ import pytest
 from procs import gated
 from sqlalchemy import select, update
 
-from lifecycle import Effect, EffectCall, Engine, FollowUp, Store, Worker, effect_records
+from lifecycle import (
+    Effect,
+    EffectCall,
+    Engine,
+    FollowUp,
+    LifecycleError,
+    Retry,
+    Store,
+    Worker,
+    effect_records,
+    retry_failed,
+)
 from lifecycle.spec import load_spec
 from lifecycle.store import outbox
 from lifecycle.worker import DEFAULT_LEASE
@@ -287,3 +298,24 @@ def test_lost_connections_cost_nothing_but_time(postgres_url: str, tmp_path: Pat
     assert "Traceback" not in stderr
     print(f"{cuts} connections cut; 120 effects each done once")
     engine.store.dispose()
+
+
+def test_a_handlers_error_is_stored_without_the_passwords_it_names(store: Store) -> None:
+    def leaky(call: EffectCall) -> None:
+        raise ConnectionError("cannot reach postgresql://app:s3cr/et@db.example.org/prod")
+
+    engine = Engine(store, [load_spec(gated.SPEC)],
+                    effects={"work": Effect(leaky, Retry(max_attempts=1))})
+    engine.create("gated", "leak")
+    engine.fire("leak", "go")
+    Worker(engine).run_until_idle()
+    [record] = effect_records(engine)
+    assert record.status == "failed" and record.last_error is not None
+    assert "s3cr" not in record.last_error and "db.example.org/prod" in record.last_error
+
+
+def test_listings_refuse_a_key_no_database_can_be_asked_about(store: Store) -> None:
+    engine = Engine(store, [load_spec(gated.SPEC)], effects=gated.effects)
+    for listing in (effect_records, retry_failed):
+        with pytest.raises(LifecycleError, match="invalid key"):
+            listing(engine, "bad\x00key")
