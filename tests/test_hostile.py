@@ -231,7 +231,8 @@ def db(db_url: str) -> str:
     return db_url
 
 
-@pytest.mark.parametrize("key", ["x[/]", "y[bold]z", "[red]", "a\\[b", "q[/bold]"])
+@pytest.mark.parametrize("key", ["x[/]", "y[bold]z", "[red]", "a\\[b", "q[/bold]", "[red]x[/]",
+                                 "[bold]k[/bold]"])
 def test_a_key_with_markup_prints_as_itself_and_breaks_nothing(db: str, key: str) -> None:
     ran = cli("create", "batch_job", key, db=db)
     assert_clean(ran, 0)

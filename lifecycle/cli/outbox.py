@@ -104,7 +104,7 @@ def stuck(db_url: str | None, as_json: bool) -> None:
 def retry(key: str, db_url: str | None) -> None:
     """Put KEY's failed effects back in the queue, due now, with fresh attempts."""
     count = retry_failed(make_engine(db_url), key)
-    out.print(f"{key}: {plural(count, 'failed effect')} queued again" if count else
-              f"{key}: no failed effects")
+    out.print(f"{escape(key)}: {plural(count, 'failed effect')} queued again" if count else
+              f"{escape(key)}: no failed effects")
 
 

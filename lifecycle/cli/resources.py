@@ -43,8 +43,8 @@ def create(machine: str, key: str, data: str | None, state: str | None, actor: s
     if as_json:
         print(json.dumps(resource.to_json(), indent=2))
     else:
-        out.print(f"created {resource.machine}:{resource.key} in [bold]{resource.state}[/] "
-                  f"(version {resource.version})")
+        out.print(f"created {escape(resource.machine)}:{escape(resource.key)} in "
+                  f"[bold]{resource.state}[/] (version {resource.version})")
 
 
 @click.command()
@@ -117,7 +117,7 @@ def update(key: str, data: str, actor: str | None, db_url: str | None, as_json: 
     if as_json:
         print(json.dumps(resource.to_json(), indent=2))
     else:
-        out.print(f"{resource.machine}:{resource.key}: data updated (version "
+        out.print(f"{escape(resource.machine)}:{escape(resource.key)}: data updated (version "
                   f"{resource.version}):")
         out.print(Text("\n".join(f"  {line}" for line in layout.key_values(document))))
 
@@ -126,11 +126,12 @@ def print_result(result: FireResult, as_json: bool) -> None:
     if as_json:
         print(json.dumps(result.to_json(), indent=2))
     elif result.fired:
-        out.print(f"{result.machine}:{result.key}: {result.trigger}: {result.source} -> "
-                  f"[bold]{result.dest}[/] (version {result.version})")
+        out.print(f"{escape(result.machine)}:{escape(result.key)}: {result.trigger}: "
+                  f"{result.source} -> [bold]{result.dest}[/] (version {result.version})")
     else:
         why = f"{result.error}: {result.reason}" if result.error else (result.reason or "")
-        out.print(f"{result.machine}:{result.key}: [yellow]not fired[/]: {escape(why)}")
+        out.print(f"{escape(result.machine)}:{escape(result.key)}: [yellow]not fired[/]: "
+                  f"{escape(why)}")
         if "is not registered with this engine" in why:
             out.print(f"hint: a module named in {PLUGINS_VARIABLE} provides probes "
                       "(`probes`, or `drone_site` and `drone_batch_system` for drones); "
@@ -159,7 +160,7 @@ def show(key: str, db_url: str | None, as_json: bool) -> None:
     table = Table(show_header=False, box=None)
     table.add_column(no_wrap=True)
     table.add_column(overflow="fold")
-    table.add_row("resource", f"{resource.machine}:{resource.key}")
+    table.add_row("resource", Text(f"{resource.machine}:{resource.key}"))
     table.add_row("state", f"[bold]{resource.state}[/]")
     table.add_row("version", str(resource.version))
     table.add_row("spec version", resource.spec_version)
@@ -205,7 +206,8 @@ def list_(machine: str | None, state: str | None, db_url: str | None, as_json: b
     table = layout.table("resource", "state", "version", "updated")
     blocks = []
     for r in items:
-        table.add_row(f"{r.machine}:{r.key}", r.state, str(r.version), time_text(r.updated_at))
+        table.add_row(Text(f"{r.machine}:{r.key}"), r.state, str(r.version),
+                      time_text(r.updated_at))
         blocks.append(layout.block(Text(f"{r.machine}:{r.key}", style="bold"), [
             f"{r.state}, version {r.version}, updated {time_text(r.updated_at)}"]))
     out.print(layout.fitted(out, table, blocks), soft_wrap=False)
