@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from procs import machines
@@ -53,14 +54,28 @@ def test_crashes_at_every_point_lose_and_repeat_nothing(db_url: str, tmp_path: P
     store.dispose()
 
 
-def test_four_workers_share_postgres_without_running_anything_twice(postgres_url: str) -> None:
+def _ticker_with_calls_table(postgres_url: str) -> tuple[Store, Engine]:
+    """A store with a table the ticker workers note each effect's call in, and an engine
+    for the ticker machine."""
     store = Store(postgres_url, upgrade=True)
     with store.begin() as db:
         db.execute(text("CREATE TABLE effect_calls (n BIGSERIAL PRIMARY KEY, "
                         "idempotency_key TEXT NOT NULL, effect_id BIGINT NOT NULL, "
                         "resource TEXT NOT NULL, worker TEXT NOT NULL)"))
-    engine = Engine(store, [machines.TICKER], effects={"e0": lambda c: None,
-                                                       "e1": lambda c: None})
+    return store, Engine(store, [machines.TICKER], effects={"e0": lambda c: None,
+                                                            "e1": lambda c: None})
+
+
+def _in_order(calls: list[Any]) -> None:
+    per_resource: dict[str, list[int]] = {}
+    for call in calls:
+        per_resource.setdefault(call.resource, []).append(call.effect_id)
+    for resource, order in per_resource.items():
+        assert order == sorted(order), f"{resource} ran out of order: {order}"
+
+
+def test_four_workers_share_postgres_without_running_anything_twice(postgres_url: str) -> None:
+    store, engine = _ticker_with_calls_table(postgres_url)
     keys = [f"r{i:03d}" for i in range(500)]
     for key in keys:
         engine.create("ticker", key)
@@ -83,11 +98,7 @@ def test_four_workers_share_postgres_without_running_anything_twice(postgres_url
     assert outbox_counts(engine) == {"done": 5000}
     assert len(calls) == 5000
     assert len({c.idempotency_key for c in calls}) == 5000, "an effect ran twice"
-    per_resource: dict[str, list[int]] = {}
-    for call in calls:
-        per_resource.setdefault(call.resource, []).append(call.effect_id)
-    for resource, order in per_resource.items():
-        assert order == sorted(order), f"{resource} ran out of order: {order}"
+    _in_order(calls)
     assert len({c.worker for c in calls}) == 4, "the work was not shared"
 
 
@@ -162,13 +173,7 @@ def test_effects_asked_for_while_workers_finish_their_predecessors(postgres_url:
     effects on the very resources whose effects two worker processes are finishing: a new
     effect must become the head when its predecessor is done, whichever commits first, or
     it would wait for ever. At the end nothing is left, and every queue ran in order."""
-    store = Store(postgres_url, upgrade=True)
-    with store.begin() as db:
-        db.execute(text("CREATE TABLE effect_calls (n BIGSERIAL PRIMARY KEY, "
-                        "idempotency_key TEXT NOT NULL, effect_id BIGINT NOT NULL, "
-                        "resource TEXT NOT NULL, worker TEXT NOT NULL)"))
-    engine = Engine(store, [machines.TICKER], effects={"e0": lambda c: None,
-                                                       "e1": lambda c: None})
+    store, engine = _ticker_with_calls_table(postgres_url)
     keys = [f"q{i:02d}" for i in range(40)]
     for key in keys:
         engine.create("ticker", key)
@@ -192,9 +197,5 @@ def test_effects_asked_for_while_workers_finish_their_predecessors(postgres_url:
         heads = db.execute(text("SELECT count(*) FROM lifecycle_effects WHERE head = 1")).scalar()
     assert heads == 0
     assert len(calls) == len({c.effect_id for c in calls}) == 40 * 16 * 2
-    per_resource: dict[str, list[int]] = {}
-    for call in calls:
-        per_resource.setdefault(call.resource, []).append(call.effect_id)
-    for resource, order in per_resource.items():
-        assert order == sorted(order), f"{resource} ran out of order: {order}"
+    _in_order(calls)
     store.dispose()

@@ -112,6 +112,32 @@ def run_command(argv: Sequence[str], timeout: float,
     )
 
 
+def run_checked(runner: Runner, full: Sequence[str], timeout: float,
+                env: Mapping[str, str] | None) -> subprocess.CompletedProcess[str]:
+    """``runner(full, timeout, env)``, with a command that cannot run or does not answer
+    turned into a :class:`SiteError` that says what to do."""
+    shown = _show(full)
+    log.debug("running %s", shown)
+    try:
+        return runner(full, timeout, env)
+    except FileNotFoundError as exc:
+        raise SiteError(f"{shown}: command not found ({exc.filename or full[0]}); install "
+                        "Slurm's client commands or configure their paths") from exc
+    except subprocess.TimeoutExpired as exc:
+        raise SiteError(f"{shown}: no answer within {timeout:g} s (slurmctld down or "
+                        "overloaded?)") from exc
+    except OSError as exc:
+        raise SiteError(f"{shown}: could not run: {exc}") from exc
+
+
+def command_failed(full: Sequence[str], done: subprocess.CompletedProcess[str]) -> SiteError:
+    """A command that answered with a non-zero exit, as a :class:`SiteError` with its
+    message (without the noise of Slurm's select plugin)."""
+    message = (done.stderr.strip() or done.stdout.strip() or "no message").splitlines()
+    return SiteError(f"{_show(full)} failed (exit {done.returncode}): "
+                     + " / ".join(line for line in message if "select/" not in line))
+
+
 def resource_status(slurm_state: str) -> str:
     """The ResourceStatus of a Slurm job state as squeue prints it (``%T``)."""
     return SLURM_STATES.get(slurm_state.strip().upper(), ERROR)
@@ -302,27 +328,12 @@ class SlurmSite:
                         done.stderr.strip())
 
     def _run(self, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
-        full = [*self.command_prefix, *argv]
         env = {**os.environ, **self.environment} if self.environment else None
-        log.debug("running %s", _show(full))
-        try:
-            return self.runner(full, self.timeout, env)
-        except FileNotFoundError as exc:
-            raise SiteError(f"{_show(full)}: command not found ({exc.filename or full[0]}); "
-                            "install Slurm's client commands or configure their paths "
-                            "in SlurmSite") from exc
-        except subprocess.TimeoutExpired as exc:
-            raise SiteError(f"{_show(full)}: no answer within {self.timeout:g} s "
-                            "(slurmctld down or overloaded?)") from exc
-        except OSError as exc:
-            raise SiteError(f"{_show(full)}: could not run: {exc}") from exc
+        return run_checked(self.runner, [*self.command_prefix, *argv], self.timeout, env)
 
     def _failed(self, argv: Sequence[str],
                 done: subprocess.CompletedProcess[str]) -> SiteError:
-        message = (done.stderr.strip() or done.stdout.strip() or "no message").splitlines()
-        return SiteError(
-            f"{_show([*self.command_prefix, *argv])} failed (exit {done.returncode}): "
-            + " / ".join(line for line in message if "select/" not in line))
+        return command_failed([*self.command_prefix, *argv], done)
 
 
 def _named(arg: str, drone: Drone) -> str:

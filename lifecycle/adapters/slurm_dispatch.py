@@ -40,7 +40,6 @@ import contextlib
 import logging
 import math
 import os
-import re
 import subprocess
 import threading
 import time
@@ -50,7 +49,7 @@ from dataclasses import dataclass, field
 
 from ..clock import Clock, SystemClock
 from ..errors import SiteError
-from .slurm import Runner, run_command
+from .slurm import Runner, command_failed, run_checked, run_command
 
 log = logging.getLogger(__name__)
 
@@ -300,22 +299,8 @@ class SlurmDispatch:
                     self.sleep(wait)
                 with self._counting:
                     self.scancel_invocations += 1
-            log.debug("running %s", shown)
-            try:
-                return self.runner(full, self.timeout, env)
-            except FileNotFoundError as exc:
-                raise SiteError(f"{shown}: command not found ({exc.filename or full[0]}); "
-                                "install Slurm's client commands or configure their "
-                                "paths") from exc
-            except subprocess.TimeoutExpired as exc:
-                raise SiteError(f"{shown}: no answer within {self.timeout:g} s (slurmctld "
-                                "down or overloaded?)") from exc
-            except OSError as exc:
-                raise SiteError(f"{shown}: could not run: {exc}") from exc
+            return run_checked(self.runner, full, self.timeout, env)
 
     def _failed(self, argv: Sequence[str],
                 done: subprocess.CompletedProcess[str]) -> SiteError:
-        message = (done.stderr.strip() or done.stdout.strip() or "no message").splitlines()
-        return SiteError(f"{' '.join([*self.command_prefix, *argv])} failed (exit "
-                         f"{done.returncode}): " + " / ".join(
-                             line for line in message if not re.search(r"select/", line)))
+        return command_failed([*self.command_prefix, *argv], done)
