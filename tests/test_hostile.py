@@ -190,10 +190,13 @@ def test_a_password_holding_an_at_sign_reaches_the_database_whole() -> None:
 
 
 def test_smtp_errors_and_stored_effect_errors_show_no_password() -> None:
+    server = SmtpServer.from_url("smtp://bob:Hunter2/Secret@mail:2525")  # '/' in a password
+    assert (server.host, server.port, server.user, server.password) == (
+        "mail", 2525, "bob", "Hunter2/Secret")
     with pytest.raises(MailConfigError) as refused:
-        SmtpServer.from_url("smtp://bob:Hunter2/Secret@mail")
+        SmtpServer.from_url("smtp://bob:Hunter2/Secret@mail:port")
     assert "Hunter2" not in str(refused.value) and "Secret" not in str(refused.value)
-    mailer = SmtpMailer("smtp://bob:Hunter2/Secret@mail")
+    mailer = SmtpMailer("smtp://bob:Hunter2/Secret@mail:port")
     message = build_message(sender="a@example.org", recipient="b@example.org", subject="s",
                             body="b", message_id="<1@example.org>",
                             date=SimulatedClock().now())

@@ -106,7 +106,10 @@ class SmtpServer:
 
     @classmethod
     def from_url(cls, url: str) -> SmtpServer:
-        parts = urlsplit(url)
+        # the user information ends at the last '@', so a password may hold '/', '@' or ':'
+        # (urlsplit would take a '/' in it for the start of a path)
+        head, user, password, rest = redact.split_credentials(url)
+        parts = urlsplit(head + rest)
         scheme = parts.scheme.lower()
         if scheme not in _PORTS:
             raise MailConfigError(f"{URL_VARIABLE}: {_shown(url)!r} is not an SMTP URL; write "
@@ -117,9 +120,8 @@ class SmtpServer:
             raise MailConfigError(f"{URL_VARIABLE}: {_shown(url)!r} has an invalid port") from None
         if not parts.hostname:
             raise MailConfigError(f"{URL_VARIABLE}: {_shown(url)!r} names no host")
-        return cls(scheme, parts.hostname, port,
-                   unquote(parts.username) if parts.username else None,
-                   unquote(parts.password) if parts.password else None)
+        return cls(scheme, parts.hostname, port, unquote(user) if user else None,
+                   unquote(password) if password else None)
 
     def __str__(self) -> str:
         return f"{self.scheme}://{self.host}:{self.port}"
