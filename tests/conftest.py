@@ -9,6 +9,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -91,6 +92,33 @@ def _connections_left(application_name: str) -> int:
             if left == 0 or time.monotonic() > deadline:
                 return left
             time.sleep(0.05)
+
+
+REQUIRE_SLURM = os.environ.get("LIFECYCLE_REQUIRE_SLURM") == "1"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    """A single-node Slurm (munged, slurmctld, slurmd) of the test module's own (the Slurm
+    site's and the dispatcher's tests each leave jobs the other must not meet); skipped
+    without the Slurm packages or root, unless LIFECYCLE_REQUIRE_SLURM=1."""
+    from slurm_cluster import missing_binaries, start_cluster
+
+    problem = None
+    missing = missing_binaries()
+    if missing:
+        problem = f"Slurm binaries missing: {', '.join(missing)}"
+    elif os.geteuid() != 0:
+        problem = "starting slurmctld/slurmd needs root"
+    if problem:
+        if REQUIRE_SLURM:
+            pytest.fail(f"LIFECYCLE_REQUIRE_SLURM=1 but {problem}")
+        pytest.skip(problem)
+    cluster = start_cluster()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 @pytest.fixture

@@ -36,6 +36,18 @@ class Ran:
         return lines[-1] if lines else ""
 
 
+TOGGLE: dict[str, Any] = {
+    "name": "toggle", "initial": "off", "states": ["off", "on"],
+    "transitions": [{"trigger": "flip", "source": "off", "dest": "on"},
+                    {"trigger": "flip", "source": "on", "dest": "off"}]}
+RISKY: dict[str, Any] = {
+    "name": "risky", "initial": "up", "states": ["up", "gone"],
+    "transitions": [{"trigger": "remove", "source": "up", "dest": "gone",
+                     "fresh": {"max_age": 30, "probe": "site"}},
+                    {"trigger": "back", "source": "gone", "dest": "up"}]}
+"""Two small machines the hostile-input tests drive: a plain one, and one with a risky edge."""
+
+
 def cli(*args: str, db: str | None = None, env: dict[str, str] | None = None) -> Ran:
     """``lifecycle ARGS`` in this process, on ``db`` (as --db); exceptions are not caught by
     the runner's caller: one that escapes the command is in ``exception``."""

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hostile_inputs import assert_clean, cli, dump
+from hostile_inputs import RISKY, TOGGLE, assert_clean, cli, dump
 
 from lifecycle import (
     Engine,
@@ -31,16 +31,6 @@ from lifecycle.adapters.smtp import SmtpMailer, SmtpServer, build_message
 from lifecycle.errors import DatabaseError, MailConfigError, PermanentError, SchemaOutOfDate
 from lifecycle.store import migrate
 from lifecycle.store.database import display_url, resolve_url
-
-TOGGLE: dict[str, Any] = {
-    "name": "toggle", "initial": "off", "states": ["off", "on"],
-    "transitions": [{"trigger": "flip", "source": "off", "dest": "on"},
-                    {"trigger": "flip", "source": "on", "dest": "off"}]}
-RISKY: dict[str, Any] = {
-    "name": "risky", "initial": "up", "states": ["up", "gone"],
-    "transitions": [{"trigger": "remove", "source": "up", "dest": "gone",
-                     "fresh": {"max_age": 30, "probe": "site"}},
-                    {"trigger": "back", "source": "gone", "dest": "up"}]}
 
 # -- the rules of a storable value ----------------------------------------------------------
 

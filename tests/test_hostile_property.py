@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from hostile_inputs import DOCUMENTED_EXITS, cli, dump
+from hostile_inputs import DOCUMENTED_EXITS, RISKY, TOGGLE, cli, dump
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -164,16 +164,6 @@ def test_the_command_line_refuses_hostile_input_cleanly(db_url: str, tmp_path: P
 
 
 # -- the API --------------------------------------------------------------------------------
-
-TOGGLE: dict[str, Any] = {
-    "name": "toggle", "initial": "off", "states": ["off", "on"],
-    "transitions": [{"trigger": "flip", "source": "off", "dest": "on"},
-                    {"trigger": "flip", "source": "on", "dest": "off"}]}
-RISKY: dict[str, Any] = {
-    "name": "risky", "initial": "up", "states": ["up", "gone"],
-    "transitions": [{"trigger": "remove", "source": "up", "dest": "gone",
-                     "fresh": {"max_age": 30, "probe": "site"}},
-                    {"trigger": "back", "source": "gone", "dest": "up"}]}
 
 calls = st.one_of(
     st.tuples(st.just("create"), st.sampled_from(["toggle", "risky"]), keys, objects,

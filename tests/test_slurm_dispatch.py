@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import subprocess
 import threading
 import time
@@ -35,7 +34,6 @@ from lifecycle.machines import slurm_dispatch as sd
 from lifecycle.sim import scancel_flood
 
 START = "2026-01-01T00:00:00Z"
-REQUIRE_SLURM = os.environ.get("LIFECYCLE_REQUIRE_SLURM") == "1"
 
 
 # -- a Slurm in memory, on the simulated clock ------------------------------------------------
@@ -456,27 +454,6 @@ def test_the_cancel_stops_at_the_first_failing_step() -> None:
 
 
 # -- on a real Slurm --------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Any]:
-    from slurm_cluster import missing_binaries, start_cluster
-
-    problem = None
-    missing = missing_binaries()
-    if missing:
-        problem = f"Slurm binaries missing: {', '.join(missing)}"
-    elif os.geteuid() != 0:
-        problem = "starting slurmctld/slurmd needs root"
-    if problem:
-        if REQUIRE_SLURM:
-            pytest.fail(f"LIFECYCLE_REQUIRE_SLURM=1 but {problem}")
-        pytest.skip(problem)
-    cluster = start_cluster()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
 
 
 class Recorder:

@@ -5,42 +5,20 @@ that a failure."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
-from slurm_cluster import SlurmCluster, missing_binaries, start_cluster
+from slurm_cluster import SlurmCluster
 
 from lifecycle import SiteError
 from lifecycle.adapters.sites import BOOTING, DELETED, ERROR, RUNNING, STOPPED, Drone
 from lifecycle.adapters.slurm import SlurmSite, resource_status, run_command
-
-REQUIRE_SLURM = os.environ.get("LIFECYCLE_REQUIRE_SLURM") == "1"
-
-
-@pytest.fixture(scope="session")
-def cluster() -> Iterator[SlurmCluster]:
-    problem = None
-    missing = missing_binaries()
-    if missing:
-        problem = f"Slurm binaries missing: {', '.join(missing)}"
-    elif os.geteuid() != 0:
-        problem = "starting slurmctld/slurmd needs root"
-    if problem:
-        if REQUIRE_SLURM:
-            pytest.fail(f"LIFECYCLE_REQUIRE_SLURM=1 but {problem}")
-        pytest.skip(problem)
-    cluster = start_cluster()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
 
 
 class Recorder:
