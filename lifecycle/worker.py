@@ -214,12 +214,7 @@ class Worker:
         of (the connection broke after the database committed): their handlers never ran."""
         with self._lock:
             held = sorted(self._claims)
-        t = outbox.c
-        with self.store.begin() as db:
-            given = db.execute(update(outbox).where(
-                t.claimed_by == self.name, t.status == RUNNING, t.id.not_in(held))
-                .values(status=PENDING, claimed_by=None, claimant=None, lease_until=None,
-                        attempts=t.attempts - 1)).rowcount
+        given = self._unclaim(outbox.c.id.not_in(held))
         if given:
             log.info("worker %s: gave back %d effects claimed as the connection broke",
                      self.name, given)
@@ -617,15 +612,20 @@ class Worker:
         ids = [call.id for call in calls]
         self._let_go(ids)
         try:
-            with self.store.begin() as db:
-                db.execute(update(outbox).where(
-                    outbox.c.id.in_(ids), outbox.c.claimed_by == self.name,
-                    outbox.c.status == RUNNING).values(
-                    status=PENDING, claimed_by=None, claimant=None, lease_until=None,
-                    attempts=outbox.c.attempts - 1))
+            self._unclaim(outbox.c.id.in_(ids))
         except Exception as exc:  # the leases will expire instead
             log.warning("worker %s: could not give back %d effects (%s); they are claimed "
                         "again when their leases expire", self.name, len(ids), exc)
+
+    def _unclaim(self, which: Any) -> int:
+        """Put the effects this worker holds that match ``which`` back in the queue, their
+        handlers never run, so the attempt their claim counted is returned; how many."""
+        t = outbox.c
+        with self.store.begin() as db:
+            return int(db.execute(update(outbox).where(
+                which, t.claimed_by == self.name, t.status == RUNNING).values(
+                status=PENDING, claimed_by=None, claimant=None, lease_until=None,
+                attempts=t.attempts - 1)).rowcount)
 
     # -- timers ----------------------------------------------------------------------
 
