@@ -7,6 +7,7 @@ listings, clocks, and every exception lifecycle raises on purpose.
 
 import logging
 
+from .aio import AsyncEngine, AsyncWorker
 from .clock import Clock, SimulatedClock, SystemClock
 from .compiled import GuardContext
 from .effects import Effect, EffectCall, FollowUp, Handler, Retry
@@ -39,7 +40,7 @@ from .errors import (
     UnknownState,
     UnknownTrigger,
 )
-from .fresh import Probe, ProbeRequest
+from .fresh import Probe, ProbeCall, ProbeRequest
 from .outbox import (
     EffectRecord,
     TimerRecord,
@@ -69,6 +70,8 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __all__ = [
     "AmbiguousKey",
+    "AsyncEngine",
+    "AsyncWorker",
     "Clock",
     "ConcurrencyError",
     "DatabaseError",
@@ -98,6 +101,7 @@ __all__ = [
     "OnStale",
     "PermanentError",
     "Probe",
+    "ProbeCall",
     "ProbeFailed",
     "ProbeRequest",
     "Problem",
