@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from . import backlog, effects, in_memory, persisted, postgres, vs_django, vs_sqlalchemy
+from . import aio, backlog, effects, in_memory, persisted, postgres, vs_django, vs_sqlalchemy
 from .harness import Case, Measurement, Settings, Workspace, run_group, warm_up
 
 GROUPS: dict[str, list[Case]] = {
@@ -36,6 +36,8 @@ GROUPS: dict[str, list[Case]] = {
     "memory": [in_memory.DECIDE, in_memory.TRANSITIONS, in_memory.STATEMACHINE],
     "effects": effects.CASES,
     "backlog": [*backlog.CASES["sqlite"], *backlog.CASES["postgresql"]],
+    "aio": aio.CASES,
+    "drones": aio.DRONES_GROUP,
 }
 CASES: dict[str, Case] = {case.id: case for cases in GROUPS.values() for case in cases}
 
@@ -88,6 +90,15 @@ SECTIONS: list[tuple[str, list[Comparison]]] = [
         Comparison(f"backlog.{db}.lifecycle.{backlog.SIZES[-1]}",
                    f"backlog.{db}.before.{backlog.SIZES[-1]}", Goal(1)),
     ]) for db, title in (("sqlite", "SQLite"), ("postgresql", "PostgreSQL"))],
+    *[(f"6 · AsyncEngine.fire against Engine.fire: {title}", [
+        Comparison(f"aio.{db}.inline", f"aio.{db}.sync", Goal(1.2)),
+        Comparison(f"aio.{db}.threads", f"aio.{db}.sync", None),
+    ]) for db, title in (("sqlite", "SQLite file"), ("pg", "PostgreSQL"))],
+    ("7 · N drones whose risky edge awaits a slow probe (SQLite): wall time", [
+        Comparison("aio.drones.async", "aio.drones.one", Goal(1.5)),
+        Comparison("aio.drones.sync", "aio.drones.one", None),
+        Comparison("aio.drones.async", "aio.drones.sync", None),
+    ]),
 ]
 
 PACKAGES = ["lifecycle-fsm", "transitions", "SQLAlchemy", "psycopg", "django", "django-fsm-2",
@@ -252,6 +263,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         with err.status("benchmarking") as status:
             for group, cases in groups.items():
                 runnable = [c for c in cases if c.id not in skipped]
+                if group == "drones":
+                    results.update(aio.run_drones(workspace, args.quick,
+                                                  lambda message: status.update(message)))
+                    continue
                 if group == "effects":
                     measured, summary = effects.run_group(
                         runnable, workspace, settings, lambda message: status.update(message),
@@ -270,7 +285,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                          indent=2))
     else:
         console = Console() if sys.stdout.isatty() else Console(width=130)
-        console.print(_table(results, skipped, settings, environment, elapsed, summary))
+        console.print(_table(results, skipped, settings, environment, elapsed, summary,
+                             quick=args.quick))
     return 0
 
 
@@ -300,7 +316,7 @@ def _cell(results: dict[str, Measurement], skipped: dict[str, str], case_id: str
 
 def _table(results: dict[str, Measurement], skipped: dict[str, str], settings: Settings,
            environment: dict[str, str], elapsed: float,
-           summary: effects.Summary | None = None) -> Table:
+           summary: effects.Summary | None = None, *, quick: bool = False) -> Table:
     table = Table(title="lifecycle benchmarks: µs per operation (median of rounds)",
                   title_justify="left", caption_justify="left")
     table.add_column("lifecycle")
@@ -339,7 +355,8 @@ def _table(results: dict[str, Measurement], skipped: dict[str, str], settings: S
                      "Was the machine busy? Per-round ratios absorb some of it; rerun on a "
                      "quiet machine for firm numbers.")
     counts = sorted({m.ops_per_round for m in results.values()
-                     if m.case.id not in effects.SPECS}) or [0]
+                     if m.case.id not in effects.SPECS and m.case.id not in aio.DRONE_CASES}
+                    ) or [0]
     span = f"{counts[0]:,}" if len(counts) == 1 else f"{counts[0]:,} to {counts[-1]:,}"
     ops = (f"{settings.ops:,} ops per round" if settings.ops else
            f"~{settings.round_seconds:g} s per case and round ({span} ops, calibrated in "
@@ -351,6 +368,7 @@ def _table(results: dict[str, Measurement], skipped: dict[str, str], settings: S
         + (f"µs/op: median of {settings.rounds} interleaved rounds, {ops}; " if timed else "")
         + f"± is half the range of the rounds. Whole run {elapsed:.1f} s.",
         *([_effects_note(summary, results)] if summary and summary.throughput else []),
+        *([drones] if (drones := aio.note(results, quick)) else []),
         f"{environment['machine']}; {versions}",
         *notes,
     ]))
