@@ -98,6 +98,7 @@ SECTIONS: list[tuple[str, list[Comparison]]] = [
         Comparison("aio.drones.async", "aio.drones.one", Goal(1.5)),
         Comparison("aio.drones.sync", "aio.drones.one", None),
         Comparison("aio.drones.async", "aio.drones.sync", None),
+        Comparison("aio.drones.async", "aio.drones.instant", None),
     ]),
 ]
 

@@ -241,3 +241,79 @@ def drone_effects(engine: AsyncEngine, key: str) -> list[tuple[str, dict[str, An
             resources, resources.c.id == outbox.c.resource_id).where(
             resources.c.key == key).order_by(outbox.c.id)).all()
     return [(name, engine.store.json_value(progress) or {}) for name, progress in rows]
+
+
+# -- TARDIS's real SlurmAdapter against the real single-node Slurm of tests/slurm_cluster.py
+
+
+@pytest.fixture
+def slurm_site(cluster: Any, tardis_config: None,
+               monkeypatch: pytest.MonkeyPatch) -> tuple[TardisSite, TardisBatchSystem]:
+    """TARDIS's SlurmAdapter, configured as a TARDIS site configuration says, submitting
+    held jobs (they stay PENDING, Booting, until the test releases them)."""
+    monkeypatch.setenv("SLURM_CONF", str(cluster.conf))  # TARDIS's ShellExecutor inherits it
+    script = cluster.directory / "drone.sh"
+    script.write_text("#!/bin/sh\nexec sleep 300\n")
+    script.chmod(0o755)
+    Configuration().update_config({
+        "Sites": [{"name": "Cluster", "adapter": "Slurm", "quota": 10}],
+        "Cluster": {
+            "MachineTypes": ["one"], "bulk_size": 50, "bulk_delay": 0.01,
+            "MachineTypeConfiguration": {"one": {
+                "Partition": "debug", "Walltime": 60, "StartupCommand": str(script),
+                "SubmitOptions": {"long": {"hold": None, "chdir": str(cluster.directory),
+                                           "output": f"{cluster.directory}/log/job-%j.out"}},
+            }},
+            "MachineMetaData": {"one": {"Cores": 1, "Memory": 0.1, "Disk": 1}},
+        },
+    })
+    from tardis.adapters.sites.slurm import SlurmAdapter
+
+    batch = TardisBatchSystem(FakeBatchSystemAdapter())
+    return TardisSite(SlurmAdapter(machine_type="one", site_name="Cluster"),
+                      translation=batch.translation), batch
+
+
+def test_tardis_slurm_adapter_a_booting_drone_is_removed_one_that_started_is_kept(
+        store: Store, cluster: Any, slurm_site: tuple[TardisSite, TardisBatchSystem]) -> None:
+    site, batch = slurm_site
+    engine = async_engine(store, site, batch)
+
+    async def main() -> None:
+        worker = AsyncWorker(engine, concurrency=2)
+        async with asyncio.timeout(WAIT):
+            for key in ("cluster-booting", "cluster-started", "cluster-meanwhile"):
+                await engine.create("drone", key)
+            await worker.run_until_idle()  # three sbatch --hold: PENDING
+            ids = {key: (await engine.get(key)).data["remote_id"]
+                   for key in ("cluster-booting", "cluster-started", "cluster-meanwhile")}
+            for job in ids.values():
+                assert cluster.job_state(job) == "PENDING"
+            # the pool lets all three go; one job started before the decision, one after
+            cluster.run("scontrol", "release", ids["cluster-started"])
+            await asyncio.to_thread(cluster.wait_for_state, ids["cluster-started"], "RUNNING")
+            for key in ids:
+                await engine.update(key, {"demand": 0})
+            # each step asks TARDIS's adapter for a fresh status (squeue)
+            booting = await engine.step("cluster-booting")
+            started = await engine.step("cluster-started")
+            meanwhile = await engine.step("cluster-meanwhile")
+            assert (booting.dest, booting.probed) == ("cleanup", True)
+            assert (started.dest, started.probed) == ("integrate", True)
+            assert meanwhile.dest == "cleanup"
+            # the third job starts between its fresh Booting and the terminate
+            cluster.run("scontrol", "release", ids["cluster-meanwhile"])
+            await asyncio.to_thread(cluster.wait_for_state, ids["cluster-meanwhile"],
+                                    "RUNNING")
+            await worker.run_until_idle()  # terminate x2, integrate
+        assert cluster.job_state(ids["cluster-booting"]) in ("CANCELLED", "")
+        assert cluster.job_state(ids["cluster-started"]) == "RUNNING"
+        assert cluster.job_state(ids["cluster-meanwhile"]) == "RUNNING"  # checked, spared
+        assert (await engine.get("cluster-started")).state == "integrating"
+
+    asyncio.run(main())
+    done = {key: dict(drone_effects(engine, key)).get("terminate")
+            for key in ("cluster-booting", "cluster-meanwhile")}
+    assert done["cluster-booting"] == {"acted": True, "detail": "terminated (checked, not fenced)"}
+    assert done["cluster-meanwhile"]["acted"] is False
+    assert "Running now, not Booting" in done["cluster-meanwhile"]["detail"]

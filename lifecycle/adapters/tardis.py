@@ -31,8 +31,11 @@ import asyncio
 import datetime as dt
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from importlib import import_module
+from pathlib import Path
 from typing import Any
 
+from tardis.configuration.configuration import Configuration  # type: ignore[import-untyped]
 from tardis.exceptions.tardisexceptions import (  # type: ignore[import-untyped]
     TardisAuthError,
     TardisDroneCrashed,
@@ -224,6 +227,83 @@ class TardisBatchSystem:
         return {d.name: float(a or 0.0) for d, a in zip(drones, answers, strict=True)}
 
 
+class TardisSites:
+    """The sites and machine types of a TARDIS configuration as one drone site: a drone
+    goes to the site and machine type its key starts with, ``<site>-<machine type>-``
+    (the site's name in lower case, as TARDIS begins its drone names)."""
+
+    def __init__(self, sites: Mapping[str, TardisSite]) -> None:
+        if not sites:
+            raise ValueError("a TARDIS configuration with no site")
+        self.sites = dict(sites)
+
+    @property
+    def prefixes(self) -> list[str]:
+        return sorted(self.sites)
+
+    def site_of(self, drone: Drone) -> TardisSite:
+        for prefix in sorted(self.sites, key=len, reverse=True):
+            if drone.name.startswith(prefix):
+                return self.sites[prefix]
+        raise TardisSiteError(f"drone {drone.name}: its name starts with none of the "
+                              f"configured sites' prefixes ({', '.join(self.prefixes)})")
+
+    @property
+    def drone_minimum_lifetime(self) -> float | None:
+        """The sites' ``drone_minimum_lifetime`` when they all say the same (the drone's
+        deploy copies one value; give sites that differ a configuration each)."""
+        values = {site.drone_minimum_lifetime for site in self.sites.values()}
+        return values.pop() if len(values) == 1 else None
+
+    async def deploy(self, drone: Drone) -> str:
+        return await self.site_of(drone).deploy(drone)
+
+    async def status(self, drones: Sequence[Drone]) -> dict[str, str]:
+        groups: dict[int, tuple[TardisSite, list[Drone]]] = {}
+        for d in drones:
+            site = self.site_of(d)
+            groups.setdefault(id(site), (site, []))[1].append(d)
+        answers = await asyncio.gather(*(site.status(ds) for site, ds in groups.values()))
+        return {name: status for answer in answers for name, status in answer.items()}
+
+    async def stop(self, drone: Drone) -> None:
+        await self.site_of(drone).stop(drone)
+
+    async def terminate(self, drone: Drone, expect: str | None) -> Terminated:
+        return await self.site_of(drone).terminate(drone, expect)
+
+
+def from_configuration(path: str | Path) -> tuple[TardisSites, TardisBatchSystem]:
+    """The sites and the batch system of a TARDIS YAML configuration (its ``Sites``, each
+    site's ``MachineTypes``, its ``BatchSystem``), built as TARDIS builds them: adapter
+    ``X`` is class ``XAdapter`` of module ``tardis.adapters.sites.x`` (batch systems:
+    ``tardis.adapters.batchsystems.x``). The configuration is loaded into TARDIS's own
+    (process-wide) ``Configuration``, from which its adapters read their settings."""
+    configuration = Configuration(str(path))
+    try:
+        batch_settings, sites = configuration.BatchSystem, configuration.Sites
+    except AttributeError as exc:
+        raise TardisSiteError(f"{path}: a TARDIS configuration has `Sites` and "
+                              f"`BatchSystem`: {exc}") from None
+    batch = TardisBatchSystem(_adapter("batchsystems", batch_settings.adapter)())
+    routes: dict[str, TardisSite] = {}
+    for site in sites:
+        adapter_class = _adapter("sites", site.adapter)
+        for machine_type in getattr(configuration, site.name).MachineTypes:
+            routes[f"{site.name.lower()}-{machine_type}-"] = TardisSite(
+                adapter_class(machine_type=machine_type, site_name=site.name),
+                translation=batch.translation)
+    return TardisSites(routes), batch
+
+
+def _adapter(kind: str, name: str) -> Any:
+    try:
+        return getattr(import_module(f"tardis.adapters.{kind}.{name.lower()}"),
+                       f"{name}Adapter")
+    except (ImportError, AttributeError) as exc:
+        raise TardisSiteError(f"TARDIS has no {kind[:-1]} adapter {name!r}: {exc}") from None
+
+
 def _named(status: Any, default: str) -> str:
     """A TARDIS ResourceStatus or MachineStatus (an Enum) by its name, which is lifecycle's."""
     if status is None:
@@ -237,4 +317,4 @@ def _remote(remote_id: str) -> Any:
 
 
 __all__ = ["FAILURES", "HTCONDOR_TRANSLATION", "TardisBatchSystem", "TardisSite",
-           "TardisSiteError"]
+           "TardisSiteError", "TardisSites", "from_configuration"]

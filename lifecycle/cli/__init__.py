@@ -6,6 +6,7 @@
 | ``machines`` | machines, describe, diagram, diagrams |
 | ``outbox`` | worker, stuck, retry |
 | ``sim`` | replay, simulate, reconcile, demo |
+| ``tardis`` | tardis (a drone pool on asyncio, from a TARDIS configuration) |
 | ``db`` | db upgrade, downgrade, current, history |
 | ``queue`` | queue show, list (the job queue of ``job_exit``) |
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import click
 
-from . import db, machines, outbox, queue, resources, sim
+from . import db, machines, outbox, queue, resources, sim, tardis
 from .common import OneLineErrors
 
 
@@ -37,7 +38,7 @@ for command in (
     resources.list_, resources.history, resources.verify,
     machines.machines, machines.describe, machines.diagram, machines.diagrams,
     outbox.worker, outbox.stuck, outbox.retry,
-    sim.replay, sim.simulate, sim.reconcile, sim.demo,
+    sim.replay, sim.simulate, sim.reconcile, sim.demo, tardis.tardis,
     db.db, queue.queue,
 ):
     main.add_command(command)

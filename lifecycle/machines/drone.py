@@ -436,25 +436,28 @@ def reconcile(engine: Any, site: Site, batch: BatchSystem, *, machine: str = "dr
 
     When the site (or the pool) cannot be asked, nothing is observed and no drone is
     stepped: the drones keep their state, and no risky edge fires on an old picture."""
-    return _to_end(_reconciling(engine, site, batch, machine, progress, concurrent=False))
+    return _to_end(_reconciling(engine, site, batch, machine, progress, None,
+                                concurrent=False))
 
 
 async def reconcile_async(engine: Any, site: Any, batch: Any, *, machine: str = "drone",
-                          progress: Callable[[int, int], None] | None = None
-                          ) -> dict[str, Any]:
+                          progress: Callable[[int, int], None] | None = None,
+                          only: Callable[[str], bool] | None = None) -> dict[str, Any]:
     """:func:`reconcile` on an event loop, with an :class:`~lifecycle.aio.AsyncEngine` and a
     site and pool that may be asyncio's (:class:`~lifecycle.adapters.tardis.TardisSite`):
     the drones are stepped at once, so that the probes their risky edges ask are awaited
-    together."""
-    return await _reconciling(engine, site, batch, machine, progress, concurrent=True)
+    together. ``only`` picks the drones of this site by key (default: all)."""
+    return await _reconciling(engine, site, batch, machine, progress, only, concurrent=True)
 
 
 async def _reconciling(engine: Any, site: Any, batch: Any, machine: str,
-                       progress: Callable[[int, int], None] | None, *,
+                       progress: Callable[[int, int], None] | None,
+                       only: Callable[[str], bool] | None, *,
                        concurrent: bool) -> dict[str, Any]:
     # a drone without a job at the site yet (its deploy has not run) has nothing to ask about
     drones = [r for r in await _answer(engine.resources(machine))
-              if r.state != "down" and r.data.get("remote_id")]
+              if r.state != "down" and r.data.get("remote_id")
+              and (only is None or only(r.key))]
     refs = [Drone(r.key, r.data.get("remote_id"), r.data) for r in drones]
     report: dict[str, Any] = {"drones": len(drones), "moved": {}, "refused": 0,
                               "site_error": None}
