@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("tardis", reason="cobald-tardis is not installed (make installs it)")
+pytest.importorskip("lifecycle.adapters.tardis",
+                    reason="cobald-tardis is not installed (make installs it)")
 
 from tardis.adapters.batchsystems.fakebatchsystem import (
     FakeBatchSystemAdapter,
@@ -35,12 +36,20 @@ from lifecycle import (
     Store,
     Worker,
 )
-from lifecycle.adapters.tardis import TardisBatchSystem, TardisSite
+from lifecycle.adapters.sites import Drone
+from lifecycle.adapters.tardis import (
+    TardisBatchSystem,
+    TardisSite,
+    TardisSiteError,
+    from_configuration,
+)
 from lifecycle.machines import drone
 from lifecycle.machines.drone_sim import ScenarioBatch
 from lifecycle.scenario import World
 
 WAIT = 60.0
+# TARDIS's site configuration model is pydantic 1 style, which pydantic 2 warns about
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
 def fixed(value: float) -> Any:
@@ -159,6 +168,48 @@ def test_the_boot_race_through_tardis_fake_adapters(store: Store, tardis_config:
         assert quick_site.attributes["quick-0001"].resource_status is ResourceStatus.Running
     finally:
         quick.store.dispose()
+
+
+def test_a_tardis_configuration_gives_a_site_per_site_and_machine_type(
+        tmp_path: Any) -> None:
+    path = tmp_path / "tardis.yml"
+    path.write_text("""\
+Sites:
+  - {name: Quick, adapter: FakeSite, quota: 10}
+  - {name: Slow, adapter: FakeSite, quota: 10, drone_minimum_lifetime: 600}
+Quick:
+  api_response_delay: !RandomGauss {mu: 0, sigma: 0}
+  resource_boot_time: !RandomGauss {mu: 0, sigma: 0}
+  MachineTypes: [small, large]
+  MachineMetaData: {small: {Cores: 1, Memory: 1, Disk: 1}, large: {Cores: 8, Memory: 16, Disk: 1}}
+Slow:
+  api_response_delay: !RandomGauss {mu: 0, sigma: 0}
+  resource_boot_time: !RandomGauss {mu: 3600, sigma: 0}
+  MachineTypes: [small]
+  MachineMetaData: {small: {Cores: 1, Memory: 1, Disk: 1}}
+BatchSystem: {adapter: FakeBatchSystem, allocation: 1.0, utilisation: 1.0,
+              machine_status: Available}
+""")
+    sites, batch = from_configuration(path)
+    assert sites.prefixes == ["quick-large-", "quick-small-", "slow-small-"]
+    large = sites.site_of(Drone("quick-large-7"))
+    assert (large.name, large.adapter.machine_type) == ("Quick", "large")
+    assert sites.site_of(Drone("slow-small-1")).drone_minimum_lifetime == 600
+    assert sites.drone_minimum_lifetime is None  # the sites differ: none is copied
+    with pytest.raises(TardisSiteError, match="starts with none of the configured sites"):
+        sites.site_of(Drone("elsewhere-1"))
+
+    async def deploy_and_ask() -> dict[str, str]:
+        drones = [Drone(name, await sites.deploy(Drone(name)), {})
+                  for name in ("quick-small-1", "slow-small-1")]
+        return await sites.status(drones)
+
+    assert asyncio.run(deploy_and_ask()) == {"quick-small-1": "Running",
+                                              "slow-small-1": "Booting"}
+    assert batch.translation == {"Cores": 1, "Memory": 1, "Disk": 1}  # the fake pool's
+    path.write_text("Sites: []\nBatchSystem: {adapter: NoSuchSystem}\n")
+    with pytest.raises(TardisSiteError, match="no batchsystem adapter 'NoSuchSystem'"):
+        from_configuration(path)
 
 
 class Troubled:

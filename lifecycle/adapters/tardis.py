@@ -29,23 +29,26 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from importlib import import_module
 from pathlib import Path
 from typing import Any
 
-from tardis.configuration.configuration import Configuration  # type: ignore[import-untyped]
-from tardis.exceptions.tardisexceptions import (  # type: ignore[import-untyped]
-    TardisAuthError,
-    TardisDroneCrashed,
-    TardisError,
-    TardisQuotaExceeded,
-    TardisResourceStatusUpdateFailed,
-    TardisTimeout,
-)
-from tardis.interfaces.siteadapter import ResourceStatus  # type: ignore[import-untyped]
-from tardis.utilities.attributedict import AttributeDict  # type: ignore[import-untyped]
+with warnings.catch_warnings():  # its configuration model is pydantic 1 style: not ours
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from tardis.configuration.configuration import Configuration  # type: ignore[import-untyped]
+    from tardis.exceptions.tardisexceptions import (  # type: ignore[import-untyped]
+        TardisAuthError,
+        TardisDroneCrashed,
+        TardisError,
+        TardisQuotaExceeded,
+        TardisResourceStatusUpdateFailed,
+        TardisTimeout,
+    )
+    from tardis.interfaces.siteadapter import ResourceStatus  # type: ignore[import-untyped]
+    from tardis.utilities.attributedict import AttributeDict  # type: ignore[import-untyped]
 
 from ..errors import SiteError
 from .sites import BOOTING, ERROR, NOT_AVAILABLE, Drone, DroneCrashed, Terminated
