@@ -208,7 +208,12 @@ class AsyncWorker(Worker):
     default pool). Claims, leases and their heartbeat, outcomes, retries and timers are the
     worker's own code; the database work runs on the loop's thread. ``await run()`` until
     :meth:`stop` (graceful: the running handlers finish; ``fast=True``: they are cancelled
-    and their claims given back at once), or ``await run_until_idle()``."""
+    and their claims given back at once), or ``await run_until_idle()``.
+
+    What it records goes through the sync engine on the loop's thread: a due timer's trigger
+    or a handler's follow-up that crosses a risky edge whose observation is stale asks its
+    probe as ``Engine`` does, and the loop waits for that answer (at most
+    ``probe_timeout``)."""
 
     def __init__(self, engine: Engine | AsyncEngine, *, concurrency: int = 1,
                  lease: float = DEFAULT_LEASE, poll: float = 0.5, name: str | None = None,
