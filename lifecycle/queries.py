@@ -148,6 +148,10 @@ def page(store: Store, machine: str | None, state: str | None, limit: int,
     if state is not None:  # a composite state takes in the states inside it
         escaped = state.replace("/", "//").replace("%", "/%").replace("_", "/_")
         params["state"], params["state_prefix"] = state, f"{escaped}{SEPARATOR}%"
+    if after is not None and machine is not None:  # the position within the machine
+        if after[0] > machine:
+            return []
+        after = after if after[0] == machine else None
     if after is not None:
         params["after_machine"], params["after_key"] = after
     statement = store.sql.page(machine is not None, state is not None, after is not None)

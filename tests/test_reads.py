@@ -103,6 +103,10 @@ def test_a_page_after_a_deleted_or_unknown_resource(engine: Engine, store: Store
         "toggle:a", "toggle:c", "toggle:d"]
     assert engine.resources(limit=5, after="zzz:a") == []
     assert engine.resources("toggle", limit=5, after="toggle:d") == []
+    # a machine named: a position in a machine before it or after it
+    assert _keys(engine.resources("toggle", limit=5, after="aaa:zzz")) == _keys(
+        engine.resources("toggle", limit=5))
+    assert engine.resources("toggle", limit=5, after="zzz:a") == []
 
 
 def test_pages_of_a_state_take_in_the_states_inside_it(engine: Engine) -> None:

@@ -18,12 +18,12 @@ from sqlalchemy import select
 from ..effects import DONE, FAILED, PENDING, RUNNING
 from ..engine import Engine
 from ..outbox import effect_records, timer_records
-from ..queries import resource_id
+from ..queries import get, resource_id
 from ..records import FireResult, JournalEntry, Observation
 from ..store import outbox
 from . import layout
 from .common import db_option, escape, json_arg, json_option, out, plural, time_text
-from .context import PLUGINS_VARIABLE, make_engine, resolve
+from .context import PLUGINS_VARIABLE, make_engine, open_store, resolve
 
 
 @click.command()
@@ -147,8 +147,9 @@ def print_result(result: FireResult, as_json: bool) -> None:
 @json_option
 def show(key: str, db_url: str | None, as_json: bool) -> None:
     """Show resource KEY: its state, version, data and the triggers it can take."""
-    engine = make_engine(db_url)
-    resource = engine.get(key)
+    store = open_store(db_url)
+    resource = get(store, key)  # first: the engine loads this resource's machine alone
+    engine = make_engine(db_url, machines=[resource.machine], store=store)
     full_key = f"{resource.machine}:{resource.key}"
     triggers = engine.available_triggers(full_key)
     pending_timers = timer_records(engine, full_key, statuses=(PENDING,))

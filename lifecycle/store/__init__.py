@@ -315,8 +315,8 @@ class Statements:
     def page(self, machine: bool, state: bool, after: bool) -> str:
         """A page of resources in (machine, key) order, with their newest observations: of
         one ``machine`` or all, in one ``state`` (or a state inside it: a ``LIKE`` prefix,
-        ``/`` its escape) or all, ``after`` a (machine, key) position or from the start;
-        ``limit`` rows. Compiled on first use."""
+        ``/`` its escape) or all, ``after`` a (machine, key) position (with ``machine``, a
+        key of it) or from the start; ``limit`` rows. Compiled on first use."""
         shape = (machine, state, after)
         if shape not in self._pages:
             r = resources.c
@@ -326,7 +326,9 @@ class Statements:
             if state:
                 where.append((r.state == bindparam("state"))
                              | r.state.like(bindparam("state_prefix"), escape="/"))
-            if after:  # keyset: (machine, key) past the last row of the page before
+            if after and machine:  # keyset: past the last key of the page before
+                where.append(r.key > bindparam("after_key"))
+            elif after:  # keyset: (machine, key) past the last row of the page before
                 where.append(tuple_(r.machine, r.key) > tuple_(
                     bindparam("after_machine"), bindparam("after_key")))
             limit = ":limit" if self.dialect.name == "sqlite" else "%(limit)s"
