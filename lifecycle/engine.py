@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, cast
 
@@ -701,9 +701,9 @@ class Engine:
     # -- reading -----------------------------------------------------------------------
 
     def get(self, key: str) -> Resource:
-        """The resource as it is now, with its newest observation."""
-        with self.store.read() as db:
-            return queries.get(db, _looked_up(key))
+        """The resource as it is now, with its newest observation (one statement on the
+        thread's held connection, as a fire reads it)."""
+        return queries.get(self.store, _looked_up(key))
 
     def available_triggers(self, key: str) -> list[str]:
         """The triggers that have a transition from the resource's current state (guards,
@@ -719,20 +719,45 @@ class Engine:
         """Every observation of the resource, in the order they were recorded."""
         return queries.observations_of(self.store, _looked_up(key))
 
-    def resources(self, machine: str | None = None, state: str | None = None) -> list[Resource]:
-        """Resources, by machine and key; ``state`` may be a composite state, which takes in
-        every state inside it."""
+    def resources(self, machine: str | None = None, state: str | None = None, *,
+                  limit: int | None = None, after: str | None = None) -> list[Resource]:
+        """Resources in (machine, key) order; ``state`` may be a composite state, which
+        takes in every state inside it. ``limit`` makes it one page (of at most that many;
+        without it, every resource), ``after`` starts it past a position, ``MACHINE:KEY``
+        (or a plain key of ``machine``): the last resource of the page before. The position
+        need not exist any more; a page costs the same wherever it starts."""
+        if limit is None:
+            return list(self.iter_resources(machine, state, after=after))
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise LifecycleError(f"invalid limit {limit!r}: a whole number, 0 or more")
         _argument(machine, "machine name")
         _argument(state, "state")
-        return queries.listing(self.store, machine, state)
+        start = queries.position(after, machine) if after is not None else None
+        return queries.page(self.store, machine, state, limit, start) if limit else []
+
+    def iter_resources(self, machine: str | None = None, state: str | None = None, *,
+                       after: str | None = None, page: int = 1000) -> Iterator[Resource]:
+        """Every resource (of ``machine``, in ``state``, past ``after``) in (machine, key)
+        order, read ``page`` at a time: memory stays flat, and no transaction is held
+        between pages (a resource created or moved meanwhile shows or not by its key)."""
+        if isinstance(page, bool) or not isinstance(page, int) or page < 1:
+            raise LifecycleError(f"invalid page {page!r}: a whole number, 1 or more")
+        while True:
+            found = self.resources(machine, state, limit=page, after=after)
+            yield from found
+            if len(found) < page:
+                return
+            after = f"{found[-1].machine}:{found[-1].key}"
 
     def counts(self, machine: str | None = None) -> dict[str, dict[str, int]]:
-        """How many resources each machine has in each state."""
+        """How many resources each machine has in each state (kept by the database as
+        resources are written: no scan of the resources)."""
         _argument(machine, "machine name")
         return queries.counts(self.store, machine)
 
     def verify(self) -> list[Mismatch]:
-        """Replay every resource's journal and compare it with the resource's row."""
+        """Replay every resource's journal and compare it with the resource's row (streamed:
+        memory does not grow with the journal)."""
         return verify(self.store)
 
 
