@@ -27,6 +27,7 @@ from rich.table import Table
 from rich.text import Text
 
 from . import (
+    aio,
     backlog,
     effects,
     fleet,
@@ -50,6 +51,8 @@ GROUPS: dict[str, list[Case]] = {
     "backlog": [*backlog.CASES["sqlite"], *backlog.CASES["postgresql"]],
     "fleet": [*fleet.CASES["sqlite"], *fleet.CASES["postgresql"]],
     "startup": startup.CASES,
+    "aio": aio.CASES,
+    "drones": aio.DRONES_GROUP,
 }
 CASES: dict[str, Case] = {case.id: case for cases in GROUPS.values() for case in cases}
 
@@ -136,6 +139,16 @@ SECTIONS: list[tuple[str, list[Comparison]]] = [
         Comparison("startup.help", "startup.pass", None),
         Comparison("startup.show", "startup.pass", None),
         Comparison("startup.show", None, Goal(150, strict=True, unit="ms")),
+    ]),
+    *[(f"8 · AsyncEngine.fire against Engine.fire: {title}", [
+        Comparison(f"aio.{db}.inline", f"aio.{db}.sync", Goal(1.2)),
+        Comparison(f"aio.{db}.threads", f"aio.{db}.sync", None),
+    ]) for db, title in (("sqlite", "SQLite file"), ("pg", "PostgreSQL"))],
+    ("9 · N drones whose risky edge awaits a slow probe (SQLite): wall time", [
+        Comparison("aio.drones.async", "aio.drones.one", Goal(1.5)),
+        Comparison("aio.drones.sync", "aio.drones.one", None),
+        Comparison("aio.drones.async", "aio.drones.sync", None),
+        Comparison("aio.drones.async", "aio.drones.instant", None),
     ]),
 ]
 
@@ -303,6 +316,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         with err.status("benchmarking") as status:
             for group, cases in groups.items():
                 runnable = [c for c in cases if c.id not in skipped]
+                if group == "drones":
+                    results.update(aio.run_drones(workspace, args.quick,
+                                                  lambda message: status.update(message)))
+                    continue
                 if group == "effects":
                     measured, summary = effects.run_group(
                         runnable, workspace, settings, lambda message: status.update(message),
@@ -325,7 +342,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      summary), "verify": verify_figures}, indent=2))
     else:
         console = Console() if sys.stdout.isatty() else Console(width=130)
-        console.print(_table(results, skipped, settings, environment, elapsed, summary))
+        console.print(_table(results, skipped, settings, environment, elapsed, summary,
+                             quick=args.quick))
         if verify_figures:
             console.print(_verify_table(verify_figures))
     return 0
@@ -389,7 +407,7 @@ def _cpu_cell(results: dict[str, Measurement], case_id: str) -> Text:
 
 def _table(results: dict[str, Measurement], skipped: dict[str, str], settings: Settings,
            environment: dict[str, str], elapsed: float,
-           summary: effects.Summary | None = None) -> Table:
+           summary: effects.Summary | None = None, *, quick: bool = False) -> Table:
     table = Table(title="lifecycle benchmarks: µs per operation (median of rounds)",
                   title_justify="left", caption_justify="left")
     table.add_column("lifecycle")
@@ -434,7 +452,8 @@ def _table(results: dict[str, Measurement], skipped: dict[str, str], settings: S
                      "Was the machine busy? Per-round ratios absorb some of it; rerun on a "
                      "quiet machine for firm numbers.")
     counts = sorted({m.ops_per_round for m in results.values()
-                     if m.case.id not in effects.SPECS}) or [0]
+                     if m.case.id not in effects.SPECS and m.case.id not in aio.DRONE_CASES}
+                    ) or [0]
     span = f"{counts[0]:,}" if len(counts) == 1 else f"{counts[0]:,} to {counts[-1]:,}"
     ops = (f"{settings.ops:,} ops per round" if settings.ops else
            f"~{settings.round_seconds:g} s per case and round ({span} ops, calibrated in "
@@ -446,6 +465,7 @@ def _table(results: dict[str, Measurement], skipped: dict[str, str], settings: S
         + (f"µs/op: median of {settings.rounds} interleaved rounds, {ops}; " if timed else "")
         + f"± is half the range of the rounds. Whole run {elapsed:.1f} s.",
         *([_effects_note(summary, results)] if summary and summary.throughput else []),
+        *([drones] if (drones := aio.note(results, quick)) else []),
         f"{environment['machine']}; {versions}",
         *notes,
     ]))
