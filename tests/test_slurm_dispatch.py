@@ -6,6 +6,7 @@ LIFECYCLE_REQUIRE_SLURM=1)."""
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import logging
 import subprocess
@@ -20,6 +21,7 @@ from typing import Any
 import pytest
 
 from lifecycle import Engine, SimulatedClock, Store, Worker
+from lifecycle.adapters.container_api import MemoryContainerAPI
 from lifecycle.adapters.slurm import run_command
 from lifecycle.adapters.slurm_dispatch import (
     CANCEL_STEPS,
@@ -27,6 +29,7 @@ from lifecycle.adapters.slurm_dispatch import (
     QueueEntry,
     ScancelRate,
     SlurmDispatch,
+    cancel_order,
     parse_squeue,
 )
 from lifecycle.errors import SiteError
@@ -69,10 +72,12 @@ class FakeSlurm:
             self.before_answer()
         return answer
 
-    def cancel(self, name: str) -> CancelOutcome:
-        self.cancels.append((name, self.elapsed()))
+    def cancel(self, name: str, steps: Sequence[int] = (0, 1, 2)) -> CancelOutcome:
+        """A cancel (or its lead) is recorded; the rest of one is not."""
+        if len(steps) != len(CANCEL_STEPS) - 1:
+            self.cancels.append((name, self.elapsed()))
         code = self.exit_codes.pop(0) if self.exit_codes else 0
-        return CancelOutcome(code, len(CANCEL_STEPS) if code == 0 else 1, f"exit {code}")
+        return CancelOutcome(code, len(steps) if code == 0 else 1, f"exit {code}")
 
     def renice(self, name: str, nice: int) -> None:
         self.renices.append((name, nice))
@@ -89,7 +94,8 @@ def machine(store: Store, settings: sd.Settings, **fake: Any) -> tuple[
         Engine, Worker, sd.Dispatcher, FakeSlurm, SimulatedClock]:
     clock = SimulatedClock(START)
     slurm = FakeSlurm(clock, **fake)
-    engine = Engine(store, [sd.SPEC], guards=sd.GUARDS, effects=sd.effects(slurm), clock=clock)
+    engine = Engine(store, [sd.SPEC], guards=sd.GUARDS,
+                    effects=sd.effects(slurm, MemoryContainerAPI()), clock=clock)
     return engine, Worker(engine), sd.Dispatcher(engine, slurm, settings), slurm, clock
 
 
@@ -308,32 +314,67 @@ def _most_in_one_second(starts: Sequence[float]) -> int:
     return most
 
 
-def test_rate_limit_books_a_thousand_cancels_in_order_at_most_r_a_second() -> None:
+def test_rate_limit_serves_every_lead_first_in_order_at_most_r_a_second() -> None:
+    """A thousand cancels fall due at once: each one's lead (the scancel that reaches its
+    job) comes one tick after the one before, in the order they asked; the rests of the
+    cancels (two scancels each) come after every lead; never more than R a second."""
     clock = SimulatedClock(START)
+    start = clock.now()
     rate = ScancelRate(20, clock)
     keys = [f"c{i}" for i in range(1000)]
-    waits = {key: rate.reserve(key) for key in keys}   # a thousand finish at once
-    assert waits["c0"] == 0.0
-    assert [waits[k] for k in keys] == sorted(waits[k] for k in keys)
-    assert waits["c999"] == pytest.approx(999 * 3 / 20)
-    assert rate.reserve("c5") == waits["c5"]          # asking again books nothing new
-    starts: list[float] = []
-    for key in sorted(keys, key=waits.__getitem__):
-        now = (clock.now() - SimulatedClock(START).now()).total_seconds()
-        clock.advance(max(0.0, waits[key] - now))
-        assert rate.reserve(key) == 0.0               # its slot has come
-        for _ in CANCEL_STEPS:
-            wait = rate.turn(key)
-            clock.advance(wait)
-            starts.append((clock.now() - SimulatedClock(START).now()).total_seconds())
+    waits = {key: rate.reserve(key, 1) for key in keys}
+    assert [waits[k] for k in keys] == [i / 20 for i in range(1000)]
+    assert rate.reserve("c5", 1) == waits["c5"]          # asking again keeps its place
+    # (when, order, key, lead, granted): "c0" was granted at once, the others come back
+    asks = [(waits[k], i, k, True, waits[k] == 0) for i, k in enumerate(keys)]
+    heapq.heapify(asks)
+    order = itertools.count(1000)
+    starts: list[tuple[float, str, bool]] = []
+    while asks:
+        at, _, key, lead, granted = heapq.heappop(asks)
+        clock.advance(max(0.0, at - (clock.now() - start).total_seconds()))
+        count = 1 if lead else len(CANCEL_STEPS) - 1
+        wait = 0.0 if granted else rate.reserve(key, count, lead=lead)
+        if wait > 0:                                     # told to come back later
+            heapq.heappush(asks, (at + wait, next(order), key, lead, False))
+            continue
+        for _ in range(count):
+            clock.advance(rate.turn())
+            starts.append(((clock.now() - start).total_seconds(), key, lead))
+        if lead:                                         # the rest, as the machine asks
+            heapq.heappush(asks, ((clock.now() - start).total_seconds(), next(order), key,
+                                  False, False))
     assert len(starts) == 3000
-    assert _most_in_one_second(starts) == 20
+    leads = [key for _, key, lead in starts if lead]
+    assert leads == keys                                 # in the order they asked
+    assert all(lead for _, _, lead in starts[:1000])     # every lead before any rest
+    assert starts[999][0] == pytest.approx(999 / 20)
+    assert _most_in_one_second([at for at, _, _ in starts]) == 20
+    assert rate.waiting() == 0
+
+
+def test_a_cancel_that_is_no_longer_wanted_holds_nobody_back() -> None:
+    clock = SimulatedClock(START)
+    rate = ScancelRate(10, clock)
+    assert [rate.reserve(k, 1) for k in ("a", "b", "c")] == [0.0, 0.1, 0.2]
+    rate.forget("b")                                     # its job left squeue meanwhile
+    assert rate.reserve("c", 1) == pytest.approx(0.1)
+    clock.advance(5.0)                                   # "c" was told 0.1 s and never came
+    assert rate.reserve("d", 1) == 0.0                   # so it holds back no one
 
 
 def test_an_unlimited_rate_never_waits() -> None:
     rate = ScancelRate(None, SimulatedClock(START))
     assert [rate.reserve(f"c{i}") for i in range(100)] == [0.0] * 100
-    assert rate.turn("c1") == 0.0
+    assert rate.turn() == 0.0
+
+
+def test_the_lead_step_is_the_one_for_the_jobs_state() -> None:
+    assert cancel_order("RUNNING") == (1, 0, 2)
+    assert cancel_order("COMPLETING") == (1, 0, 2)
+    assert cancel_order("PENDING") == (0, 1, 2)
+    assert cancel_order("SUSPENDED") == (2, 0, 1)
+    assert cancel_order(None) == (0, 1, 2)               # unknown: Arvados' order
 
 
 def test_pool_holds_at_most_p_commands_for_a_thousand_threads() -> None:
@@ -477,6 +518,7 @@ class Live:
     slurm: SlurmDispatch
     recorder: Recorder
     cluster: Any
+    api: MemoryContainerAPI
 
     def until(self, key: str, done: Callable[[Any], bool], timeout: float = 60) -> Any:
         """Poll and work (each a few milliseconds on this cluster) until ``done(resource)``;
@@ -505,9 +547,10 @@ def live(cluster: Any, tmp_path: Path) -> Iterator[Callable[..., Live]]:
             environment={"SLURM_CONF": str(cluster.conf)}, runner=recorder, timeout=20)
         store = Store(f"sqlite:///{tmp_path / 'live.db'}", upgrade=True)
         stores.append(store)
-        engine = Engine(store, [sd.SPEC], guards=sd.GUARDS, effects=sd.effects(slurm))
+        api = MemoryContainerAPI()
+        engine = Engine(store, [sd.SPEC], guards=sd.GUARDS, effects=sd.effects(slurm, api))
         return Live(engine, Worker(engine), sd.Dispatcher(engine, slurm, settings), slurm,
-                    recorder, cluster)
+                    recorder, cluster, api)
 
     stores: list[Store] = []
     yield make
@@ -539,14 +582,17 @@ def test_real_slurm_submit_run_finish_linger_cancel_gone(live: Callable[..., Liv
     # the container reports Complete; its job lingers (still running)
     box.engine.fire(key, "container_done", {"container_state": "Complete"})
     gone = box.until(key, lambda r: r.state == "gone")
-    assert gone.data["scancels"] >= 1
-    assert box.recorder.scancels(name)[:3] == [list(s) for s in CANCEL_STEPS]
+    assert gone.data["scancel_exit"] == 0
+    # TERM to the running job first; then the two that only make sure
+    assert box.recorder.scancels(name)[:1] == [list(CANCEL_STEPS[1])]
+    assert box.recorder.scancels(name)[1:3] in ([], [list(CANCEL_STEPS[0]),
+                                                     list(CANCEL_STEPS[2])])
     assert box.cluster.wait_for_state(job, "CANCELLED", "FAILED", "COMPLETED")
     path = [e.dest for e in box.engine.history(key) if e.kind == "transition"]
-    assert path[:7] == ["locked", "submitted", "running", "finished", "cancelling.due",
-                        "cancelling.scancelling", "cancelling.waiting"]
+    assert path[:6] == ["locked", "submitted", "running", "finished", "cancelling.due",
+                        "cancelling.scancelling"]
     assert path[-1] == "gone"
-    assert box.engine.get(key).data["scancel_exit"] == 0
+    assert box.api.changes == []                  # Complete in the API: left alone
 
 
 def test_real_slurm_pending_job_cancelled_by_the_api(live: Callable[..., Live]) -> None:
@@ -579,9 +625,12 @@ def test_real_slurm_cancel_of_a_job_already_gone_is_harmless(
     box.engine.fire(key, "cancel")                            # the job has already left
     box.worker.run_until_idle()
     assert box.engine.get(key).data["scancel_exit"] == 0
-    assert len(box.recorder.scancels(name)) == 3              # all three ran, exit 0
+    # the lead ran (pending first: no squeue had shown the job), exit 0; the rest waits
+    # its turn under the rate limit, and is dropped once a poll shows the job gone
+    assert box.recorder.scancels(name)[0] == list(CANCEL_STEPS[0])
     resource = box.until(key, lambda r: r.state == "gone")
-    assert resource.data["scancels"] == 1
+    assert resource.data["scancel_exit"] == 0
+    assert len(box.recorder.scancels(name)) in (1, 3)
     outcome = box.slurm.cancel(name)                          # and once more, directly
     assert outcome.ok and outcome.invocations == 3
     assert box.cluster.job_state(job) == "COMPLETED"

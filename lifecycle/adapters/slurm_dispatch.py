@@ -37,13 +37,13 @@ processes each has its own limits (run one dispatcher per cluster, as Arvados do
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import math
 import os
 import subprocess
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -56,6 +56,10 @@ log = logging.getLogger(__name__)
 INITIAL_NICE = 10000
 """The niceness every job is submitted with (Arvados' ``initialNiceValue``): room to renice
 jobs up and down."""
+SCANCELS_PER_SECOND = 50.0
+"""The default rate limit R: a thousand jobs falling due together receive their signals
+within 20 s, and 450 within a 10 s poll interval less the quick poll (the simulation's goal);
+a fraction of what a controller answers (a scancel takes it about 10 ms)."""
 SQUEUE_FORMAT = "%j %y %Q %T %r"
 CANCEL_STEPS: tuple[tuple[str, ...], ...] = (
     ("--state=pending",),
@@ -142,17 +146,42 @@ class CommandPool:
             self._slots.release()
 
 
+@dataclass
+class _Ask:
+    """A cancel waiting for its turn under the rate limit."""
+
+    lead: bool
+    order: int
+    count: int
+    told: int
+    """The start it was last told (microseconds)."""
+
+
 class ScancelRate:
     """At most ``per_second`` scancel invocations started a second: each starts at least
-    ``1 / per_second`` after the one before (a ticker), first come, first served.
+    one tick (``1 / per_second``) after the one before. ``per_second=None``: no limit.
 
-    :meth:`reserve` books a cancel's invocations the next free ticks, after every tick
-    already booked, and says how long until its first: the machine waits that long in a
-    state with a timer (no thread is held), then asks again and is told 0. :meth:`turn`,
-    called for each invocation from inside its slot in the pool, says how long to wait
-    before starting it: until its booked tick, and at least one tick after the last
-    invocation started (a few milliseconds when the cancel was booked). Times are counted
-    in whole microseconds, so the spacing is exact. ``per_second=None``: no limit."""
+    The ticks go to the most urgent first. A cancel asks twice: for its lead (the one
+    scancel that reaches the job as squeue last showed it) and then for the rest of its
+    three steps, which only make sure. Every lead waiting is served before any rest, leads
+    in the order they first asked (the earliest due first), then the rests likewise. So
+    when a thousand cancels fall due together, each job receives its signal one tick after
+    the one before, not three, and the steps that only make sure come after (or never, for
+    a job that has left meanwhile: :meth:`forget`).
+
+    :meth:`reserve` says how long until a cancel's invocations may begin, and at 0 takes
+    their ticks. A long wait is never slept in a handler thread: the machine waits that long
+    in a state with a timer (``cancelling.throttled``), then asks again. :meth:`turn`, called
+    for each invocation from inside its slot in the pool, says how long to wait before
+    starting it: at least one tick after the last started (a few milliseconds once the
+    cancel was granted). Times are counted in whole microseconds, so the spacing is
+    exact."""
+
+    GRACE = 1_000_000
+    """A cancel told to start more than this long ago (microseconds) that has not come back
+    no longer holds back the ones after it..."""
+    STALE = 60_000_000
+    """...and after this long it is forgotten (its job left while it waited)."""
 
     def __init__(self, per_second: float | None, clock: Clock | None = None) -> None:
         if per_second is not None and not per_second > 0:
@@ -162,52 +191,71 @@ class ScancelRate:
         self.clock = clock or SystemClock()
         self.spacing = math.ceil(1_000_000 / per_second) if per_second else 0
         self._lock = threading.Lock()
-        self._next = -(2**62)
+        self._free = -(2**62)
+        """The tick after every invocation granted."""
         self._last = -(2**62)
-        self._booked: dict[str, deque[int]] = {}
+        self._asks: dict[str, _Ask] = {}
+        self._order = itertools.count()
 
     def _now(self) -> int:
         return round(self.clock.now().timestamp() * 1_000_000)
 
-    def reserve(self, key: str, count: int = len(CANCEL_STEPS)) -> float:
-        """Seconds until ``key``'s cancel may begin (booking it if it is not yet booked);
-        0.0: begin now."""
+    def reserve(self, key: str, count: int = len(CANCEL_STEPS), *, lead: bool = True) -> float:
+        """Seconds until ``key``'s ``count`` invocations (its lead, or the rest of its cancel)
+        may begin; 0.0: begin now (their ticks are taken)."""
         if not self.spacing:
             return 0.0
         now = self._now()
         with self._lock:
-            ticks = self._booked.get(key)
-            if not ticks:
-                self._forget_stale(now)
-                first = max(now, self._next)
-                ticks = deque(first + i * self.spacing for i in range(count))
-                self._booked[key] = ticks
-                self._next = first + count * self.spacing
-            return max(0, ticks[0] - now) / 1_000_000
+            ask = self._asks.get(key)
+            if ask is None or ask.lead != lead or ask.count != count:
+                ask = self._asks[key] = _Ask(lead, next(self._order), count, now)
+            ahead = 0
+            for other_key, other in list(self._asks.items()):
+                if other.told < now - self.STALE:
+                    del self._asks[other_key]
+                elif (other is not ask and other.told >= now - self.GRACE
+                      and (not other.lead, other.order) < (not lead, ask.order)):
+                    ahead += other.count
+            start = max(now, self._free, self._last + self.spacing) + ahead * self.spacing
+            if start <= now:
+                del self._asks[key]
+                self._free = start + count * self.spacing
+                return 0.0
+            ask.told = start
+            return (start - now) / 1_000_000
 
-    def turn(self, key: str) -> float:
-        """Seconds to wait before starting the next scancel invocation for ``key``; the
-        invocation is counted as started then."""
+    def turn(self) -> float:
+        """Seconds to wait before starting a scancel invocation now; it is counted as
+        started then."""
         if not self.spacing:
             return 0.0
         now = self._now()
         with self._lock:
-            ticks = self._booked.get(key)
-            booked = ticks.popleft() if ticks else None
-            if ticks is not None and not ticks:
-                del self._booked[key]
-            at = max(now, self._last + self.spacing, booked if booked is not None else now)
-            if booked is None:
-                self._next = max(self._next, at + self.spacing)
+            at = max(now, self._last + self.spacing)
             self._last = at
+            self._free = max(self._free, at + self.spacing)
             return (at - now) / 1_000_000
 
-    def _forget_stale(self, now: int) -> None:
-        """Bookings whose cancel never came (its job left while it waited)."""
-        stale = [k for k, ticks in self._booked.items()
-                 if ticks and ticks[-1] < now - 60_000_000]
-        for key in stale:
-            del self._booked[key]
+    def forget(self, key: str) -> None:
+        """``key`` no longer waits (its job left squeue)."""
+        with self._lock:
+            self._asks.pop(key, None)
+
+    def waiting(self) -> int:
+        """How many cancels wait for their turn."""
+        with self._lock:
+            return len(self._asks)
+
+
+def cancel_order(state: str | None) -> tuple[int, ...]:
+    """The three steps (indices in :data:`CANCEL_STEPS`) with the one that reaches a job in
+    ``state``, as squeue last showed it, first: ``PENDING``, the pending step;
+    ``SUSPENDED``, the suspended one; any other (``RUNNING``, ``COMPLETING``, ...) the TERM
+    to a running job. Unknown (None): Arvados' order, pending first. The others follow in
+    their order; the sequence is three steps either way."""
+    lead = 0 if state is None else {"PENDING": 0, "SUSPENDED": 2}.get(state, 1)
+    return (lead, *(i for i in range(len(CANCEL_STEPS)) if i != lead))
 
 
 @dataclass
@@ -229,7 +277,7 @@ class SlurmDispatch:
     environment: Mapping[str, str] = field(default_factory=dict)
     timeout: float = 30.0
     max_in_flight: int = 3
-    scancels_per_second: float | None = 10.0
+    scancels_per_second: float | None = SCANCELS_PER_SECOND
     clock: Clock = field(default_factory=SystemClock)
     runner: Runner = run_command
     sleep: Callable[[float], None] = time.sleep
@@ -265,14 +313,15 @@ class SlurmDispatch:
             raise self._failed(argv, done)
         return parse_squeue(done.stdout)
 
-    def cancel(self, name: str) -> CancelOutcome:
-        """The three-step cancel; never raises for a failed step, says which."""
+    def cancel(self, name: str, steps: Sequence[int] = (0, 1, 2)) -> CancelOutcome:
+        """The cancel's ``steps`` (indices in :data:`CANCEL_STEPS`; all three by default),
+        stopping at the first that fails; never raises for a failed step, says which."""
         ran = 0
-        for step in CANCEL_STEPS:
-            argv = [self.scancel, f"--name={name}", *step]
+        for step in steps:
+            argv = [self.scancel, f"--name={name}", *CANCEL_STEPS[step]]
             ran += 1
             try:
-                done = self._run(argv, turn_of=name)
+                done = self._run(argv, scancel=True)
             except SiteError as exc:
                 return CancelOutcome(None, ran, str(exc))
             if done.returncode != 0:
@@ -286,15 +335,15 @@ class SlurmDispatch:
             raise self._failed(argv, done)
 
     def _run(self, argv: Sequence[str],
-             turn_of: str | None = None) -> subprocess.CompletedProcess[str]:
-        """Run a command in a slot of the pool; a scancel for ``turn_of`` also waits for
-        its turn under the rate limit."""
+             scancel: bool = False) -> subprocess.CompletedProcess[str]:
+        """Run a command in a slot of the pool; a scancel also waits for its tick under the
+        rate limit."""
         full = [*self.command_prefix, *argv]
         env = {**os.environ, **self.environment} if self.environment else None
         shown = " ".join(full)
         with self.pool.slot(shown):
-            if turn_of is not None:
-                wait = self.rate.turn(turn_of)
+            if scancel:
+                wait = self.rate.turn()
                 if wait > 0:
                     self.sleep(wait)
                 with self._counting:
