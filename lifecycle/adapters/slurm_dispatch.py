@@ -9,11 +9,12 @@ addresses a job by name, as Arvados' ``crunch-dispatch-slurm`` does:
   state, reason) for every job, read line by line; a line that does not parse is warned
   about and skipped, never fatal;
 - cancel, three steps, stopping at the first that fails: ``scancel --name=<name>
-  --state=pending``, then ``scancel --name=<name> --batch --signal=TERM --state=running``,
-  then the same with ``--state=suspended``. TERM to the batch shell only, so that the
-  container's supervisor can stop the container itself; plain scancel would SIGKILL it
-  after ``KillWait``. scancel exits 0 when no job matches, so cancelling a job that already
-  left is harmless;
+  --state=pending``, ``scancel --name=<name> --batch --signal=TERM --state=running`` and
+  the same with ``--state=suspended`` (:data:`CANCEL_STEPS`; :func:`cancel_order` puts the
+  one that reaches the job in the state squeue showed first). TERM to the batch shell only,
+  so that the container's supervisor can stop the container itself; plain scancel would
+  SIGKILL it after ``KillWait``. scancel exits 0 when no job matches, so cancelling a job
+  that already left is harmless;
 - renice: ``scontrol update JobName=<name> Nice=<n>``.
 
 Every command is a subprocess (an argument list, never a shell) with a timeout.
@@ -27,11 +28,12 @@ processes each has its own limits (run one dispatcher per cluster, as Arvados do
 - :class:`CommandPool`: at most ``max_in_flight`` commands of any kind at once; a command
   waits for a slot (at most its timeout).
 - :class:`ScancelRate`: at most ``per_second`` scancel invocations started a second, one
-  tick of ``1 / per_second`` apart. A long wait is never slept in a handler thread:
-  :meth:`ScancelRate.reserve` books a cancel's ticks and says how long until its first,
-  and the machine waits that long in a state with a timer (``cancelling.throttled``), so
-  no thread is held and the wait is in the journal; each invocation then waits only for
-  its own tick (milliseconds) inside its slot.
+  tick of ``1 / per_second`` apart, each cancel's lead (the scancel that reaches its job)
+  served before the other steps of any cancel. A long wait is never slept in a handler
+  thread: :meth:`ScancelRate.reserve` says how long until a cancel's turn, and the machine
+  waits that long in a state with a timer (``cancelling.throttled``), so no thread is held
+  and the wait is in the journal; each invocation then waits only for its own tick
+  (milliseconds) inside its slot.
 """
 
 from __future__ import annotations

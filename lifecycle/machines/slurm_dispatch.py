@@ -13,7 +13,8 @@ on by stepping each resource:
 - ``container_done`` (Complete or Cancelled) --> ``finished``: the job may linger in squeue.
   Delay A (``delay_a``, a timer) lets it leave by itself; then ``cancelling.due``.
 - ``cancelling.due`` --[in squeue, fresh]--> ``cancelling.scancelling`` (entry effect: the
-  three-step scancel) --scancelled--> ``cancelling.waiting``, which waits delay B
+  three-step scancel, the step for the job's state in that squeue first) --scancelled-->
+  ``cancelling.waiting``, which waits delay B
   (``next_delay``: ``delay_b`` after a scancel that exited 0; after a failed one
   ``error_delay`` doubled for each failure in a row, up to ``error_cap``) and goes back to
   ``due``. The edge out of ``due`` is a risky edge: it fires only on an squeue observation
@@ -21,9 +22,15 @@ on by stepping each resource:
   scancel.
 - ``cancel`` (the API: priority 0, cancelled by a user) goes to ``scancelling`` at once,
   without delay A.
-- A scancel the rate limit cannot grant now waits in ``cancelling.throttled`` for its slot.
-- Whenever a fresh poll no longer lists the job: ``gone`` (from ``running``, the container
-  lost its job: Arvados marks it Cancelled).
+- A scancel the rate limit cannot grant now waits in ``cancelling.throttled`` for its turn
+  (a cancel's lead, then the rest of its steps, which a job that leaves meanwhile never
+  gets).
+- Whenever a fresh poll no longer lists the job: ``gone``; before the container started:
+  ``queued``. Either way the container API is told (entry effect of ``gone``, effect of the
+  edges to ``queued``): a container still Running is marked Cancelled, one still Locked
+  unlocked (:mod:`lifecycle.adapters.container_api`).
+- The dispatcher polls every ``poll_interval``, and ``quick_poll`` after the last while a
+  container waits in ``cancelling.due`` (:meth:`Dispatcher.poll_if_due`).
 """
 
 from __future__ import annotations

@@ -18,15 +18,20 @@ sleeps 1 s and cancels again. The extra cancel the race between its two goroutin
 adds once the job has left is not counted (in Arvados' favour).
 
 After: the ``slurm_dispatch`` machine, its engine, store, timers and worker, and its
-:class:`~lifecycle.machines.slurm_dispatch.Dispatcher` polling, with the rate limit of the
-real adapter (:class:`~lifecycle.adapters.slurm_dispatch.ScancelRate`) on the simulated
-clock. A command's wait for a slot in the pool of ``max_in_flight`` is modelled as the
-command starting later in simulated time (its handler returns at once here).
+:class:`~lifecycle.machines.slurm_dispatch.Dispatcher` looking every ``quick_poll`` seconds
+whether a poll is due (:meth:`~lifecycle.machines.slurm_dispatch.Dispatcher.poll_if_due`),
+with the rate limit of the real adapter
+(:class:`~lifecycle.adapters.slurm_dispatch.ScancelRate`) on the simulated clock and the
+container API in memory. squeue shows a lingering job RUNNING. A command's wait for a slot
+in the pool of ``max_in_flight`` is modelled as the command starting later in simulated
+time (its handler returns at once here).
 
 Counted for both: scancel invocations, the most commands in flight at once, the most
 scancel invocations started in any one second, the longest a job lingered after its
-container finished, and "still in squeue" log lines (in all, and the most for one
-container).
+container finished, and where that time goes (the longest from the container's end to its
+first cancel falling due, from there to the TERM reaching the job, and from the TERM to the
+job leaving), how many jobs lingered past the goal's bound, and "still in squeue" log
+lines (in all, and the most for one container).
 """
 
 from __future__ import annotations
