@@ -42,16 +42,15 @@ import contextlib
 import itertools
 import logging
 import math
-import os
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from ..clock import Clock, SystemClock
 from ..errors import SiteError
-from .slurm import Runner, command_failed, run_checked, run_command
+from .slurm import SlurmCommands
 
 log = logging.getLogger(__name__)
 
@@ -261,34 +260,20 @@ def cancel_order(state: str | None) -> tuple[int, ...]:
 
 
 @dataclass
-class SlurmDispatch:
-    """The dispatcher's Slurm: ``script`` (the batch script and its arguments) or ``wrap``
-    (a command line for ``sbatch --wrap``), ``sbatch_options`` before it; ``{name}`` in
-    any of them becomes the container's name. ``command_prefix`` goes before each command,
-    ``environment`` is added to theirs (``{"SLURM_CONF": ...}``). ``timeout``: seconds per
-    command, and the longest wait for a slot in the pool."""
+class SlurmDispatch(SlurmCommands):
+    """The dispatcher's Slurm: the settings of :class:`~lifecycle.adapters.slurm.
+    SlurmCommands` (``script`` or ``wrap``, ``sbatch_options``, the commands,
+    ``command_prefix``, ``environment``, ``timeout``: seconds per command, and the longest
+    wait for a slot in the pool), and the limits."""
 
-    script: Sequence[str] = ()
-    wrap: str | None = None
-    sbatch_options: Sequence[str] = ()
-    sbatch: str = "sbatch"
-    squeue: str = "squeue"
-    scancel: str = "scancel"
-    scontrol: str = "scontrol"
-    command_prefix: Sequence[str] = ()
-    environment: Mapping[str, str] = field(default_factory=dict)
-    timeout: float = 30.0
     max_in_flight: int = 3
     scancels_per_second: float | None = SCANCELS_PER_SECOND
     clock: Clock = field(default_factory=SystemClock)
-    runner: Runner = run_command
     sleep: Callable[[float], None] = time.sleep
-    """How a scancel waits for its turn under the rate limit (a few milliseconds)."""
+    """How a scancel waits for its tick under the rate limit (a few milliseconds)."""
 
     def __post_init__(self) -> None:
-        if bool(self.script) == (self.wrap is not None):
-            raise ValueError("SlurmDispatch needs exactly one of script=[path, args...] or "
-                             "wrap='command line'")
+        super().__post_init__()
         self.pool = CommandPool(self.max_in_flight, self.timeout)
         self.rate = ScancelRate(self.scancels_per_second, self.clock)
         self.scancel_invocations = 0
@@ -296,23 +281,18 @@ class SlurmDispatch:
 
     def submit(self, name: str) -> None:
         """Submit the container's job, named ``name``."""
-        argv = [self.sbatch, f"--job-name={name}", f"--nice={INITIAL_NICE}", "--no-requeue",
-                *(o.replace("{name}", name) for o in self.sbatch_options)]
-        if self.wrap is not None:
-            argv.append(f"--wrap={self.wrap.replace('{name}', name)}")
-        else:
-            argv.extend(a.replace("{name}", name) for a in self.script)
-        done = self._run(argv)
+        argv = self.sbatch_argv(name, f"--nice={INITIAL_NICE}", "--no-requeue")
+        done = self.run(argv)
         if done.returncode != 0:
-            raise self._failed(argv, done)
+            raise self.failed(argv, done)
         log.info("container %s submitted: %s", name, done.stdout.strip())
 
     def queue(self) -> dict[str, QueueEntry]:
         """Every job in squeue, by name; SiteError when squeue fails."""
         argv = [self.squeue, "--all", "--noheader", f"--format={SQUEUE_FORMAT}"]
-        done = self._run(argv)
+        done = self.run(argv)
         if done.returncode != 0:
-            raise self._failed(argv, done)
+            raise self.failed(argv, done)
         return parse_squeue(done.stdout)
 
     def cancel(self, name: str, steps: Sequence[int] = (0, 1, 2)) -> CancelOutcome:
@@ -323,35 +303,28 @@ class SlurmDispatch:
             argv = [self.scancel, f"--name={name}", *CANCEL_STEPS[step]]
             ran += 1
             try:
-                done = self._run(argv, scancel=True)
+                done = self.run(argv, scancel=True)
             except SiteError as exc:
                 return CancelOutcome(None, ran, str(exc))
             if done.returncode != 0:
-                return CancelOutcome(done.returncode, ran, str(self._failed(argv, done)))
+                return CancelOutcome(done.returncode, ran, str(self.failed(argv, done)))
         return CancelOutcome(0, ran)
 
     def renice(self, name: str, nice: int) -> None:
         argv = [self.scontrol, "update", f"JobName={name}", f"Nice={nice}"]
-        done = self._run(argv)
+        done = self.run(argv)
         if done.returncode != 0:
-            raise self._failed(argv, done)
+            raise self.failed(argv, done)
 
-    def _run(self, argv: Sequence[str],
-             scancel: bool = False) -> subprocess.CompletedProcess[str]:
+    def run(self, argv: Sequence[str],
+            scancel: bool = False) -> subprocess.CompletedProcess[str]:
         """Run a command in a slot of the pool; a scancel also waits for its tick under the
         rate limit."""
-        full = [*self.command_prefix, *argv]
-        env = {**os.environ, **self.environment} if self.environment else None
-        shown = " ".join(full)
-        with self.pool.slot(shown):
+        with self.pool.slot(" ".join([*self.command_prefix, *argv])):
             if scancel:
                 wait = self.rate.turn()
                 if wait > 0:
                     self.sleep(wait)
                 with self._counting:
                     self.scancel_invocations += 1
-            return run_checked(self.runner, full, self.timeout, env)
-
-    def _failed(self, argv: Sequence[str],
-                done: subprocess.CompletedProcess[str]) -> SiteError:
-        return command_failed([*self.command_prefix, *argv], done)
+            return super().run(argv)
