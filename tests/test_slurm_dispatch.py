@@ -600,6 +600,28 @@ def test_the_cancel_stops_at_the_first_failing_step() -> None:
                      ["scancel", "--name=c1", "--batch", "--signal=TERM", "--state=running"]]
 
 
+def test_every_command_takes_a_slot_in_the_pool_renice_too() -> None:
+    """sbatch, squeue, scontrol's renice and each scancel run inside a slot of the pool of
+    max_in_flight commands (the renice within the same limits as the cancels)."""
+    seen: list[tuple[str, int]] = []
+    slurm: SlurmDispatch
+
+    def runner(argv: Sequence[str], timeout: float,
+               env: Mapping[str, str] | None) -> subprocess.CompletedProcess[str]:
+        seen.append((argv[0], slurm.pool.in_flight))
+        return subprocess.CompletedProcess(list(argv), 0, "", "")
+
+    slurm = SlurmDispatch(wrap="true", runner=runner, max_in_flight=2,
+                          scancels_per_second=None)
+    slurm.submit("c1")
+    slurm.queue()
+    slurm.renice("c1", 10)
+    slurm.cancel("c1", cancel_order("RUNNING"))
+    assert seen == [("sbatch", 1), ("squeue", 1), ("scontrol", 1), ("scancel", 1),
+                    ("scancel", 1), ("scancel", 1)]
+    assert slurm.pool.in_flight == 0 and slurm.scancel_invocations == 3
+
+
 # -- on a real Slurm --------------------------------------------------------------------------
 
 
