@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict
@@ -49,7 +50,7 @@ from ..adapters.sites import (
 )
 from ..compiled import GuardContext
 from ..effects import Effect, EffectCall, FollowUp, Retry
-from ..errors import SiteError
+from ..errors import LifecycleError, SiteError
 from ..fresh import ProbeRequest
 from ..spec import MachineSpec
 from .builtin import Builtin
@@ -429,15 +430,60 @@ TARDIS_BUILTIN = Builtin(
 # -- the reconcile loop ---------------------------------------------------------------------
 
 
+def live_drones(engine: Any, machine: str = "drone") -> list[Any]:
+    """The drones of ``machine`` that are not down (``Resource``s, by key), read by state:
+    a pool keeps every drone it ever had, and the ones down outnumber the live ones."""
+    return sorted((r for state in LIVE_STATES for r in engine.resources(machine, state)),
+                  key=lambda r: r.key)
+
+
+HEARTBEAT_BATCH = 1000
+"""Drones observed, then stepped, per transaction in a heartbeat."""
+
+
 def reconcile(engine: Any, site: Site, batch: BatchSystem, *, machine: str = "drone",
-              progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+              progress: Callable[[int, int], None] | None = None,
+              probes: int = 8) -> dict[str, Any]:
     """One heartbeat of a drone pool: ask the site and the pool for every live drone's status
-    in one call each, record the answers as observations, and step every drone once.
+    in one call each (the two at once), record the answers as observations, and step every
+    drone once, :data:`HEARTBEAT_BATCH` drones per transaction (``Engine.observe_many``,
+    ``Engine.step_many``: each drone its own compare-and-swap and journal row). A risky edge
+    that still wants a fresher status asks the site about its drone alone, up to ``probes``
+    drones at once.
 
     When the site (or the pool) cannot be asked, nothing is observed and no drone is
-    stepped: the drones keep their state, and no risky edge fires on an old picture."""
-    return _to_end(_reconciling(engine, site, batch, machine, progress, None,
-                                concurrent=False))
+    stepped: the drones keep their state, and no risky edge fires on an old picture. A drone
+    that cannot be observed or stepped (it went away; it lost the race with another writer
+    too often) is counted in ``errors`` and leaves the others untouched."""
+    # a drone without a job at the site yet (its deploy has not run) has nothing to ask about
+    drones = [r for r in live_drones(engine, machine) if r.data.get("remote_id")]
+    report = _report(drones)
+    if not drones:
+        return report
+    # an answer is true at the moment the question was asked, not when it arrived: both
+    # statuses are stamped with the time the site was asked, the earlier of the two
+    asked_at = engine.clock.now()
+    refs = [Drone(r.key, r.data.get("remote_id"), r.data) for r in drones]
+    with ThreadPoolExecutor(2, thread_name_prefix="reconcile") as pool:
+        asking = pool.submit(site.status, refs), pool.submit(batch.machine_status, refs)
+        try:
+            site_status, pool_status = (answer.result() for answer in asking)
+        except SiteError as exc:
+            report["site_error"] = str(exc)
+            return report
+    for start in range(0, len(drones), HEARTBEAT_BATCH):
+        keys = [f"{machine}:{d.key}" for d in drones[start:start + HEARTBEAT_BATCH]]
+        observed = engine.observe_many(
+            [(key, _status(site_status, pool_status, d.key))
+             for key, d in zip(keys, drones[start:start + HEARTBEAT_BATCH], strict=True)],
+            asked_at, source="reconcile")
+        report["errors"] += sum(isinstance(o, LifecycleError) for o in observed)
+        for result in engine.step_many(keys, actor="reconcile", on_stale="return",
+                                       probes=probes):
+            _count(report, result)
+        if progress is not None:
+            progress(start + len(keys), len(drones))
+    return report
 
 
 async def reconcile_async(engine: Any, site: Any, batch: Any, *, machine: str = "drone",
@@ -447,28 +493,17 @@ async def reconcile_async(engine: Any, site: Any, batch: Any, *, machine: str = 
     site and pool that may be asyncio's (:class:`~lifecycle.adapters.tardis.TardisSite`):
     the drones are stepped at once, so that the probes their risky edges ask are awaited
     together. ``only`` picks the drones of this site by key (default: all)."""
-    return await _reconciling(engine, site, batch, machine, progress, only, concurrent=True)
-
-
-async def _reconciling(engine: Any, site: Any, batch: Any, machine: str,
-                       progress: Callable[[int, int], None] | None,
-                       only: Callable[[str], bool] | None, *,
-                       concurrent: bool) -> dict[str, Any]:
-    # a drone without a job at the site yet (its deploy has not run) has nothing to ask about
-    drones = [r for r in await _answer(engine.resources(machine))
-              if r.state != "down" and r.data.get("remote_id")
-              and (only is None or only(r.key))]
-    refs = [Drone(r.key, r.data.get("remote_id"), r.data) for r in drones]
-    report: dict[str, Any] = {"drones": len(drones), "moved": {}, "refused": 0,
-                              "site_error": None}
+    drones = [r for state in LIVE_STATES for r in await engine.resources(machine, state)
+              if r.data.get("remote_id") and (only is None or only(r.key))]
+    drones.sort(key=lambda r: r.key)
+    report = _report(drones)
     if not drones:
         return report
-    # an answer is true at the moment the question was asked, not when it arrived: both
-    # statuses are stamped with the time the site was asked, the earlier of the two
     asked_at = engine.clock.now()
+    refs = [Drone(r.key, r.data.get("remote_id"), r.data) for r in drones]
     try:
-        site_status = await _answer(site.status(refs))
-        pool_status = await _answer(batch.machine_status(refs))
+        site_status, pool_status = await asyncio.gather(
+            _answer(site.status(refs)), _answer(batch.machine_status(refs)))
     except SiteError as exc:
         report["site_error"] = str(exc)
         return report
@@ -476,24 +511,39 @@ async def _reconciling(engine: Any, site: Any, batch: Any, machine: str,
 
     async def one(key: str) -> None:
         nonlocal done
-        await _answer(engine.observe(f"{machine}:{key}", {
-            "resource_status": site_status.get(key, DELETED),
-            "machine_status": pool_status.get(key, NOT_AVAILABLE)},
-            asked_at, source="reconcile"))
-        result = await _answer(engine.step(f"{machine}:{key}", actor="reconcile",
-                                           on_stale="return"))
-        if result.fired:
-            move = f"{result.source} -> {result.dest}"
-            report["moved"][move] = report["moved"].get(move, 0) + 1
-        elif result.error:
-            report["refused"] += 1
+        try:
+            await engine.observe(f"{machine}:{key}", _status(site_status, pool_status, key),
+                                 asked_at, source="reconcile")
+            result = await engine.step(f"{machine}:{key}", actor="reconcile",
+                                       on_stale="return")
+        except LifecycleError:
+            report["errors"] += 1
+        else:
+            _count(report, result)
         done += 1
         if progress is not None:
             progress(done, len(drones))
 
-    if concurrent:
-        await asyncio.gather(*(one(drone.key) for drone in drones))
-    else:
-        for drone in drones:
-            await one(drone.key)
+    await asyncio.gather(*(one(drone.key) for drone in drones))
     return report
+
+
+def _report(drones: Sequence[Any]) -> dict[str, Any]:
+    return {"drones": len(drones), "moved": {}, "refused": 0, "errors": 0, "site_error": None}
+
+
+def _status(site_status: Mapping[str, str], pool_status: Mapping[str, str],
+            key: str) -> dict[str, str]:
+    return {"resource_status": site_status.get(key, DELETED),
+            "machine_status": pool_status.get(key, NOT_AVAILABLE)}
+
+
+def _count(report: dict[str, Any], result: Any) -> None:
+    """A stepped drone in the heartbeat's report: moved, refused, or an error."""
+    if isinstance(result, LifecycleError):
+        report["errors"] += 1
+    elif result.fired:
+        move = f"{result.source} -> {result.dest}"
+        report["moved"][move] = report["moved"].get(move, 0) + 1
+    elif result.error:
+        report["refused"] += 1
