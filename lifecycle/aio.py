@@ -32,7 +32,7 @@ from typing import Any, Literal, ParamSpec, TypeVar
 from .clock import Clock
 from .effects import Effect, EffectCall, Handler
 from .engine import Deciding, Engine, Guard, OnStale, SpecFor
-from .errors import RetryableError
+from .errors import LifecycleError, RetryableError
 from .fresh import Probe, ProbeOutcome, await_probe, is_async
 from .records import FireResult, JournalEntry, Mismatch, Observation, Resource
 from .spec import MachineSpec, SpecSource
@@ -154,6 +154,24 @@ class AsyncEngine:
                       observed_at: dt.datetime | None = None, *,
                       source: str = "api") -> Observation:
         return await self._db(self.engine.observe, key, status, observed_at, source=source)
+
+    async def observe_many(self, statuses: Iterable[tuple[str, Mapping[str, Any]]],
+                           observed_at: dt.datetime | None = None, *, source: str = "api",
+                           batch: int = 500) -> list[Observation | LifecycleError]:
+        """:meth:`Engine.observe_many` (no probe: the database work alone)."""
+        return await self._db(self.engine.observe_many, list(statuses), observed_at,
+                              source=source, batch=batch)
+
+    async def step_many(self, keys: Iterable[str], *, actor: str | None = None,
+                        on_stale: OnStale = "return", batch: int = 500, probes: int = 8,
+                        retry_conflicts: bool = True) -> list[FireResult | LifecycleError]:
+        """:meth:`Engine.step_many`, in a thread of the loop's default pool: a batch asks its
+        probes between its transactions, ``probes`` at a time in threads, as the engine does
+        (to await each probe on the loop instead, :meth:`step` the resources together, as
+        ``reconcile_async`` does)."""
+        return await asyncio.to_thread(
+            self.engine.step_many, list(keys), actor=actor, on_stale=on_stale, batch=batch,
+            probes=probes, retry_conflicts=retry_conflicts)
 
     async def register(self, source: SpecSource) -> MachineSpec:
         return await self._db(self.engine.register, source)

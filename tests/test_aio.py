@@ -23,6 +23,7 @@ from lifecycle import (
     SimulatedClock,
     StaleObservation,
     Store,
+    UnknownResource,
     Worker,
     effect_records,
 )
@@ -126,6 +127,35 @@ def test_the_database_work_on_a_thread_pool(store: Store, clock: SimulatedClock)
 
     asyncio.run(main())
     assert any(name.startswith("lifecycle-db") for name in threads)
+
+
+def test_many_at_once_as_the_engine_does(store: Store, clock: SimulatedClock) -> None:
+    """observe_many and step_many: the engine's bulk calls (step_many's probes asked as the
+    engine asks them, a coroutine probe run to its end in the probe's thread)."""
+    fresh = {"max_age": 30, "probe": "site"}
+    auto = {"name": "auto", "initial": "booting", "final": ["running", "cleanup"],
+            "states": ["booting", "running", "cleanup"], "eventless": [
+                {"source": "booting", "dest": "cleanup", "guards": ["booting"], "fresh": fresh},
+                {"source": "booting", "dest": "running", "guards": ["running"], "fresh": fresh},
+            ]}
+
+    async def site(request: ProbeRequest) -> dict[str, Any]:
+        return {"state": "Running" if request.key == "a1" else "Booting"}
+
+    engine = AsyncEngine(store, [auto], guards=GUARDS, probes={"site": site}, clock=clock)
+
+    async def main() -> list[Any]:
+        for key in ("a1", "a2"):
+            await engine.create("auto", key)
+        observed = await engine.observe_many([("a2", {"state": "Running"}),
+                                              ("nope", {"state": "Booting"})])
+        assert isinstance(observed[1], UnknownResource)
+        clock.advance(60)  # a2's observation is too old now: the probe is asked for both
+        return await engine.step_many(["a1", "a2"])
+
+    stepped = asyncio.run(main())
+    assert [(r.dest, r.probed) for r in stepped] == [("running", True), ("cleanup", True)]
+    assert [o.source for o in engine.engine.observations("a2")] == ["api", "site"]
 
 
 def test_the_sync_engine_runs_a_coroutine_probe(store: Store, clock: SimulatedClock) -> None:
