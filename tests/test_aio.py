@@ -196,7 +196,7 @@ def test_coroutine_handlers_run_as_tasks_and_time_out(store: Store,
 
     engine = AsyncEngine(store, [RISKY], guards=GUARDS, probes={"site": site}, clock=clock,
                          effects={"remove": Effect(remove, Retry(base=1, jitter=0),
-                                                   timeout=0.2)})
+                                                   timeout=2.0)})
     keys = [*(f"j{i}" for i in range(count - 1)), "stuck"]
 
     async def main() -> None:
