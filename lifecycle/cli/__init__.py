@@ -8,6 +8,7 @@
 | ``sim`` | replay, simulate, reconcile, demo |
 | ``db`` | db upgrade, downgrade, current, history |
 | ``queue`` | queue show, list (the job queue of ``job_exit``) |
+| ``serve`` | serve (the read-only web dashboard) |
 
 ``common`` holds what they share (consoles, options, errors as one line); ``context`` makes
 the engine and resolves a machine named on the command line.
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import click
 
-from . import db, machines, outbox, queue, resources, sim
+from . import db, machines, outbox, queue, resources, serve, sim
 from .common import OneLineErrors
 
 
@@ -38,7 +39,7 @@ for command in (
     machines.machines, machines.describe, machines.diagram, machines.diagrams,
     outbox.worker, outbox.stuck, outbox.retry,
     sim.replay, sim.simulate, sim.reconcile, sim.demo,
-    db.db, queue.queue,
+    db.db, queue.queue, serve.serve,
 ):
     main.add_command(command)
 
