@@ -8,6 +8,11 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+import signal
+import socket
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,11 +21,13 @@ import httpx
 import pytest
 from hostile_inputs import MARKUP, RISKY, TOGGLE, dump
 from markupsafe import escape
+from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from served import served
 
 from lifecycle import Effect, Engine, Retry, Store, Worker
 from lifecycle.clock import SimulatedClock
+from lifecycle.dashboard.metrics import ProbeCalls
 from lifecycle.errors import StaleObservation
 
 START = "2026-01-01T00:00:00Z"
@@ -366,3 +373,54 @@ def test_refusals_are_those_of_the_window_asked_for(populated: str) -> None:
         assert _get(base, "/refusals", format="json", hours=4).json()["total"] == len(MARKUP)
         assert 'id="none"' in _get(base, "/refusals").text
 
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_a_worker_serves_the_same_metrics_on_its_own_port(populated: str) -> None:
+    port = _free_port()
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "lifecycle", "worker", "--metrics-port", str(port),
+         "--poll", "0.2", "--db", populated],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert worker.poll() is None, worker.communicate()
+            try:
+                text = CLIENT.get(f"http://127.0.0.1:{port}/metrics").text
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "the worker's /metrics never answered"
+                time.sleep(0.05)
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+        assert {"lifecycle_database_up", "lifecycle_resources", "lifecycle_effects",
+                "lifecycle_risky_refusals", "lifecycle_timers_due", "lifecycle_probe_calls",
+                "lifecycle_probe_failures"} <= set(families)
+        assert families["lifecycle_database_up"].samples[0].value == 1.0
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        out, err = worker.communicate(timeout=60)
+    assert worker.returncode == 0, out + err
+
+
+def test_a_process_counts_its_probe_calls_and_failures() -> None:
+    registry = CollectorRegistry()
+    answers = iter([RuntimeError("down"), {"up": True}])
+
+    def site(_request: Any) -> Any:
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    counted = ProbeCalls(registry).wrap({"site": site})
+    with pytest.raises(RuntimeError):
+        counted["site"](None)
+    assert counted["site"](None) == {"up": True}
+    assert registry.get_sample_value("lifecycle_probe_calls_total", {"probe": "site"}) == 2
+    assert registry.get_sample_value("lifecycle_probe_failures_total", {"probe": "site"}) == 1
