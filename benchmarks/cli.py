@@ -26,7 +26,16 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from . import backlog, effects, in_memory, persisted, postgres, vs_django, vs_sqlalchemy
+from . import (
+    backlog,
+    dashboard,
+    effects,
+    in_memory,
+    persisted,
+    postgres,
+    vs_django,
+    vs_sqlalchemy,
+)
 from .harness import Case, Measurement, Settings, Workspace, run_group, warm_up
 
 GROUPS: dict[str, list[Case]] = {
@@ -36,6 +45,7 @@ GROUPS: dict[str, list[Case]] = {
     "memory": [in_memory.DECIDE, in_memory.TRANSITIONS, in_memory.STATEMACHINE],
     "effects": effects.CASES,
     "backlog": [*backlog.CASES["sqlite"], *backlog.CASES["postgresql"]],
+    "dashboard": [*dashboard.CASES["sqlite"], *dashboard.CASES["postgresql"]],
 }
 CASES: dict[str, Case] = {case.id: case for cases in GROUPS.values() for case in cases}
 
@@ -53,11 +63,25 @@ class Goal:
 
 
 @dataclass(frozen=True, slots=True)
+class Budget:
+    """A goal on the subject's own time, not on a ratio: at most ``ms`` milliseconds."""
+
+    ms: float
+
+    def met(self, us: float) -> bool:
+        return us <= self.ms * 1000
+
+    def __str__(self) -> str:
+        return f"≤ {self.ms:g} ms"
+
+
+@dataclass(frozen=True, slots=True)
 class Comparison:
     subject: str
     reference: str
-    goal: Goal | None
-    """None: no goal set, the ratio is reported only."""
+    goal: Goal | Budget | None
+    """None: no goal set, the ratio is reported only. A :class:`Budget` bounds the subject's
+    median time; the ratio is reported beside it."""
 
 
 SECTIONS: list[tuple[str, list[Comparison]]] = [
@@ -87,6 +111,12 @@ SECTIONS: list[tuple[str, list[Comparison]]] = [
           for who in ("lifecycle", "before") for size in backlog.SIZES[1:]],
         Comparison(f"backlog.{db}.lifecycle.{backlog.SIZES[-1]}",
                    f"backlog.{db}.before.{backlog.SIZES[-1]}", Goal(1)),
+    ]) for db, title in (("sqlite", "SQLite"), ("postgresql", "PostgreSQL"))],
+    *[(f"6 · the dashboard, {title}: µs per request with {dashboard.LARGE:,} resources and "
+       f"{dashboard.LARGE * dashboard.JOURNAL_ROWS:,} journal rows, vs {dashboard.SMALL:,}", [
+        Comparison(f"dashboard.{db}.{page}.{dashboard.LARGE}",
+                   f"dashboard.{db}.{page}.{dashboard.SMALL}", Budget(budget))
+        for page, (_label, _path, budget) in dashboard.PAGES.items()
     ]) for db, title in (("sqlite", "SQLite"), ("postgresql", "PostgreSQL"))],
 ]
 
@@ -291,6 +321,15 @@ def _comparisons(results: dict[str, Measurement], skipped: dict[str, str]
     return out
 
 
+def _met(c: Comparison, ratio: float | None, results: dict[str, Measurement]) -> bool | None:
+    """Whether the goal was met; None when there is no goal or nothing to judge."""
+    if isinstance(c.goal, Budget):
+        return c.goal.met(results[c.subject].median) if c.subject in results else None
+    if ratio is None or c.goal is None:
+        return None
+    return c.goal.met(ratio)
+
+
 def _cell(results: dict[str, Measurement], skipped: dict[str, str], case_id: str) -> Text:
     if case_id in results:
         m = results[case_id]
@@ -317,13 +356,13 @@ def _table(results: dict[str, Measurement], skipped: dict[str, str], settings: S
                 table.add_section()
             table.add_row(Text(title, style="bold"))
             section = title
-        if ratio is None:
-            ratio_cell, met = Text("—", style="dim"), Text("—", style="dim")
-        elif c.goal is None:
-            ratio_cell, met = Text(f"{ratio:.2f}x"), Text("—", style="dim")
+        ok = _met(c, ratio, results)
+        ratio_cell = Text("—", style="dim") if ratio is None else Text(
+            f"{ratio:.2f}x", style="" if ok is None or isinstance(c.goal, Budget)
+            else "green" if ok else "red")
+        if ok is None:
+            met = Text("—", style="dim")
         else:
-            ok = c.goal.met(ratio)
-            ratio_cell = Text(f"{ratio:.2f}x", style="green" if ok else "red")
             met = Text("✓", style="green") if ok else Text("✗ missed", style="bold red")
         table.add_row(
             "  " + CASES[c.subject].label.removeprefix("lifecycle "),
@@ -402,9 +441,10 @@ def _to_json(results: dict[str, Measurement], skipped: dict[str, str], settings:
             {"section": title, "subject": c.subject, "reference": c.reference,
              "ratio": None if ratio is None else round(ratio, 4),
              "goal": str(c.goal) if c.goal else None,
-             "goal_limit": c.goal.limit if c.goal else None,
-             "goal_strict": c.goal.strict if c.goal else None,
-             "met": None if ratio is None or c.goal is None else c.goal.met(ratio)}
+             "goal_limit": c.goal.limit if isinstance(c.goal, Goal) else None,
+             "goal_strict": c.goal.strict if isinstance(c.goal, Goal) else None,
+             "budget_ms": c.goal.ms if isinstance(c.goal, Budget) else None,
+             "met": _met(c, ratio, results)}
             for title, c, ratio in _comparisons(results, skipped)
         ],
         "effects": summary.to_json() if summary and summary.throughput else None,

@@ -23,10 +23,10 @@ from hostile_inputs import MARKUP, RISKY, TOGGLE, dump
 from markupsafe import escape
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
-from served import served
 
 from lifecycle import Effect, Engine, Retry, Store, Worker
 from lifecycle.clock import SimulatedClock
+from lifecycle.dashboard.app import serve_in_thread as served
 from lifecycle.dashboard.metrics import ProbeCalls
 from lifecycle.errors import StaleObservation
 
@@ -137,7 +137,7 @@ def _markup_outside_the_pages_own(text: str) -> list[str]:
 
 def test_every_page_shows_hostile_data_as_text(populated: str, clock: SimulatedClock) -> None:
     before = dump(populated)
-    with served(populated, clock) as base:
+    with served(populated, clock=clock) as base:
         for path, params in _pages():
             answer = _get(base, path, **params)
             assert answer.status_code == 200, (path, params, answer.text)
@@ -160,7 +160,7 @@ def test_every_page_shows_hostile_data_as_text(populated: str, clock: SimulatedC
 
 def test_every_page_answers_json_with_the_data_as_stored(populated: str,
                                                          clock: SimulatedClock) -> None:
-    with served(populated, clock) as base:
+    with served(populated, clock=clock) as base:
         for path, params in _pages():
             answer = _get(base, path, **params, format="json")
             assert answer.status_code == 200, (path, params, answer.text)
@@ -204,7 +204,7 @@ def test_a_machines_resources_come_a_page_at_a_time(db_url: str,
             engine.create("toggle", key)
             if i % 2:
                 engine.fire(f"toggle:{key}", "flip")
-    with served(db_url, clock) as base:
+    with served(db_url, clock=clock) as base:
         for filters, expected in [({}, keys), ({"state": "on"}, keys[1::2]),
                                   ({"q": "x"}, [k for k in keys if "x" in k]),
                                   ({"state": "off", "q": "x"},
@@ -283,7 +283,7 @@ def test_an_out_of_date_schema_is_a_clear_page_and_is_left_as_it_is(db_url: str)
 
 
 def test_bad_requests_are_answered_not_raised(populated: str, clock: SimulatedClock) -> None:
-    with served(populated, clock) as base:
+    with served(populated, clock=clock) as base:
         for path, params, status in [
                 ("/", {"format": "xml"}, 400), ("/machines/toggle", {"limit": "0"}, 400),
                 ("/machines/toggle", {"limit": "x"}, 400),
@@ -313,7 +313,7 @@ def _metrics(base: str) -> dict[str, list[tuple[dict[str, str], float]]]:
 
 def test_metrics_are_prometheus_text_read_from_the_database(populated: str,
                                                              clock: SimulatedClock) -> None:
-    with served(populated, clock) as base:
+    with served(populated, clock=clock) as base:
         found = _metrics(base)
         assert found["lifecycle_database_up"] == [({}, 1.0)]
         resources = {(m["machine"], m["state"]): v for m, v in found["lifecycle_resources"]}
@@ -348,7 +348,7 @@ def test_risky_transitions_and_probe_answers_are_counted(db_url: str,
             engine.create("risky", key)
             clock.advance(1)
             assert engine.fire(f"risky:{key}", "remove").fired  # asks the probe, then fires
-    with served(db_url, clock) as base:
+    with served(db_url, clock=clock) as base:
         found = _metrics(base)
     assert found["lifecycle_risky_transitions_total"] == [
         ({"machine": "risky", "trigger": "remove", "source": "up", "dest": "gone"}, 2.0)]
@@ -356,7 +356,7 @@ def test_risky_transitions_and_probe_answers_are_counted(db_url: str,
 
 
 def test_the_live_counts_follow_writes(db_url: str, clock: SimulatedClock) -> None:
-    with Store(db_url, upgrade=True) as store, served(db_url, clock) as base:
+    with Store(db_url, upgrade=True) as store, served(db_url, clock=clock) as base:
         engine = Engine(store, [TOGGLE], clock=clock)
         assert _get(base, "/live", format="json").json()["counts"] == {}
         engine.create("toggle", "a")
@@ -368,7 +368,7 @@ def test_the_live_counts_follow_writes(db_url: str, clock: SimulatedClock) -> No
 def test_refusals_are_those_of_the_window_asked_for(populated: str) -> None:
     later = SimulatedClock(dt.datetime.fromisoformat(START.replace("Z", "+00:00"))
                            + dt.timedelta(hours=3))
-    with served(populated, later) as base:
+    with served(populated, clock=later) as base:
         assert _get(base, "/refusals", format="json").json()["total"] == 0
         assert _get(base, "/refusals", format="json", hours=4).json()["total"] == len(MARKUP)
         assert 'id="none"' in _get(base, "/refusals").text

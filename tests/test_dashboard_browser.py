@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 from hostile_inputs import TOGGLE
 from PIL import Image
-from served import served
 
 from lifecycle import Engine, Store
+from lifecycle.dashboard.app import serve_in_thread as served
 from lifecycle.sim import drone_race
 
 REQUIRE_BROWSER = os.environ.get("LIFECYCLE_REQUIRE_BROWSER") == "1"

@@ -10,9 +10,11 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import socket
 import threading
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +23,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from sqlalchemy import Connection
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import render
 from ..clock import Clock, SystemClock
@@ -255,11 +257,25 @@ class Dashboard:
         return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
 
 
-async def _headers(request: Request, call_next: RequestResponseEndpoint) -> Response:
-    response = await call_next(request)
-    for name, value in SECURITY_HEADERS.items():
-        response.headers.setdefault(name, value)
-    return response
+class SecurityHeaders:
+    """Adds :data:`SECURITY_HEADERS` to every response (a plain ASGI middleware: it leaves
+    the body as the page wrote it, in one piece)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.headers = [(k.lower().encode(), v.encode()) for k, v in SECURITY_HEADERS.items()]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), *self.headers]}
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
 
 
 def create_app(url: str | None = None, *, clock: Clock | None = None) -> Starlette:
@@ -294,6 +310,58 @@ def create_app(url: str | None = None, *, clock: Clock | None = None) -> Starlet
         Route("/metrics", dashboard.metrics),
     ]
     app = Starlette(routes=routes, lifespan=lifespan,
-                    middleware=[Middleware(BaseHTTPMiddleware, dispatch=_headers)])
+                    middleware=[Middleware(SecurityHeaders)])
     app.state.dashboard = dashboard
     return app
+
+
+START_SECONDS = 60.0
+
+
+@contextmanager
+def serve_in_thread(url: str | None = None, *, clock: Clock | None = None,
+                    host: str = "127.0.0.1") -> Iterator[str]:
+    """The dashboard of ``url`` served by uvicorn in a thread of this process, on a free
+    port of ``host``: its base URL (``http://127.0.0.1:PORT``) once it answers. Stopped, its
+    connections closed, when the block ends (embedding it in a program; tests)."""
+    import uvicorn
+
+    # IPPROTO_TCP named: asyncio switches Nagle's algorithm off only on sockets that say so
+    # (else every response waits ~40 ms for the client's delayed ACK of its headers)
+    listening = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listening.bind((host, 0))
+    base = f"http://{host}:{listening.getsockname()[1]}"
+    server = uvicorn.Server(uvicorn.Config(create_app(url, clock=clock), log_level="warning",
+                                           timeout_graceful_shutdown=5))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [listening]},
+                              name="lifecycle-dashboard", daemon=True)
+    thread.start()
+    try:
+        _wait_for(base, server, thread)
+        yield base
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        listening.close()
+        if thread.is_alive():
+            raise RuntimeError("the dashboard's server did not stop within 30 s")
+
+
+def _wait_for(base: str, server: Any, thread: threading.Thread) -> None:
+    """Until the server has started and answers a request (or died, or a minute passed)."""
+    deadline = time.monotonic() + START_SECONDS
+    address = base.removeprefix("http://").rpartition(":")
+    while time.monotonic() < deadline:
+        if not thread.is_alive():
+            raise RuntimeError("the dashboard's server stopped while starting")
+        if server.started:
+            try:
+                with socket.create_connection((address[0], int(address[2])), timeout=10) as s:
+                    s.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+                    if s.recv(12).startswith(b"HTTP/1.1 200"):
+                        return
+            except OSError:
+                pass
+        time.sleep(0.01)
+    raise RuntimeError(f"the dashboard did not answer at {base} within {START_SECONDS:g} s")

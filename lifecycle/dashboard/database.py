@@ -15,7 +15,7 @@ from typing import Any
 
 from sqlalchemy import Connection, create_engine, event
 from sqlalchemy.engine import Engine as SAEngine
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, OperationalError, ProgrammingError
 from sqlalchemy.pool import QueuePool
 
 from ..errors import DatabaseError
@@ -79,7 +79,7 @@ class ReadOnlyDatabase:
                 from None
 
     def _check(self, connection: Connection) -> None:
-        current = migrate.current_revision(connection)
+        current = _revision(connection)
         head = self.head
         if current == head:
             return
@@ -97,6 +97,20 @@ class ReadOnlyDatabase:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+def _revision(connection: Connection) -> str | None:
+    """The database's schema revision; None when it has no version table (read directly:
+    asking Alembic costs more than a whole page)."""
+    try:
+        with connection.begin_nested():  # PostgreSQL: a failed statement spoils no more
+            found = connection.exec_driver_sql(
+                f"SELECT version_num FROM {migrate.VERSION_TABLE}").scalar()
+    except (OperationalError, ProgrammingError) as exc:
+        if "no such table" in str(exc.orig) or "does not exist" in str(exc.orig):
+            return None
+        raise
+    return None if found is None else str(found)
 
 
 def _sqlite_engine(path: Path) -> SAEngine:

@@ -17,7 +17,14 @@ from sqlalchemy import Connection, and_, func, or_, select, text
 
 from ..spec import SEPARATOR, MachineSpec
 from ..store import journal, machines, observations, outbox, resources, specs, timers
-from ..store.schema import FAILED, HEADS_WHERE, PENDING, RUNNING
+from ..store.schema import (
+    FAILED,
+    FENCED_WHERE,
+    HEADS_WHERE,
+    PENDING,
+    REFUSALS_WHERE,
+    RUNNING,
+)
 
 PAGE = 50
 """Resources on one page of a machine's listing."""
@@ -27,14 +34,7 @@ EFFECTS_SHOWN = 200
 TROUBLE_SHOWN = 200
 OVERDUE_AFTER = dt.timedelta(minutes=1)
 """An effect due longer ago than this, that no worker has taken, is overdue."""
-RISKY_WHERE = "kind = 'refusal' OR fence IS NOT NULL"
-"""The journal rows of risky edges (refusals, and transitions that kept a fence): the terms
-of their partial index, repeated word for word where it is to be used (SQLite's rule)."""
 EVENTLESS = "(eventless)"
-
-
-def _risky() -> Any:
-    return text(f"({RISKY_WHERE})")
 
 
 def iso(value: dt.datetime | None) -> str | None:
@@ -257,7 +257,7 @@ def trouble(db: Connection, now: dt.datetime) -> dict[str, Any]:
 def refusals(db: Connection, since: dt.datetime, limit: int = TROUBLE_SHOWN) -> dict[str, Any]:
     """Refusals of risky edges since ``since``, newest first, and how many per edge."""
     j, r = journal.c, resources.c
-    risky = and_(_risky(), j.kind == "refusal", j.at >= since)
+    risky = and_(text(REFUSALS_WHERE), j.at >= since)  # the refusals' partial index
     by_edge = db.execute(
         select(j.spec_version, j.trigger, j.source, j.dest, func.count())
         .where(risky).group_by(j.spec_version, j.trigger, j.source, j.dest)).all()
@@ -287,17 +287,17 @@ def spec_machines(db: Connection) -> dict[str, str]:
 
 
 def risky_edges(db: Connection) -> list[tuple[str, str, str, str, str, int]]:
-    """(kind, machine, trigger, source, dest, count) of the journal's risky rows ever."""
+    """(kind, machine, trigger, source, dest, count) of the journal's risky rows ever: the
+    transitions that kept a fence, and the refusals (each read from its partial index)."""
     j = journal.c
-    rows = db.execute(
-        select(j.kind, j.spec_version, j.trigger, j.source, j.dest, func.count())
-        .where(_risky())
-        .group_by(j.kind, j.spec_version, j.trigger, j.source, j.dest)).all()
+    edge = (j.spec_version, j.trigger, j.source, j.dest)
     names = spec_machines(db)
     merged: dict[tuple[str, str, str, str, str], int] = {}
-    for kind, version, trigger, source, dest, count in rows:
-        labels = (kind, names.get(version, "?"), trigger or EVENTLESS, source or "", dest)
-        merged[labels] = merged.get(labels, 0) + int(count)
+    for kind, where in (("transition", FENCED_WHERE), ("refusal", REFUSALS_WHERE)):
+        rows = db.execute(select(*edge, func.count()).where(text(where)).group_by(*edge))
+        for version, trigger, source, dest, count in rows:
+            labels = (kind, names.get(version, "?"), trigger or EVENTLESS, source or "", dest)
+            merged[labels] = merged.get(labels, 0) + int(count)
     return [(*labels, count) for labels, count in sorted(merged.items())]
 
 
