@@ -31,7 +31,7 @@ PAGE = 50
 JOURNAL_SHOWN = 500
 OBSERVATIONS_SHOWN = 200
 EFFECTS_SHOWN = 200
-TROUBLE_SHOWN = 200
+TROUBLE_SHOWN = 100
 OVERDUE_AFTER = dt.timedelta(minutes=1)
 """An effect due longer ago than this, that no worker has taken, is overdue."""
 EVENTLESS = "(eventless)"
