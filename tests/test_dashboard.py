@@ -424,3 +424,41 @@ def test_a_process_counts_its_probe_calls_and_failures() -> None:
     assert counted["site"](None) == {"up": True}
     assert registry.get_sample_value("lifecycle_probe_calls_total", {"probe": "site"}) == 2
     assert registry.get_sample_value("lifecycle_probe_failures_total", {"probe": "site"}) == 1
+
+
+def _listening_addresses(port: int) -> set[str]:
+    """The IPv4 addresses a TCP socket of this host listens on at ``port`` (Linux)."""
+    found = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        address, _, hex_port = local.partition(":")
+        if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+            found.add(".".join(str(b) for b in reversed(bytes.fromhex(address))))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads Linux's /proc/net/tcp")
+def test_lifecycle_serve_listens_on_loopback_and_stops_on_sigterm(populated: str) -> None:
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, "-m", "lifecycle", "serve", "--port", str(port),
+                               "--db", populated],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert server.poll() is None, server.communicate()
+            try:
+                page = CLIENT.get(f"http://127.0.0.1:{port}/machines/toggle")
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "lifecycle serve never answered"
+                time.sleep(0.05)
+        assert page.status_code == 200 and escape(MARKUP[0]) in page.text
+        assert _listening_addresses(port) == {"127.0.0.1"}
+    finally:
+        server.send_signal(signal.SIGTERM)
+        out, err = server.communicate(timeout=60)
+    # uvicorn shuts down gracefully, then ends by the signal it was sent, as is conventional
+    assert server.returncode in (0, -signal.SIGTERM), out + err
+    assert "Traceback" not in err, err
+    assert f"http://127.0.0.1:{port}/" in out and "read-only" in out
