@@ -462,3 +462,20 @@ def test_lifecycle_serve_listens_on_loopback_and_stops_on_sigterm(populated: str
     assert server.returncode in (0, -signal.SIGTERM), out + err
     assert "Traceback" not in err, err
     assert f"http://127.0.0.1:{port}/" in out and "read-only" in out
+
+
+def test_pages_answer_while_a_writer_holds_its_transaction(populated: str,
+                                                          clock: SimulatedClock) -> None:
+    """A worker in the middle of a write (SQLite's write lock, PostgreSQL's row locks) holds
+    up no page, and no page sees what it has not committed."""
+    before = {"off": len(MARKUP) - len(MARKUP) // 2, "on": len(MARKUP) // 2}
+    with Store(populated) as store, served(populated, clock=clock) as base:
+        with store.write() as cursor:
+            cursor.execute("UPDATE lifecycle_resources SET state = 'on' WHERE machine = "
+                           "'toggle'")
+            for path, params in [("/", {}), ("/machines/toggle", {"format": "json"}),
+                                 ("/metrics", {}), ("/live", {"format": "json"})]:
+                assert _get(base, path, **params).status_code == 200
+            assert _get(base, "/live", format="json").json()["counts"]["toggle"] == before
+            Store.rollback(cursor)
+        assert _get(base, "/live", format="json").json()["counts"]["toggle"] == before
