@@ -31,6 +31,8 @@ from lifecycle.store import migrate
 from .harness import Bench, BenchError, Case, Workspace
 
 LARGE, SMALL = 100_000, 1_000
+DATA_VERSION = 1
+"""Part of a kept file's name: raise it when the data written changes."""
 JOURNAL_ROWS = 10
 MACHINE = "fleet"
 END = "2026-06-01T00:00:00+00:00"
@@ -177,7 +179,7 @@ def database(workspace: Workspace, db: str, n: int) -> str:
     if db == "sqlite":
         directory = cache_dir()
         directory.mkdir(parents=True, exist_ok=True)
-        path = directory / f"dashboard-{n}-{migrate.head_revision()}.db"
+        path = directory / f"dashboard-v{DATA_VERSION}-{n}-{migrate.head_revision()}.db"
         if not path.exists():
             building = path.with_suffix(f".building-{os.getpid()}")
             for stale in (building, building.with_name(building.name + "-wal"),
