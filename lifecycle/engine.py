@@ -7,13 +7,19 @@ timers asked for) in the same transaction. An attempt that cannot finish is roll
 made again by one retry loop: when the resource moved underneath, when its machine must be
 loaded first, or when a risky edge needs a fresh observation, which a probe is asked for
 outside any transaction.
+
+The retry loop is sans-IO about probes: it is a generator that yields the :class:`ProbeCall`
+it needs and is sent the answer. :meth:`Engine.drive` answers by calling the probe (in a
+thread, with its timeout); :class:`lifecycle.aio.AsyncEngine` answers by awaiting it on its
+event loop. Both run the one decision and transaction code below (``Engine.firing``).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, cast
 
@@ -36,7 +42,15 @@ from .errors import (
     UnknownState,
     UnknownTrigger,
 )
-from .fresh import Probe, ProbeRequest, call_probe, clock_time, rule_text
+from .fresh import (
+    Probe,
+    ProbeCall,
+    ProbeOutcome,
+    ProbeRequest,
+    call_probe,
+    clock_time,
+    rule_text,
+)
 from .records import FireResult, JournalEntry, Mismatch, Observation, Resource
 from .spec import EVENTLESS, Edge, EffectSpec, MachineSpec, SpecSource, load_spec
 from .store import Store
@@ -51,6 +65,9 @@ SpecFor = Callable[[str], MachineSpec | None]
 """Given a machine's name, the spec to register for it, or None to run the stored one."""
 
 T = TypeVar("T")
+Deciding = Generator[ProbeCall, ProbeOutcome, T]
+"""A write decided sans-IO: it yields the probe calls it needs, is sent their outcomes, and
+returns its result (see :meth:`Engine.drive`)."""
 
 _KEY_MAX = 255
 _NAME_MAX = 200  # the schema's Name columns (an observation's source)
@@ -224,10 +241,30 @@ class Engine:
 
     # -- the one retry loop --------------------------------------------------------------
 
+    def drive(self, deciding: Deciding[T]) -> T:
+        """Run a sans-IO decision to its end, answering each probe call it yields by calling
+        the probe (:func:`~lifecycle.fresh.call_probe`: a thread, with ``probe_timeout``)."""
+        outcome: ProbeOutcome | None = None
+        try:
+            while True:
+                call = deciding.send(outcome)  # type: ignore[arg-type]  # None starts it
+                try:
+                    outcome = call_probe(call.name, self.probes[call.name], call.request,
+                                         self.probe_timeout)
+                except ProbeFailed as failure:
+                    outcome = failure
+        except StopIteration as done:
+            return cast(T, done.value)
+
     def _retrying(self, key: str, what: str,
                   attempt: Callable[[Any, _Tries], T | _Again]) -> T:
+        return self.drive(self._deciding(key, what, attempt))
+
+    def _deciding(self, key: str, what: str,
+                  attempt: Callable[[Any, _Tries], T | _Again]) -> Deciding[T]:
         """Run ``attempt`` in a write transaction until it finishes; roll back and go again
-        when it says why it cannot (see :class:`_Again`)."""
+        when it says why it cannot (see :class:`_Again`), asking a probe (yielded: outside
+        any transaction) when that is why."""
         tries = _Tries()
         for _ in range(self.max_attempts):
             with self.store.write() as cursor:
@@ -239,7 +276,12 @@ class Engine:
             if outcome.machine is not None:
                 self.compiled(outcome.machine)  # outside the transaction: it may register
             elif outcome.probe is not None:
-                self._probe(tries, *outcome.probe)
+                name, request = outcome.probe
+                if not _asking(tries, request):
+                    continue
+                asked_at = self.clock.now()
+                answer = yield ProbeCall(name, request)
+                self._observed(tries, name, request, answer, asked_at)
             else:
                 log.debug("%s: the resource moved during %s; deciding again", key, what)
         raise ConcurrencyError(
@@ -247,21 +289,25 @@ class Engine:
             "written. Try again, or look for a process that moves it in a loop")
 
     def _probe(self, tries: _Tries, name: str, request: ProbeRequest) -> None:
-        """Ask the probe and record its answer as an observation; remember a failure."""
-        if request.version == tries.probed_version:
-            # the probe's answer did not make it fresh, and nothing moved: refuse
-            tries.probe_error = "the probe's answer was not fresh either"
+        """Ask the probe here and now (a batch's, between its transactions)."""
+        if not _asking(tries, request):
             return
-        tries.probes += 1
-        tries.probed_version = request.version
         asked_at = self.clock.now()
+        answer: ProbeOutcome
         try:
-            status, observed_at = call_probe(name, self.probes[name], request,
-                                             self.probe_timeout)
+            answer = call_probe(name, self.probes[name], request, self.probe_timeout)
         except ProbeFailed as failure:
-            log.warning("%s:%s: %s", request.machine, request.key, failure)
-            tries.probe_error = str(failure)
+            answer = failure
+        self._observed(tries, name, request, answer, asked_at)
+
+    def _observed(self, tries: _Tries, name: str, request: ProbeRequest,
+                  answer: ProbeOutcome, asked_at: dt.datetime) -> None:
+        """Record the probe's answer as an observation; remember a failure."""
+        if isinstance(answer, ProbeFailed):
+            log.warning("%s:%s: %s", request.machine, request.key, answer)
+            tries.probe_error = str(answer)
             return
+        status, observed_at = answer
         try:
             self.observe(f"{request.machine}:{request.key}", status, observed_at or asked_at,
                          source=name)
@@ -366,11 +412,22 @@ class Engine:
         true at its source (default: now). Guards see the newest observation by
         ``observed_at``; an older one arriving late is kept in history but replaces nothing.
         A time ahead of the engine's clock is taken as now."""
+        document, observed_at, recorded_at = self._checked_observation(
+            key, status, observed_at, source)
+        with self.store.write() as cursor:
+            row = self._locate(cursor, key)
+            return self._record_observation(cursor, row, document, observed_at, recorded_at,
+                                            source)
+
+    def _checked_observation(self, key: str, status: Mapping[str, Any],
+                             observed_at: dt.datetime | None,
+                             source: str) -> tuple[dict[str, Any], dt.datetime, dt.datetime]:
+        """An observation as it is to be recorded (status, observed at, recorded at), or
+        :class:`InvalidData`."""
         document = _document(queries.split_key(_looked_up(key))[0], key, status, "status")
         problem = values.text_problem(source, _NAME_MAX)
         if problem is not None:
             raise InvalidData("?", key, f"source {problem}")
-        store = self.store
         recorded_at = self.clock.now()
         if observed_at is None:
             observed_at = recorded_at
@@ -382,19 +439,24 @@ class Engine:
             log.warning("%s: observation from %s is ahead of the clock (%s); taken as now",
                         key, observed_at.isoformat(), recorded_at.isoformat())
             observed_at = recorded_at
+        return document, observed_at, recorded_at
+
+    def _record_observation(self, cursor: Any, row: _Row, document: dict[str, Any],
+                            observed_at: dt.datetime, recorded_at: dt.datetime,
+                            source: str) -> Observation:
+        """Write an observation of ``row``'s resource, the newest one if it is."""
+        store = self.store
+        when = store.time_param(observed_at)
         try:
-            with store.write() as cursor:
-                row = self._locate(cursor, key)
-                when = store.time_param(observed_at)
-                cursor.execute(store.sql.insert_observation, {
-                    "resource_id": row.id, "status": store.json_param(document),
-                    "observed_at": when, "recorded_at": store.time_param(recorded_at),
-                    "source": source})
-                observation_id = int(cursor.fetchone()[0])
-                cursor.execute(store.sql.newest_observation, {
-                    "id_": row.id, "observation_id": observation_id, "observed_at_": when})
+            status = store.json_param(document)
         except (TypeError, ValueError) as exc:
-            raise InvalidData("?", key, f"status is not JSON: {exc}") from None
+            raise InvalidData(row.machine, row.key, f"status is not JSON: {exc}") from None
+        cursor.execute(store.sql.insert_observation, {
+            "resource_id": row.id, "status": status, "observed_at": when,
+            "recorded_at": store.time_param(recorded_at), "source": source})
+        observation_id = int(cursor.fetchone()[0])
+        cursor.execute(store.sql.newest_observation, {
+            "id_": row.id, "observation_id": observation_id, "observed_at_": when})
         return Observation(id=observation_id, status=document, observed_at=observed_at,
                            recorded_at=recorded_at, source=source)
 
@@ -418,35 +480,55 @@ class Engine:
         is journaled, then raises :class:`StaleObservation` (or, with ``on_stale="return"``,
         comes back as a result whose ``error`` is ``"StaleObservation"``). ``within`` adds
         writes of the caller's own to the same transaction (see :class:`Within`)."""
+        return self.drive(self.firing(key, trigger, payload, actor=actor, on_stale=on_stale,
+                                      within=within))
+
+    def firing(self, key: str, trigger: str, payload: Mapping[str, Any] | None = None, *,
+               actor: str | None = None, on_stale: OnStale = "raise",
+               within: Within | None = None) -> Deciding[FireResult]:
+        """:meth:`fire`, sans-IO: its arguments are checked now; the generator decides and
+        writes, yielding each probe call it needs (see :meth:`drive`)."""
         if trigger == EVENTLESS:  # not a trigger of any machine: eventless edges need step()
             machine = queries.split_key(key)[0] or "?"
             raise UnknownTrigger(machine, trigger, [])
         document = _document(queries.split_key(_looked_up(key))[0], key, payload, "payload",
                              actor)
-        return self._fire(key, trigger, document, actor, on_stale, within)
+        return self._firing(key, trigger, document, actor, on_stale, within)
 
     def step(self, key: str, *, actor: str | None = None,
              on_stale: OnStale = "raise") -> FireResult:
         """Take the first eventless transition from the resource's state whose guards hold
         (in the order of :attr:`MachineSpec.transitions`: edges from the resource's own
         state before edges from its parent states)."""
+        return self.drive(self.stepping(key, actor=actor, on_stale=on_stale))
+
+    def stepping(self, key: str, *, actor: str | None = None,
+                 on_stale: OnStale = "raise") -> Deciding[FireResult]:
+        """:meth:`step`, sans-IO (see :meth:`firing`)."""
         _document(queries.split_key(_looked_up(key))[0], key, None, "payload", actor)
-        return self._fire(key, EVENTLESS, {}, actor, on_stale, None)
+        return self._firing(key, EVENTLESS, {}, actor, on_stale, None)
 
     def fire_timer(self, timer_id: int, key: str, trigger: str) -> FireResult | None:
         """Fire a due timer's trigger, in one transaction with marking the timer fired; None
         when the timer is no longer pending (its state was left, or another worker fired
         it)."""
-        result = self._fire(key, trigger, {}, "timer", "return", _TimerFired(self, timer_id))
+        return self.drive(self.timer_firing(timer_id, key, trigger))
+
+    def timer_firing(self, timer_id: int, key: str,
+                     trigger: str) -> Deciding[FireResult | None]:
+        """:meth:`fire_timer`, sans-IO (see :meth:`firing`)."""
+        result = yield from self._firing(key, trigger, {}, "timer", "return",
+                                         _TimerFired(self, timer_id))
         return None if result.reason == _STALE_TIMER else result
 
-    def _fire(self, key: str, trigger: str, payload: dict[str, Any], actor: str | None,
-              on_stale: OnStale, within: Within | None) -> FireResult:
+    def _firing(self, key: str, trigger: str, payload: dict[str, Any], actor: str | None,
+                on_stale: OnStale, within: Within | None) -> Deciding[FireResult]:
         def attempt(cursor: Any, tries: _Tries) -> FireResult | _Stale | _Again:
             return self._attempt(cursor, key, trigger, payload, actor, within, tries)
 
         # (mypy cannot solve T from ``T | _Again`` when T is itself a union: say it)
-        outcome = cast(FireResult | _Stale, self._retrying(key, _shown(trigger), attempt))
+        outcome = cast(FireResult | _Stale,
+                       (yield from self._deciding(key, _shown(trigger), attempt)))
         if isinstance(outcome, _Stale):
             if on_stale == "raise":
                 raise StaleObservation(outcome.result, dest=outcome.dest,
@@ -454,11 +536,152 @@ class Engine:
             return outcome.result
         return outcome
 
+    # -- many resources per transaction ------------------------------------------------
+
+    def observe_many(self, statuses: Iterable[tuple[str, Mapping[str, Any]]],
+                     observed_at: dt.datetime | None = None, *, source: str = "api",
+                     batch: int = 500) -> list[Observation | LifecycleError]:
+        """:meth:`observe` of many resources (``(key, status)`` pairs), up to ``batch`` of
+        them in one transaction. The result of each, in order: its :class:`Observation`, or
+        the :class:`LifecycleError` that refused it (an unknown key, a status that cannot be
+        stored); a refusal writes nothing for that resource and loses none of the others."""
+        items = list(statuses)
+        checked: dict[int, tuple[dict[str, Any], dt.datetime, dt.datetime]] = {}
+        refused: dict[int, LifecycleError] = {}
+        for i, (key, status) in enumerate(items):
+            try:
+                checked[i] = self._checked_observation(key, status, observed_at, source)
+            except LifecycleError as exc:
+                refused[i] = exc
+
+        def attempt(cursor: Any, row: _Row, i: int, _tries: _Tries) -> Observation:
+            return self._record_observation(cursor, row, *checked[i], source)
+
+        done = self._many([key for key, _ in items], "observe", attempt, batch, skip=refused)
+        return [refused[i] if i in refused else done[i] for i in range(len(items))]
+
+    def step_many(self, keys: Iterable[str], *, actor: str | None = None,
+                  on_stale: OnStale = "return", batch: int = 500, probes: int = 8,
+                  retry_conflicts: bool = True) -> list[FireResult | LifecycleError]:
+        """:meth:`step` of many resources, up to ``batch`` in one transaction, each with its
+        own compare-and-swap and journal row, as one ``step`` would write them. The result of
+        each, in order: its :class:`FireResult`, or the :class:`LifecycleError` that refused
+        it (with ``on_stale="raise"``, a :class:`StaleObservation` in its place).
+
+        A resource that another writer moved between the batch's read and its write (a
+        conflict) is decided again on what was written, in a later transaction, with the
+        others that must go again; with ``retry_conflicts=False`` its result is a
+        :class:`ConcurrencyError` instead, and nothing was written for it. A risky edge that
+        needs a fresh observation has its probe asked outside any transaction, up to
+        ``probes`` probes at once (threads), and its resource decided again."""
+        order = list(keys)
+        refused: dict[int, LifecycleError] = {}
+        for i, key in enumerate(order):
+            try:
+                _document(queries.split_key(_looked_up(key))[0], key, None, "payload", actor)
+            except LifecycleError as exc:
+                refused[i] = exc
+
+        def attempt(cursor: Any, row: _Row, _i: int,
+                    tries: _Tries) -> FireResult | LifecycleError | _Again:
+            outcome = self._attempt(cursor, row.key, EVENTLESS, {}, actor, None, tries, row)
+            if outcome is _MOVED and not retry_conflicts:
+                return ConcurrencyError(f"{row.machine}:{row.key}: another writer moved it "
+                                        "between the batch's read and its write; nothing was "
+                                        "written for it")
+            if isinstance(outcome, _Stale):
+                return (StaleObservation(outcome.result, dest=outcome.dest,
+                                         probe_error=outcome.probe_error)
+                        if on_stale == "raise" else outcome.result)
+            return outcome
+
+        done = self._many(order, "step", attempt, batch, skip=refused, probes=probes)
+        return [refused[i] if i in refused else cast(FireResult | LifecycleError, done[i])
+                for i in range(len(order))]
+
+    def _many(self, keys: list[str], what: str,
+              attempt: Callable[[Any, _Row, int, _Tries], T | _Again], batch: int, *,
+              skip: Mapping[int, Any] | None = None,
+              probes: int = 1) -> dict[int, T | LifecycleError]:
+        """The retry loop of many resources: ``attempt`` each (by index into ``keys``) in
+        transactions of ``batch``; those that must go again (see :class:`_Again`) go again
+        together after the machines were loaded and the probes asked."""
+        if batch < 1 or probes < 1:
+            raise ValueError("batch and probes: at least 1")
+        results: dict[int, T | LifecycleError] = {}
+        tries: dict[int, _Tries] = {}
+        pending = [i for i in range(len(keys)) if i not in (skip or {})]
+        for _ in range(self.max_attempts):
+            again: list[tuple[int, _Again]] = []
+            for start in range(0, len(pending), batch):
+                again += self._one_batch(keys, pending[start:start + batch], attempt, tries,
+                                         results)
+            pending = [i for i, _ in again]
+            if not pending:
+                return results
+            self._between(again, tries, probes)
+        for i in pending:
+            results[i] = ConcurrencyError(
+                f"{keys[i]}: {what} lost the race {self.max_attempts} times in a row; "
+                "nothing was written")
+        return results
+
+    def _one_batch(self, keys: list[str], chunk: list[int],
+                   attempt: Callable[[Any, _Row, int, _Tries], T | _Again],
+                   tries: dict[int, _Tries],
+                   results: dict[int, T | LifecycleError]) -> list[tuple[int, _Again]]:
+        """One transaction of a batch. A resource whose attempt raised is reported, the
+        transaction rolled back, and the batch made again without it."""
+        while True:
+            done: dict[int, T | LifecycleError] = {}
+            again: list[tuple[int, _Again]] = []
+            failed: tuple[int, LifecycleError] | None = None
+            with self.store.write() as cursor:
+                rows = self._rows(cursor, [keys[i] for i in chunk])
+                for i in chunk:
+                    row = rows[keys[i]]
+                    if isinstance(row, LifecycleError):
+                        done[i] = row
+                        continue
+                    try:
+                        outcome = attempt(cursor, row, i, tries.setdefault(i, _Tries()))
+                    except LifecycleError as exc:
+                        failed = (i, exc)
+                        self.store.rollback(cursor)
+                        break
+                    if isinstance(outcome, _Again):
+                        again.append((i, outcome))
+                    else:
+                        done[i] = outcome
+            if failed is None:
+                results.update(done)
+                return again
+            results[failed[0]] = failed[1]
+            chunk = [i for i in chunk if i != failed[0]]
+
+    def _between(self, again: list[tuple[int, _Again]], tries: dict[int, _Tries],
+                 probes: int) -> None:
+        """Outside any transaction: load the machines asked for, and ask the probes asked
+        for, ``probes`` at a time."""
+        for machine in {a.machine for _, a in again if a.machine is not None}:
+            self.compiled(machine)
+        asked = [(tries[i], *a.probe) for i, a in again if a.probe is not None]
+        if len(asked) == 1 or probes == 1:
+            for args in asked:
+                self._probe(*args)
+        elif asked:
+            with ThreadPoolExecutor(min(probes, len(asked)),
+                                    thread_name_prefix="lifecycle-probe") as pool:
+                for future in [pool.submit(self._probe, *args) for args in asked]:
+                    future.result()
+
     def _attempt(self, cursor: Any, key: str, trigger: str, payload: dict[str, Any],
-                 actor: str | None, within: Within | None,
-                 tries: _Tries) -> FireResult | _Stale | _Again:
-        """Read, decide and write one fire, in the transaction of ``cursor``."""
-        row = self._locate(cursor, key)
+                 actor: str | None, within: Within | None, tries: _Tries,
+                 row: _Row | None = None) -> FireResult | _Stale | _Again:
+        """Read (unless a batch read ``row`` in this transaction), decide and write one fire,
+        in the transaction of ``cursor``."""
+        if row is None:
+            row = self._locate(cursor, key)
         compiled = self._compiled.get(row.machine)
         if compiled is None:
             return _Again(machine=row.machine)
@@ -670,8 +893,13 @@ class Engine:
             raise UnknownResource(plain, machine)
         if len(rows) > 1:
             raise AmbiguousKey(plain, [row[1] for row in rows])
+        return self._row(rows[0])
+
+    def _row(self, fetched: Any) -> _Row:
+        """A row of ``Statements.resource_by_key`` (and its kin) as the hot path uses it."""
         (rid, rmachine, rkey, state, version, seq, data, _spec_version, last_transition_at,
-         created_at, oid, status, observed_at, recorded_at, source) = rows[0]
+         created_at, oid, status, observed_at, recorded_at, source) = fetched
+        store = self.store
         observation = None
         if oid is not None:
             observation = Observation(oid, store.json_value(status),
@@ -679,6 +907,30 @@ class Engine:
                                       store.time_value(recorded_at), source)
         return _Row(rid, rmachine, rkey, state, version, seq, store.json_value(data),
                     store.time_value(last_transition_at), created_at, observation)
+
+    def _rows(self, cursor: Any, keys: list[str]) -> dict[str, _Row | LifecycleError]:
+        """The resources of ``keys`` read in the transaction of ``cursor``: one statement per
+        machine named (``MACHINE:KEY``), one per plain key."""
+        found: dict[str, _Row | LifecycleError] = {}
+        by_machine: dict[str, dict[str, str]] = {}
+        for key in dict.fromkeys(keys):
+            machine, plain = queries.split_key(key)
+            if machine is not None:
+                by_machine.setdefault(machine, {})[plain] = key
+                continue
+            try:
+                found[key] = self._locate(cursor, key)
+            except LifecycleError as exc:
+                found[key] = exc
+        sql = self.store.sql
+        for machine, named in by_machine.items():
+            cursor.execute(sql.resources_by_machine_keys, {
+                "machine": machine, "keys": sql.keys_param(list(named))})
+            for fetched in cursor.fetchall():
+                found[named[fetched[2]]] = self._row(fetched)
+            for plain, key in named.items():
+                found.setdefault(key, UnknownResource(plain, machine))
+        return found
 
     def _validated(self, spec: MachineSpec, key: str, data: dict[str, Any],
                    transition: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -701,9 +953,9 @@ class Engine:
     # -- reading -----------------------------------------------------------------------
 
     def get(self, key: str) -> Resource:
-        """The resource as it is now, with its newest observation."""
-        with self.store.read() as db:
-            return queries.get(db, _looked_up(key))
+        """The resource as it is now, with its newest observation (one statement on the
+        thread's held connection, as a fire reads it)."""
+        return queries.get(self.store, _looked_up(key))
 
     def available_triggers(self, key: str) -> list[str]:
         """The triggers that have a transition from the resource's current state (guards,
@@ -719,20 +971,45 @@ class Engine:
         """Every observation of the resource, in the order they were recorded."""
         return queries.observations_of(self.store, _looked_up(key))
 
-    def resources(self, machine: str | None = None, state: str | None = None) -> list[Resource]:
-        """Resources, by machine and key; ``state`` may be a composite state, which takes in
-        every state inside it."""
+    def resources(self, machine: str | None = None, state: str | None = None, *,
+                  limit: int | None = None, after: str | None = None) -> list[Resource]:
+        """Resources in (machine, key) order; ``state`` may be a composite state, which
+        takes in every state inside it. ``limit`` makes it one page (of at most that many;
+        without it, every resource), ``after`` starts it past a position, ``MACHINE:KEY``
+        (or a plain key of ``machine``): the last resource of the page before. The position
+        need not exist any more; a page costs the same wherever it starts."""
+        if limit is None:
+            return list(self.iter_resources(machine, state, after=after))
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise LifecycleError(f"invalid limit {limit!r}: a whole number, 0 or more")
         _argument(machine, "machine name")
         _argument(state, "state")
-        return queries.listing(self.store, machine, state)
+        start = queries.position(after, machine) if after is not None else None
+        return queries.page(self.store, machine, state, limit, start) if limit else []
+
+    def iter_resources(self, machine: str | None = None, state: str | None = None, *,
+                       after: str | None = None, page: int = 1000) -> Iterator[Resource]:
+        """Every resource (of ``machine``, in ``state``, past ``after``) in (machine, key)
+        order, read ``page`` at a time: memory stays flat, and no transaction is held
+        between pages (a resource created or moved meanwhile shows or not by its key)."""
+        if isinstance(page, bool) or not isinstance(page, int) or page < 1:
+            raise LifecycleError(f"invalid page {page!r}: a whole number, 1 or more")
+        while True:
+            found = self.resources(machine, state, limit=page, after=after)
+            yield from found
+            if len(found) < page:
+                return
+            after = f"{found[-1].machine}:{found[-1].key}"
 
     def counts(self, machine: str | None = None) -> dict[str, dict[str, int]]:
-        """How many resources each machine has in each state."""
+        """How many resources each machine has in each state (kept by the database as
+        resources are written: no scan of the resources)."""
         _argument(machine, "machine name")
         return queries.counts(self.store, machine)
 
     def verify(self) -> list[Mismatch]:
-        """Replay every resource's journal and compare it with the resource's row."""
+        """Replay every resource's journal and compare it with the resource's row (streamed:
+        memory does not grow with the journal)."""
         return verify(self.store)
 
 
@@ -753,6 +1030,17 @@ class _TimerFired(Within):
         if not result.fired:
             cursor.execute(self.engine.store.sql.refuse_timer, {
                 "id_": self.timer_id, "outcome": result.reason})
+
+
+def _asking(tries: _Tries, request: ProbeRequest) -> bool:
+    """Whether to ask the probe for ``request``: not when its last answer did not make the
+    resource fresh and nothing moved since (then the edge is refused)."""
+    if request.version == tries.probed_version:
+        tries.probe_error = "the probe's answer was not fresh either"
+        return False
+    tries.probes += 1
+    tries.probed_version = request.version
+    return True
 
 
 def _fence(edge: Edge, observation: Observation | None) -> dict[str, Any]:
@@ -830,4 +1118,4 @@ def _not_fired(row: _Row, trigger: str, reason: str | None,
                       guards=dict(guards or {}), error=error, probed=probed)
 
 
-__all__ = ["Engine", "Guard", "OnStale", "SpecFor"]
+__all__ = ["Deciding", "Engine", "Guard", "OnStale", "SpecFor"]

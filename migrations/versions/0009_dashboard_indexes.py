@@ -1,8 +1,8 @@
 """dashboard indexes: a machine's resources of one state in key order, the journal's risky
 rows (fenced transitions, refusals) by edge, observations by source
 
-Revision ID: 0008_dashboard_indexes
-Revises: 0007_queue_heads
+Revision ID: 0009_dashboard_indexes
+Revises: 0008_state_counts
 Create Date: 2026-12-03
 """
 
@@ -11,8 +11,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0008_dashboard_indexes"
-down_revision: str | None = "0007_queue_heads"
+revision: str = "0009_dashboard_indexes"
+down_revision: str | None = "0008_state_counts"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
