@@ -479,3 +479,25 @@ def test_pages_answer_while_a_writer_holds_its_transaction(populated: str,
             assert _get(base, "/live", format="json").json()["counts"]["toggle"] == before
             Store.rollback(cursor)
         assert _get(base, "/live", format="json").json()["counts"]["toggle"] == before
+
+
+NESTED: dict[str, Any] = {
+    "name": "nest", "initial": "a",
+    "states": ["a", {"name": "b", "initial": "x", "states": ["x", "y"]}],
+    "transitions": [{"trigger": "go", "source": "a", "dest": "b"},
+                    {"trigger": "on", "source": "b.x", "dest": "b.y"},
+                    {"trigger": "back", "source": "b", "dest": "a"}]}
+
+
+def test_a_composite_state_lists_the_resources_in_the_states_inside_it(
+        db_url: str, clock: SimulatedClock) -> None:
+    with Store(db_url, upgrade=True) as store:
+        engine = Engine(store, [NESTED], clock=clock)
+        for key, triggers in (("r1", []), ("r2", ["go"]), ("r3", ["go", "on"])):
+            engine.create("nest", key)
+            for trigger in triggers:
+                engine.fire(f"nest:{key}", trigger)
+    with served(db_url, clock=clock) as base:
+        for state, keys in (("b", ["r2", "r3"]), ("b.y", ["r3"]), ("a", ["r1"]), ("x", [])):
+            page = _get(base, "/machines/nest", state=state, format="json").json()
+            assert [r["key"] for r in page["listing"]["resources"]] == keys, state

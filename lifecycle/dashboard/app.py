@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -194,7 +195,10 @@ class Dashboard:
             found = reads.machine_rows(db, self.specs, name)
             if not found:
                 raise Problem(404, f"no machine {name!r} in this database")
-            return {**found[0], "listing": reads.resource_page(db, asked)}
+            states = [s["state"] for s in found[0]["states"]]
+            listing = replace(asked, inside=reads.inside(asked.state, states)) \
+                if asked.state else asked
+            return {**found[0], "listing": reads.resource_page(db, listing)}
         return self.answer(request, "machine.html", compute)
 
     def resource(self, request: Request) -> Response:
