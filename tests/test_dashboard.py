@@ -27,7 +27,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from lifecycle import Effect, Engine, Retry, Store, Worker
 from lifecycle.clock import SimulatedClock
 from lifecycle.dashboard.app import serve_in_thread as served
-from lifecycle.dashboard.metrics import ProbeCalls
+from lifecycle.dashboard.database import ReadOnlyDatabase
+from lifecycle.dashboard.metrics import History, ProbeCalls
+from lifecycle.dashboard.reads import Specs
 from lifecycle.errors import StaleObservation
 
 START = "2026-01-01T00:00:00Z"
@@ -501,3 +503,27 @@ def test_a_composite_state_lists_the_resources_in_the_states_inside_it(
         for state, keys in (("b", ["r2", "r3"]), ("b.y", ["r3"]), ("a", ["r1"]), ("x", [])):
             page = _get(base, "/machines/nest", state=state, format="json").json()
             assert [r["key"] for r in page["listing"]["resources"]] == keys, state
+
+
+def test_the_history_counters_are_read_again_in_the_background(
+        db_url: str, clock: SimulatedClock) -> None:
+    def refusals(found: Any) -> int:
+        return sum(count for kind, *_, count in found[0] if kind == "refusal")
+
+    with Store(db_url, upgrade=True) as store:
+        engine = Engine(store, [RISKY], clock=clock, probes={"site": _no_status})
+        engine.create("risky", "a")
+        engine.fire("risky:a", "remove", on_stale="return")
+        db = ReadOnlyDatabase(db_url)
+        history = History(db, Specs(), every=0.01)
+        try:
+            assert refusals(history.latest()) == 1  # not started: read at each scrape
+            history.start()
+            engine.fire("risky:a", "remove", on_stale="return")
+            deadline = time.monotonic() + 60
+            while refusals(history.latest()) != 2:
+                assert time.monotonic() < deadline, "the history was never read again"
+                time.sleep(0.01)
+        finally:
+            history.stop()
+            db.dispose()

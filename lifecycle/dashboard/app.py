@@ -137,7 +137,8 @@ class Dashboard:
         self.diagrams = Diagrams()
         self.env = environment()
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(LifecycleCollector(db, self.clock, self.specs))
+        self.collector = LifecycleCollector(db, self.clock, self.specs)
+        self.registry.register(self.collector)
 
     # -- answering ---------------------------------------------------------------------
 
@@ -298,9 +299,11 @@ def create_app(url: str | None = None, *, clock: Clock | None = None) -> Starlet
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        dashboard.collector.history.start()
         try:
             yield
         finally:
+            dashboard.collector.history.stop()
             dashboard.db.dispose()
 
     routes = [
