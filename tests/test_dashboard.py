@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -527,3 +528,22 @@ def test_the_history_counters_are_read_again_in_the_background(
         finally:
             history.stop()
             db.dispose()
+
+
+def test_a_diagram_is_an_image_that_runs_no_script(populated: str,
+                                                   clock: SimulatedClock) -> None:
+    with served(populated, clock=clock) as base:
+        drawn = _get(base, "/machines/risky/diagram")
+        machines = _get(base, "/").text
+    assert drawn.status_code == 200
+    if shutil.which("dot"):
+        assert drawn.headers["content-type"] == "image/svg+xml"
+        assert drawn.headers.get_list("content-security-policy") == [
+            "default-src 'none'; style-src 'unsafe-inline'"]
+        assert "<svg" in drawn.text and "<script" not in drawn.text
+        assert '<img class="diagram" alt="diagram of risky" src="/machines/risky/diagram">' \
+            in machines
+    else:  # without Graphviz: the Mermaid text, linked
+        assert drawn.headers["content-type"].startswith("text/plain")
+        assert "stateDiagram-v2" in drawn.text
+        assert 'href="/machines/risky/diagram">the diagram as Mermaid text' in machines

@@ -254,8 +254,9 @@ class Dashboard:
         if spec is None:
             return Response(f"no machine {name!r}", status_code=404, media_type="text/plain")
         kind, drawn = self.diagrams.get(name, spec.version, spec)
-        if kind == "svg":
-            return Response(drawn, media_type="image/svg+xml")
+        if kind == "svg":  # no script, even opened on its own rather than as an image
+            return Response(drawn, media_type="image/svg+xml", headers={
+                "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'"})
         return Response(drawn, media_type="text/plain; charset=utf-8")
 
     def metrics(self, _request: Request) -> Response:
@@ -277,7 +278,10 @@ class SecurityHeaders:
 
         async def with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []), *self.headers]}
+                present = {name.lower() for name, _ in message.get("headers", [])}
+                message = {**message, "headers": [
+                    *message.get("headers", []),
+                    *((k, v) for k, v in self.headers if k not in present)]}
             await send(message)
 
         await self.app(scope, receive, with_headers)
