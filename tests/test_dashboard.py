@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -27,7 +28,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from lifecycle import Effect, Engine, Retry, Store, Worker
 from lifecycle.clock import SimulatedClock
 from lifecycle.dashboard.app import serve_in_thread as served
-from lifecycle.dashboard.metrics import ProbeCalls
+from lifecycle.dashboard.database import ReadOnlyDatabase
+from lifecycle.dashboard.metrics import History, ProbeCalls
+from lifecycle.dashboard.reads import Specs
 from lifecycle.errors import StaleObservation
 
 START = "2026-01-01T00:00:00Z"
@@ -462,3 +465,85 @@ def test_lifecycle_serve_listens_on_loopback_and_stops_on_sigterm(populated: str
     assert server.returncode in (0, -signal.SIGTERM), out + err
     assert "Traceback" not in err, err
     assert f"http://127.0.0.1:{port}/" in out and "read-only" in out
+
+
+def test_pages_answer_while_a_writer_holds_its_transaction(populated: str,
+                                                          clock: SimulatedClock) -> None:
+    """A worker in the middle of a write (SQLite's write lock, PostgreSQL's row locks) holds
+    up no page, and no page sees what it has not committed."""
+    before = {"off": len(MARKUP) - len(MARKUP) // 2, "on": len(MARKUP) // 2}
+    with Store(populated) as store, served(populated, clock=clock) as base:
+        with store.write() as cursor:
+            cursor.execute("UPDATE lifecycle_resources SET state = 'on' WHERE machine = "
+                           "'toggle'")
+            for path, params in [("/", {}), ("/machines/toggle", {"format": "json"}),
+                                 ("/metrics", {}), ("/live", {"format": "json"})]:
+                assert _get(base, path, **params).status_code == 200
+            assert _get(base, "/live", format="json").json()["counts"]["toggle"] == before
+            Store.rollback(cursor)
+        assert _get(base, "/live", format="json").json()["counts"]["toggle"] == before
+
+
+NESTED: dict[str, Any] = {
+    "name": "nest", "initial": "a",
+    "states": ["a", {"name": "b", "initial": "x", "states": ["x", "y"]}],
+    "transitions": [{"trigger": "go", "source": "a", "dest": "b"},
+                    {"trigger": "on", "source": "b.x", "dest": "b.y"},
+                    {"trigger": "back", "source": "b", "dest": "a"}]}
+
+
+def test_a_composite_state_lists_the_resources_in_the_states_inside_it(
+        db_url: str, clock: SimulatedClock) -> None:
+    with Store(db_url, upgrade=True) as store:
+        engine = Engine(store, [NESTED], clock=clock)
+        for key, triggers in (("r1", []), ("r2", ["go"]), ("r3", ["go", "on"])):
+            engine.create("nest", key)
+            for trigger in triggers:
+                engine.fire(f"nest:{key}", trigger)
+    with served(db_url, clock=clock) as base:
+        for state, keys in (("b", ["r2", "r3"]), ("b.y", ["r3"]), ("a", ["r1"]), ("x", [])):
+            page = _get(base, "/machines/nest", state=state, format="json").json()
+            assert [r["key"] for r in page["listing"]["resources"]] == keys, state
+
+
+def test_the_history_counters_are_read_again_in_the_background(
+        db_url: str, clock: SimulatedClock) -> None:
+    def refusals(found: Any) -> int:
+        return sum(count for kind, *_, count in found[0] if kind == "refusal")
+
+    with Store(db_url, upgrade=True) as store:
+        engine = Engine(store, [RISKY], clock=clock, probes={"site": _no_status})
+        engine.create("risky", "a")
+        engine.fire("risky:a", "remove", on_stale="return")
+        db = ReadOnlyDatabase(db_url)
+        history = History(db, Specs(), every=0.01)
+        try:
+            assert refusals(history.latest()) == 1  # not started: read at each scrape
+            history.start()
+            engine.fire("risky:a", "remove", on_stale="return")
+            deadline = time.monotonic() + 60
+            while refusals(history.latest()) != 2:
+                assert time.monotonic() < deadline, "the history was never read again"
+                time.sleep(0.01)
+        finally:
+            history.stop()
+            db.dispose()
+
+
+def test_a_diagram_is_an_image_that_runs_no_script(populated: str,
+                                                   clock: SimulatedClock) -> None:
+    with served(populated, clock=clock) as base:
+        drawn = _get(base, "/machines/risky/diagram")
+        machines = _get(base, "/").text
+    assert drawn.status_code == 200
+    if shutil.which("dot"):
+        assert drawn.headers["content-type"] == "image/svg+xml"
+        assert drawn.headers.get_list("content-security-policy") == [
+            "default-src 'none'; style-src 'unsafe-inline'"]
+        assert "<svg" in drawn.text and "<script" not in drawn.text
+        assert '<img class="diagram" alt="diagram of risky" src="/machines/risky/diagram">' \
+            in machines
+    else:  # without Graphviz: the Mermaid text, linked
+        assert drawn.headers["content-type"].startswith("text/plain")
+        assert "stateDiagram-v2" in drawn.text
+        assert 'href="/machines/risky/diagram">the diagram as Mermaid text' in machines

@@ -87,15 +87,12 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
              'site and batch-system adapters: the worker\'s effects (deploy, integrate, drain, '
              'stop, terminate) as tasks, then each site\'s status of every live drone, recorded '
              'as observations, then one step of every drone at once.'),
-    'serve': ('serve', 'serve',
-             'Serve a read-only web dashboard of the database: machines with their diagrams '
-             "and counts per state, each machine's resources, a resource's history, stuck "
-             'effects, refused risky edges, a live page, each also as ?format=json, and '
-             '/metrics for Prometheus.'),
     'db': ('db', 'db',
              'Create and migrate the database schema (Alembic).'),
     'queue': ('queue', 'queue',
              'The job queue the job_exit machine updates.'),
+    'serve': ('serve', 'serve',
+             'Serve a read-only web dashboard of the database, and /metrics for Prometheus.'),
 }
 """Each command: its module, the function that is it, and its one-line help."""
 

@@ -25,10 +25,11 @@ def needs_serve_extra(exc: ModuleNotFoundError) -> LifecycleError:
               help="The port to listen on.")
 @db_option
 def serve(host: str, port: int, db_url: str | None) -> None:
-    """Serve a read-only web dashboard of the database: machines with their diagrams and
-    counts per state, each machine's resources, a resource's history, stuck effects,
-    refused risky edges, a live page, each also as ?format=json, and /metrics for
-    Prometheus. It never writes to the database."""
+    """Serve a read-only web dashboard of the database, and /metrics for Prometheus.
+
+    Machines with their diagrams and counts per state, each machine's resources, a
+    resource's history, stuck effects, refused risky edges and a live page, each also as
+    ?format=json. It never writes to the database."""
     try:
         import uvicorn
 

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -136,7 +137,8 @@ class Dashboard:
         self.diagrams = Diagrams()
         self.env = environment()
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(LifecycleCollector(db, self.clock, self.specs))
+        self.collector = LifecycleCollector(db, self.clock, self.specs)
+        self.registry.register(self.collector)
 
     # -- answering ---------------------------------------------------------------------
 
@@ -194,7 +196,10 @@ class Dashboard:
             found = reads.machine_rows(db, self.specs, name)
             if not found:
                 raise Problem(404, f"no machine {name!r} in this database")
-            return {**found[0], "listing": reads.resource_page(db, asked)}
+            states = [s["state"] for s in found[0]["states"]]
+            listing = replace(asked, inside=reads.inside(asked.state, states)) \
+                if asked.state else asked
+            return {**found[0], "listing": reads.resource_page(db, listing)}
         return self.answer(request, "machine.html", compute)
 
     def resource(self, request: Request) -> Response:
@@ -249,8 +254,9 @@ class Dashboard:
         if spec is None:
             return Response(f"no machine {name!r}", status_code=404, media_type="text/plain")
         kind, drawn = self.diagrams.get(name, spec.version, spec)
-        if kind == "svg":
-            return Response(drawn, media_type="image/svg+xml")
+        if kind == "svg":  # no script, even opened on its own rather than as an image
+            return Response(drawn, media_type="image/svg+xml", headers={
+                "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'"})
         return Response(drawn, media_type="text/plain; charset=utf-8")
 
     def metrics(self, _request: Request) -> Response:
@@ -272,7 +278,10 @@ class SecurityHeaders:
 
         async def with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []), *self.headers]}
+                present = {name.lower() for name, _ in message.get("headers", [])}
+                message = {**message, "headers": [
+                    *message.get("headers", []),
+                    *((k, v) for k, v in self.headers if k not in present)]}
             await send(message)
 
         await self.app(scope, receive, with_headers)
@@ -294,9 +303,11 @@ def create_app(url: str | None = None, *, clock: Clock | None = None) -> Starlet
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        dashboard.collector.history.start()
         try:
             yield
         finally:
+            dashboard.collector.history.stop()
             dashboard.db.dispose()
 
     routes = [

@@ -13,10 +13,19 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, and_, func, or_, select, text
+from sqlalchemy import Connection, and_, func, select, text
 
 from ..spec import SEPARATOR, MachineSpec
-from ..store import journal, machines, observations, outbox, resources, specs, timers
+from ..store import (
+    journal,
+    machines,
+    observations,
+    outbox,
+    resources,
+    specs,
+    state_counts,
+    timers,
+)
 from ..store.schema import (
     FAILED,
     FENCED_WHERE,
@@ -65,15 +74,30 @@ class Specs:
 # -- machines ------------------------------------------------------------------------------
 
 
+COUNT_ROWS_READ = 5000
+"""The most rows of ``lifecycle_state_counts`` the dashboard adds up itself: beyond that (no
+reader folded them lately), it counts the resources' index instead."""
+
+
 def counts(db: Connection, machine: str | None = None) -> dict[str, dict[str, int]]:
-    """Resources per machine and state (the index on machine and state answers it)."""
-    query = select(resources.c.machine, resources.c.state, func.count()).group_by(
-        resources.c.machine, resources.c.state)
-    if machine is not None:
-        query = query.where(resources.c.machine == machine)
+    """Resources per machine and state: the sums of the rows the database's triggers keep in
+    ``lifecycle_state_counts`` while they are few (a reader that may write, such as
+    ``lifecycle machines``, folds them), else a count over the index on machine and
+    state. Either way a bounded read, and nothing written."""
+    c, r = state_counts.c, resources.c
+    few = select(c.id).limit(COUNT_ROWS_READ + 1).subquery()
+    if db.execute(select(func.count()).select_from(few)).scalar_one() <= COUNT_ROWS_READ:
+        query = select(c.machine, c.state, func.sum(c.n)).group_by(c.machine, c.state)
+        if machine is not None:
+            query = query.where(c.machine == machine)
+    else:
+        query = select(r.machine, r.state, func.count()).group_by(r.machine, r.state)
+        if machine is not None:
+            query = query.where(r.machine == machine)
     found: dict[str, dict[str, int]] = {}
     for name, state, count in db.execute(query):
-        found.setdefault(name, {})[state] = int(count)
+        if count:
+            found.setdefault(name, {})[state] = int(count)
     return found
 
 
@@ -112,6 +136,8 @@ class Listing:
     after: str | None = None
     before: str | None = None
     limit: int = PAGE
+    inside: tuple[str, ...] = ()
+    """The states inside ``state`` (a composite's leaves), listed with it."""
 
 
 def _key_contains(db: Connection, needle: str) -> Any:
@@ -121,13 +147,17 @@ def _key_contains(db: Connection, needle: str) -> Any:
     return func.strpos(resources.c.key, needle) > 0
 
 
+def inside(state: str, states: list[str]) -> tuple[str, ...]:
+    """The states of ``states`` inside ``state`` (``state.child``...)."""
+    return tuple(s for s in states if s.startswith(state + SEPARATOR))
+
+
 def resource_page(db: Connection, asked: Listing) -> dict[str, Any]:
     """One page of resources by key, after ``asked.after`` or before ``asked.before``."""
     r = resources.c
     query = select(r.key, r.state, r.version, r.updated_at).where(r.machine == asked.machine)
     if asked.state:  # a composite state takes in the states inside it
-        query = query.where(or_(r.state == asked.state,
-                                r.state.startswith(asked.state + SEPARATOR, autoescape=True)))
+        query = query.where(r.state.in_([asked.state, *asked.inside]))
     if asked.search:
         query = query.where(_key_contains(db, asked.search))
     backwards = asked.before is not None and asked.after is None
@@ -219,12 +249,22 @@ def _effect(e: Any) -> dict[str, Any]:
 # -- across machines ------------------------------------------------------------------------
 
 
-def _trouble_query(where: Any, order: Any) -> Any:
+def _ordered(columns: Any, order: tuple[str, ...]) -> list[Any]:
+    """``order``'s column names (``-name``: descending) as ``columns``' columns."""
+    return [columns[n[1:]].desc() if n.startswith("-") else columns[n] for n in order]
+
+
+def _trouble_query(where: Any, order: tuple[str, ...]) -> Any:
+    """The first effects in ``order`` of those ``where`` says, then their resources' keys
+    (joined after the limit: only the rows shown)."""
     f, r = outbox.c, resources.c
-    return (select(f.id, f.name, f.status, f.attempts, f.next_attempt_at, f.last_error,
-                   f.claimed_by, f.lease_until, f.created_at, r.machine, r.key)
-            .join(resources, r.id == f.resource_id).where(where).order_by(*order)
-            .limit(TROUBLE_SHOWN))
+    first = (select(f.id, f.name, f.status, f.attempts, f.next_attempt_at, f.last_error,
+                    f.claimed_by, f.lease_until, f.created_at, f.finished_at, f.resource_id)
+             .where(where).order_by(*_ordered(f, order)).limit(TROUBLE_SHOWN).subquery())
+    e = first.c
+    return (select(e.id, e.name, e.status, e.attempts, e.next_attempt_at, e.last_error,
+                   e.claimed_by, e.lease_until, e.created_at, r.machine, r.key)
+            .join(resources, r.id == e.resource_id).order_by(*_ordered(e, order)))
 
 
 def trouble(db: Connection, now: dt.datetime) -> dict[str, Any]:
@@ -234,13 +274,12 @@ def trouble(db: Connection, now: dt.datetime) -> dict[str, Any]:
     f = outbox.c
     heads = text(HEADS_WHERE)  # the heads' partial index, in due order
     kinds = {
-        "failed": (f.status == FAILED, (f.finished_at.desc(), f.id.desc())),
-        "retrying": (and_(f.status == PENDING, f.attempts > 0),
-                     (f.next_attempt_at, f.id)),
+        "failed": (f.status == FAILED, ("-finished_at", "-id")),
+        "retrying": (and_(f.status == PENDING, f.attempts > 0), ("next_attempt_at", "id")),
         "lease_expired": (and_(f.status == RUNNING, f.lease_until < now),
-                          (f.lease_until, f.id)),
+                          ("lease_until", "id")),
         "overdue": (and_(heads, f.status == PENDING, f.next_attempt_at < now - OVERDUE_AFTER),
-                    (f.next_attempt_at, f.id)),
+                    ("next_attempt_at", "id")),
     }
     found: dict[str, Any] = {}
     for kind, (where, order) in kinds.items():
