@@ -77,6 +77,12 @@ class Store:
         self._closer = weakref.finalize(self, _close, self._held, self.engine)
         self.dialect: str = self.engine.dialect.name
         self.sql = Statements(self.engine.dialect)
+        self.planned_each_time: dict[str, Any] = (
+            {"prepare": False} if self.dialect == "postgresql" else {})
+        """Keyword arguments of ``cursor.execute`` for a statement PostgreSQL must plan for
+        its parameters each time: psycopg prepares a statement run often, and the generic
+        plan of a page (``LIMIT`` and the keyset's bounds unknown) scans and sorts the
+        whole table."""
         dbapi: Any = self.engine.dialect.dbapi
         self.integrity_error: type[Exception] = dbapi.IntegrityError
         self._connection_errors: tuple[type[Exception], ...] = (
