@@ -41,9 +41,11 @@ from .harness import Case, Measurement, Settings, Workspace, run_group, warm_up
 
 GROUPS: dict[str, list[Case]] = {
     "sqlite": [persisted.SQLITE_FLOOR, persisted.SQLITE_LIFECYCLE,
-               persisted.SQLITE_LIFECYCLE_GUARD, vs_django.DJANGO, vs_sqlalchemy.SQLALCHEMY_FSM],
+               persisted.SQLITE_LIFECYCLE_GUARD, persisted.SQLITE_LIFECYCLE_NESTED,
+               vs_django.DJANGO, vs_sqlalchemy.SQLALCHEMY_FSM],
     "pg": [persisted.PG_FLOOR, persisted.PG_LIFECYCLE, persisted.PG_LIFECYCLE_GUARD],
-    "memory": [in_memory.DECIDE, in_memory.TRANSITIONS, in_memory.STATEMACHINE],
+    "memory": [in_memory.DECIDE, in_memory.DECIDE_NESTED, in_memory.HIERARCHICAL,
+               in_memory.TRANSITIONS, in_memory.STATEMACHINE],
     "effects": effects.CASES,
     "backlog": [*backlog.CASES["sqlite"], *backlog.CASES["postgresql"]],
     "fleet": [*fleet.CASES["sqlite"], *fleet.CASES["postgresql"]],
@@ -95,6 +97,8 @@ SECTIONS: list[tuple[str, list[Comparison]]] = [
     ("1 · vs the floor: SQLite file", [
         Comparison("sqlite.lifecycle", "sqlite.floor", Goal(3)),
         Comparison("sqlite.lifecycle_guard", "sqlite.floor", Goal(3)),
+        Comparison("sqlite.lifecycle_nested", "sqlite.floor", Goal(3)),
+        Comparison("sqlite.lifecycle_nested", "sqlite.lifecycle_guard", Goal(1.5)),
     ]),
     ("1 · vs the floor: PostgreSQL", [
         Comparison("pg.lifecycle", "pg.floor", Goal(1.5)),
@@ -107,6 +111,8 @@ SECTIONS: list[tuple[str, list[Comparison]]] = [
     ("3 · in memory, no database", [
         Comparison("memory.lifecycle", "memory.transitions", Goal(2)),
         Comparison("memory.lifecycle", "memory.statemachine", Goal(1, strict=True)),
+        Comparison("memory.lifecycle_nested", "memory.lifecycle", Goal(1.5)),
+        Comparison("memory.lifecycle_nested", "memory.hierarchical", Goal(1, strict=True)),
     ]),
     ("4 · effects drained from the outbox: PostgreSQL, µs per effect", [
         Comparison(f"effects.lifecycle.{n}p", f"effects.floor.{n}p", None)

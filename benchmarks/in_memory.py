@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from lifecycle import GuardContext, load_spec
-from lifecycle.compiled import CompiledMachine
+from lifecycle.compiled import CompiledMachine, hierarchical
 
 from . import toggle
 from .harness import Bench, BenchError, Case
@@ -24,14 +24,14 @@ UTC = dt.UTC
 
 
 @contextmanager
-def lifecycle_decide() -> Iterator[Bench]:
-    compiled = CompiledMachine(load_spec(toggle.spec(guarded=True)),
-                               {toggle.GUARD: toggle.enabled})
+def lifecycle_decide(*, nested: bool = False) -> Iterator[Bench]:
+    spec = load_spec(toggle.spec(guarded=True, nested=nested))
+    compiled = CompiledMachine(spec, {toggle.GUARD: toggle.enabled})
     decide, machine, key, trigger = compiled.decide, toggle.MACHINE, toggle.KEY, toggle.TRIGGER
     data: dict[str, Any] = {}
     payload: dict[str, Any] = {}
     now = dt.datetime.now(UTC)
-    state, version = "a", 1
+    state, version = spec.graph.enter(spec.initial), 1
 
     def op() -> None:
         nonlocal state, version
@@ -41,6 +41,30 @@ def lifecycle_decide() -> Iterator[Bench]:
             raise BenchError(f"lifecycle: {trigger} from {state} was refused: "
                              f"{decision.reason}")
         state, version = decision.dest, version + 1
+
+    yield Bench(op)
+
+
+@contextmanager
+def hierarchical_trigger() -> Iterator[Bench]:
+    """The nested toggle decided by ``HierarchicalMachine``'s trigger path (how lifecycle
+    decided nested machines before their tables), a fresh context per decision."""
+    spec = load_spec(toggle.spec(guarded=True, nested=True))
+    machine = hierarchical(spec, {toggle.GUARD: toggle.enabled})
+
+    class Model:
+        state: str
+
+    model = Model()
+    machine.add_model(model, initial=spec.graph.enter(spec.initial))
+    flip = getattr(model, toggle.TRIGGER)
+    data: dict[str, Any] = {}
+    now = dt.datetime.now(UTC)
+
+    def op() -> None:
+        state = model.state
+        if not flip(ctx=GuardContext(toggle.MACHINE, toggle.KEY, state, 1, data, data, now)):
+            raise BenchError("HierarchicalMachine: flip was refused")
 
     yield Bench(op)
 
@@ -104,6 +128,11 @@ def statemachine_send() -> Iterator[Bench]:
 
 DECIDE = Case("memory.lifecycle", "lifecycle CompiledMachine.decide, 1 guard",
               lambda _ws: lifecycle_decide())
+DECIDE_NESTED = Case("memory.lifecycle_nested",
+                     "lifecycle CompiledMachine.decide, 1 guard, nested (parent's edge)",
+                     lambda _ws: lifecycle_decide(nested=True))
+HIERARCHICAL = Case("memory.hierarchical", "transitions.HierarchicalMachine, the same nested",
+                    lambda _ws: hierarchical_trigger())
 TRANSITIONS = Case("memory.transitions", "transitions.Machine, 1 condition",
                    lambda _ws: transitions_trigger())
 STATEMACHINE = Case("memory.statemachine", "python-statemachine, 1 guard",

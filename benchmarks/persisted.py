@@ -47,11 +47,11 @@ SPEC_VERSION = "0123456789abcdef"  # what a spec's content hash looks like
 
 
 @contextmanager
-def lifecycle_fire(url: str, *, guarded: bool) -> Iterator[Bench]:
+def lifecycle_fire(url: str, *, guarded: bool, nested: bool = False) -> Iterator[Bench]:
     """``Engine(Store(url, upgrade=True), [spec]).fire(key, "flip")``, one resource."""
     store = Store(url, upgrade=True)
     try:
-        engine = Engine(store, [toggle.spec(guarded=guarded)],
+        engine = Engine(store, [toggle.spec(guarded=guarded, nested=nested)],
                         guards={toggle.GUARD: toggle.enabled} if guarded else None)
         engine.create(toggle.MACHINE, toggle.KEY)
         fire, key, trigger = engine.fire, toggle.KEY, toggle.TRIGGER
@@ -279,6 +279,10 @@ SQLITE_LIFECYCLE = Case(
 SQLITE_LIFECYCLE_GUARD = Case(
     "sqlite.lifecycle_guard", "lifecycle Engine.fire, 1 guard",
     _on_sqlite("lifecycle_guard", lambda p: lifecycle_fire(_sqlite_url(p), guarded=True)))
+SQLITE_LIFECYCLE_NESTED = Case(
+    "sqlite.lifecycle_nested", "lifecycle Engine.fire, 1 guard, nested",
+    _on_sqlite("lifecycle_nested",
+               lambda p: lifecycle_fire(_sqlite_url(p), guarded=True, nested=True)))
 
 PG_FLOOR = Case("pg.floor", "raw psycopg", _on_postgres("floor", psycopg_floor), "postgres")
 PG_LIFECYCLE = Case(

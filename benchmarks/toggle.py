@@ -18,11 +18,17 @@ def enabled(context: GuardContext) -> bool:
     return context.version > 0
 
 
-def spec(*, guarded: bool = False) -> dict[str, Any]:
+def spec(*, guarded: bool = False, nested: bool = False) -> dict[str, Any]:
+    """``nested``: ``a`` and ``b`` are parents of one leaf each (``a.x``, ``b.y``), and the
+    resource, in a leaf, flips by its parent's edge (entering the other's initial child)."""
     guards = [GUARD] if guarded else []
+    states: list[Any] = ["a", "b"]
+    if nested:
+        states = [{"name": "a", "initial": "x", "states": ["x"]},
+                  {"name": "b", "initial": "y", "states": ["y"]}]
     return {
         "name": MACHINE,
-        "states": ["a", "b"],
+        "states": states,
         "initial": "a",
         "transitions": [
             {"trigger": TRIGGER, "source": "a", "dest": "b", "guards": guards},

@@ -2,19 +2,23 @@
 
 :class:`CompiledMachine` decides; the engine commits what it decided. It runs nothing.
 
-The machine is built once per spec; light model objects are attached once and reused from a
-pool, so a decision costs one ``set_state`` and one trigger. Specs without nested states run
-on the plain ``Machine``, which is several times faster than the hierarchical one.
+A decision reads ``transitions``' own transitions from a table (trigger and leaf -> the
+transitions to try, in order, each with its conditions): a flat machine's events are that
+table; a nested machine's is learnt from its ``HierarchicalMachine``, leaf by leaf, the first
+time each leaf and trigger are asked (:class:`_Order`). Either way a decision costs the
+conditions it asks and a dictionary look-up, not a trigger.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from transitions import Machine
+from transitions.core import Condition
 from transitions.extensions.nesting import HierarchicalMachine, NestedState
 
 from .errors import GuardError
@@ -53,7 +57,13 @@ class Decision:
     dest: str | None
     edge: Edge | None
     guards: dict[str, bool]
-    reason: str | None = None
+    why: Callable[[], str] | None = None
+    """Says why nothing fired, when asked: most refusals are never shown (a heartbeat steps
+    every drone and most stay), so the sentence is made only for those that are."""
+
+    @property
+    def reason(self) -> str | None:
+        return self.why() if self.why is not None else None
 
 
 class _DottedState(NestedState):
@@ -79,8 +89,7 @@ class CompiledMachine:
         graph = spec.graph
         self.triggers = frozenset(spec.triggers)
         nested = any(state.states for state in spec.states)
-        edges: list[tuple[str, Edge]] = [(t.trigger, t) for t in spec.transitions]
-        edges += [(EVENTLESS, e) for e in spec.eventless]
+        edges = _edges(spec)
         self._candidates: dict[tuple[str, str], tuple[Edge, ...]] = {}
         for trigger, edge in edges:
             for leaf in graph.covered_leaves(edge.sources):
@@ -95,42 +104,22 @@ class CompiledMachine:
         self.entry_effects = dict(graph.entry_effects)
         self.on_entry = bool(self.timeouts or self.entry_effects)
         """Whether crossing into a state can ask for anything (timers, entry effects)."""
-        definitions = []
-        for trigger, edge in edges:
-            # The freshness rule is the last condition: it is asked only of an edge whose
-            # guards all hold on the held observation, so a probe is made only when its answer
-            # could let a risky edge fire. (An edge held back by a stale observation is safe:
-            # the next fresh one decides.) An unless-condition comes after the others.
-            stale = [_stale(edge)] if edge.fresh else []
-            definitions.append({
-                "trigger": trigger,
-                "source": ANY if ANY in edge.sources else list(edge.sources),
-                "dest": edge.dest,
-                "conditions": [_check(n, guards.get(n), True) for n in edge.guards],
-                "unless": [*(_check(n, guards.get(n), False) for n in edge.unless), *stale],
-                "after": [_chosen(edge)],
-            })
-        options: dict[str, Any] = {
-            "model": None, "transitions": definitions, "initial": None,
-            "auto_transitions": False, "send_event": True, "ignore_invalid_triggers": False,
-        }
+        # A machine is asked through tables of ``transitions``' own transitions (trigger and
+        # leaf -> the transitions to try, in order, each with its conditions), which is what
+        # a trigger does, without the model round trip, the callbacks and the logging. A flat
+        # machine's tables are its events'; a nested machine's are learnt from its
+        # HierarchicalMachine (see :class:`_Order`), once per leaf and trigger.
+        self._table: dict[tuple[str, str], tuple[_Entry, ...]] = {}
+        self._order: _Order | None = None
         if nested:
-            self._machine: Machine = _Hierarchical(states=_tree(spec.states), **options)
+            self._order = _Order(spec, guards)
         else:
-            self._machine = Machine(states=list(graph.names), **options)
-        # A flat machine is asked through its own tables (event -> source -> transitions, each
-        # with its conditions), which is what a trigger does, without the model round trip,
-        # the callbacks and the logging: half the cost of a decision. Nested machines take
-        # the trigger path, which resolves parents the way HierarchicalMachine does.
-        self._table: dict[tuple[str, str], list[Any]] | None = None
-        if not nested:
+            machine = Machine(states=list(graph.names), **_options(edges, _deciding(guards)))
             self._table = {
-                (trigger, source): list(transitions)
-                for trigger, event in self._machine.events.items()
+                (trigger, source): tuple(_flat_entry(t) for t in transitions)
+                for trigger, event in machine.events.items()
                 for source, transitions in event.transitions.items()
             }
-        self._initial = graph.enter(spec.initial)
-        self._pool: list[_Model] = []
 
     def crossed(self, old: str, new: str, dest: str) -> tuple[list[str], list[str]]:
         """The states a transition from leaf ``old`` to leaf ``new``, declared to ``dest``,
@@ -155,41 +144,165 @@ class CompiledMachine:
 
     def decide(self, state: str, trigger: str, context: GuardContext) -> Decision:
         if trigger not in self._from.get(state, ()):
-            if trigger == EVENTLESS:
-                reason = f"no eventless transition from {state!r}"
-            else:
-                options = ", ".join(sorted(self.triggers_from(state))) or "none"
-                reason = f"no transition for {trigger!r} from {state!r} (triggers here: {options})"
-            return Decision(False, None, None, {}, reason)
-        if self._table is not None:
-            return self._decide_flat(state, trigger, context)
-        pool = self._pool
-        model = pool.pop() if pool else self._new_model()
-        try:
-            self._machine.set_state(state, model)
-            fired = model.trigger(trigger, ctx=context)  # type: ignore[attr-defined]
-            dest: str = model.state
-        finally:
-            pool.append(model)
-        if fired:
-            return Decision(True, dest, context.edge, context.guards)
-        return Decision(False, None, None, context.guards, _why(context.guards, self.spec,
-                                                                state, trigger))
-
-    def _decide_flat(self, state: str, trigger: str, context: GuardContext) -> Decision:
-        assert self._table is not None
+            return Decision(False, None, None, {}, _Unknown(self, state, trigger))
+        entries = self._table.get((trigger, state))
+        if entries is None:
+            entries = self._learn(state, trigger)
         event = _Event(context)
-        for transition in self._table.get((trigger, state), ()):
-            if all(c.func(event) == c.target for c in transition.conditions):
-                edge = transition.after[0].edge
-                return Decision(True, transition.dest, edge, context.guards)
+        for entry in entries:
+            if all(c.func(event) == c.target for c in entry.conditions):
+                return Decision(True, entry.dest, entry.edge, context.guards)
         return Decision(False, None, None, context.guards,
-                        _why(context.guards, self.spec, state, trigger))
+                        _Why(context.guards, self.spec, state, trigger))
 
-    def _new_model(self) -> _Model:
-        model = _Model()
-        self._machine.add_model(model, initial=self._initial)
-        return model
+    def _learn(self, state: str, trigger: str) -> tuple[_Entry, ...]:
+        assert self._order is not None
+        entries = self._order.entries(state, trigger)
+        self._table[trigger, state] = entries
+        return entries
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    """One transition to try: its conditions (``transitions``' ``Condition``s, the
+    unless-conditions and the freshness rule last), the edge, and the leaf it ends in."""
+
+    conditions: Sequence[Any]
+    edge: Edge
+    dest: str
+
+
+Conditions = Callable[[Edge], tuple[list[Any], list[Any]]]
+"""For an edge, its conditions and its unless-conditions, as ``transitions`` takes them."""
+
+
+def _flat_entry(transition: Any) -> _Entry:
+    chosen: _Chosen = transition.after[0]
+    return _Entry(transition.conditions, chosen.edge, transition.dest)
+
+
+def _deciding(guards: Mapping[str, Callable[[GuardContext], bool]]) -> Conditions:
+    def conditions(edge: Edge) -> tuple[list[Any], list[Any]]:
+        # The freshness rule is the last condition: it is asked only of an edge whose guards
+        # all hold on the held observation, so a probe is made only when its answer could
+        # let a risky edge fire. (An edge held back by a stale observation is safe: the next
+        # fresh one decides.) An unless-condition comes after the others.
+        stale = [_stale(edge)] if edge.fresh else []
+        return ([_check(n, guards.get(n), True) for n in edge.guards],
+                [*(_check(n, guards.get(n), False) for n in edge.unless), *stale])
+
+    return conditions
+
+
+def _options(edges: list[tuple[str, Edge]], conditions: Conditions) -> dict[str, Any]:
+    """The keyword arguments of a ``transitions`` machine of these edges."""
+    definitions = []
+    for trigger, edge in edges:
+        ifs, unless = conditions(edge)
+        definitions.append({
+            "trigger": trigger,
+            "source": ANY if ANY in edge.sources else list(edge.sources),
+            "dest": edge.dest,
+            "conditions": ifs,
+            "unless": unless,
+            "after": [_chosen(edge)],
+        })
+    return {"model": None, "transitions": definitions, "initial": None,
+            "auto_transitions": False, "send_event": True, "ignore_invalid_triggers": False}
+
+
+def _edges(spec: MachineSpec) -> list[tuple[str, Edge]]:
+    edges: list[tuple[str, Edge]] = [(t.trigger, t) for t in spec.transitions]
+    return edges + [(EVENTLESS, e) for e in spec.eventless]
+
+
+def hierarchical(spec: MachineSpec,
+                 guards: Mapping[str, Callable[[GuardContext], bool]]) -> HierarchicalMachine:
+    """The spec as a ``HierarchicalMachine`` that decides by its trigger path (conditions
+    are called with ``ctx=`` a :class:`GuardContext`; the edge taken is left in its
+    ``edge``): the reference the tables of a nested machine are checked against."""
+    return _Hierarchical(states=_tree(spec.states), **_options(_edges(spec), _deciding(guards)))
+
+
+class _Order:
+    """How a nested machine's tables are learnt from ``transitions`` itself.
+
+    A ``HierarchicalMachine`` tries, for a trigger and a leaf, a fixed sequence of
+    transitions (the leaf's, then its parents' and the wildcard's, in its own order),
+    stopping at the first whose conditions hold, and ends in the leaf its destination's
+    initial children lead to. That sequence is asked of a twin of the machine whose
+    conditions only record that they were asked (see :func:`_recording`): once with every
+    transition failing, for the order; once per transition, letting it alone pass, for the
+    leaf it ends in. The answers become a table like a flat machine's, with each edge's real
+    conditions (``transitions``' ``Condition``s, made as its ``Transition`` makes them);
+    deciding never enters the hierarchical machine."""
+
+    def __init__(self, spec: MachineSpec,
+                 guards: Mapping[str, Callable[[GuardContext], bool]]) -> None:
+        deciding = _deciding(guards)
+        self._conditions: dict[int, list[Condition]] = {}
+        for _, edge in _edges(spec):
+            ifs, unless = deciding(edge)
+            self._conditions[id(edge)] = [*(Condition(c) for c in ifs),
+                                          *(Condition(u, target=False) for u in unless)]
+        self._machine = _Hierarchical(states=_tree(spec.states),
+                                      **_options(_edges(spec), _recording))
+        self._model = _Model()
+        self._machine.add_model(self._model, initial=spec.graph.enter(spec.initial))
+        self._lock = threading.Lock()
+
+    def entries(self, state: str, trigger: str) -> tuple[_Entry, ...]:
+        with self._lock:
+            failing = self._ask(state, trigger, None)
+            out = []
+            for transition in failing.asked:
+                passed = self._ask(state, trigger, transition)
+                edge = _flat_entry(transition).edge
+                assert passed.edge is edge and passed.dest is not None
+                out.append(_Entry(self._conditions[id(edge)], edge, passed.dest))
+            if failing.edge is not None:  # a transition without conditions took it
+                assert failing.dest is not None
+                out.append(_Entry(self._conditions[id(failing.edge)], failing.edge,
+                                  failing.dest))
+            return tuple(out)
+
+    def _ask(self, state: str, trigger: str, passing: Any) -> _Probe:
+        probe = _Probe(passing)
+        self._machine.set_state(state, self._model)
+        if self._model.trigger(trigger, ctx=probe):  # type: ignore[attr-defined]
+            probe.dest = self._model.state
+        return probe
+
+
+def _recording(edge: Edge) -> tuple[list[Any], list[Any]]:
+    """The conditions of :class:`_Order`'s twin machine: as many as the edge really has,
+    each one recording which transition asked it, and passing only for the probe's chosen
+    one. (An edge from a leaf and its parent is two transitions, each asked in its turn.)"""
+
+    def condition(wanted: bool) -> Callable[[Any], bool]:
+        def asked(event: Any) -> bool:
+            probe: _Probe = event.kwargs["ctx"]
+            transition = event.transition
+            if not any(seen is transition for seen in probe.asked):
+                probe.asked.append(transition)
+            return wanted if transition is probe.passing else not wanted
+        return asked
+
+    unless = len(edge.unless) + (1 if edge.fresh else 0)
+    return ([condition(True) for _ in edge.guards], [condition(False) for _ in range(unless)])
+
+
+class _Probe:
+    """What the recording conditions of :class:`_Order`'s machine are called with."""
+
+    __slots__ = ("asked", "dest", "edge", "passing")
+
+    def __init__(self, passing: Any) -> None:
+        self.passing = passing
+        """The transition whose conditions pass (``transitions``' own object), or None."""
+        self.asked: list[Any] = []
+        self.edge: Edge | None = None
+        self.dest: str | None = None
 
 
 def _tree(states: tuple[StateSpec, ...]) -> list[Any]:
@@ -263,6 +376,35 @@ class _Chosen:
 
 def _chosen(edge: Edge) -> _Chosen:
     return _Chosen(edge)
+
+
+class _Unknown:
+    """Why nothing fired: the trigger has no edge from the state at all."""
+
+    __slots__ = ("compiled", "state", "trigger")
+
+    def __init__(self, compiled: CompiledMachine, state: str, trigger: str) -> None:
+        self.compiled, self.state, self.trigger = compiled, state, trigger
+
+    def __call__(self) -> str:
+        if self.trigger == EVENTLESS:
+            return f"no eventless transition from {self.state!r}"
+        options = ", ".join(sorted(self.compiled.triggers_from(self.state))) or "none"
+        return (f"no transition for {self.trigger!r} from {self.state!r} (triggers here: "
+                f"{options})")
+
+
+class _Why:
+    """Why nothing fired: which guard held each candidate edge back."""
+
+    __slots__ = ("spec", "state", "trigger", "verdicts")
+
+    def __init__(self, verdicts: dict[str, bool], spec: MachineSpec, state: str,
+                 trigger: str) -> None:
+        self.verdicts, self.spec, self.state, self.trigger = verdicts, spec, state, trigger
+
+    def __call__(self) -> str:
+        return _why(self.verdicts, self.spec, self.state, self.trigger)
 
 
 def _why(verdicts: dict[str, bool], spec: MachineSpec, state: str, trigger: str) -> str:

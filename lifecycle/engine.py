@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, cast
 
@@ -366,11 +367,22 @@ class Engine:
         true at its source (default: now). Guards see the newest observation by
         ``observed_at``; an older one arriving late is kept in history but replaces nothing.
         A time ahead of the engine's clock is taken as now."""
+        document, observed_at, recorded_at = self._checked_observation(
+            key, status, observed_at, source)
+        with self.store.write() as cursor:
+            row = self._locate(cursor, key)
+            return self._record_observation(cursor, row, document, observed_at, recorded_at,
+                                            source)
+
+    def _checked_observation(self, key: str, status: Mapping[str, Any],
+                             observed_at: dt.datetime | None,
+                             source: str) -> tuple[dict[str, Any], dt.datetime, dt.datetime]:
+        """An observation as it is to be recorded (status, observed at, recorded at), or
+        :class:`InvalidData`."""
         document = _document(queries.split_key(_looked_up(key))[0], key, status, "status")
         problem = values.text_problem(source, _NAME_MAX)
         if problem is not None:
             raise InvalidData("?", key, f"source {problem}")
-        store = self.store
         recorded_at = self.clock.now()
         if observed_at is None:
             observed_at = recorded_at
@@ -382,19 +394,24 @@ class Engine:
             log.warning("%s: observation from %s is ahead of the clock (%s); taken as now",
                         key, observed_at.isoformat(), recorded_at.isoformat())
             observed_at = recorded_at
+        return document, observed_at, recorded_at
+
+    def _record_observation(self, cursor: Any, row: _Row, document: dict[str, Any],
+                            observed_at: dt.datetime, recorded_at: dt.datetime,
+                            source: str) -> Observation:
+        """Write an observation of ``row``'s resource, the newest one if it is."""
+        store = self.store
+        when = store.time_param(observed_at)
         try:
-            with store.write() as cursor:
-                row = self._locate(cursor, key)
-                when = store.time_param(observed_at)
-                cursor.execute(store.sql.insert_observation, {
-                    "resource_id": row.id, "status": store.json_param(document),
-                    "observed_at": when, "recorded_at": store.time_param(recorded_at),
-                    "source": source})
-                observation_id = int(cursor.fetchone()[0])
-                cursor.execute(store.sql.newest_observation, {
-                    "id_": row.id, "observation_id": observation_id, "observed_at_": when})
+            status = store.json_param(document)
         except (TypeError, ValueError) as exc:
-            raise InvalidData("?", key, f"status is not JSON: {exc}") from None
+            raise InvalidData(row.machine, row.key, f"status is not JSON: {exc}") from None
+        cursor.execute(store.sql.insert_observation, {
+            "resource_id": row.id, "status": status, "observed_at": when,
+            "recorded_at": store.time_param(recorded_at), "source": source})
+        observation_id = int(cursor.fetchone()[0])
+        cursor.execute(store.sql.newest_observation, {
+            "id_": row.id, "observation_id": observation_id, "observed_at_": when})
         return Observation(id=observation_id, status=document, observed_at=observed_at,
                            recorded_at=recorded_at, source=source)
 
@@ -454,11 +471,152 @@ class Engine:
             return outcome.result
         return outcome
 
+    # -- many resources per transaction ------------------------------------------------
+
+    def observe_many(self, statuses: Iterable[tuple[str, Mapping[str, Any]]],
+                     observed_at: dt.datetime | None = None, *, source: str = "api",
+                     batch: int = 500) -> list[Observation | LifecycleError]:
+        """:meth:`observe` of many resources (``(key, status)`` pairs), up to ``batch`` of
+        them in one transaction. The result of each, in order: its :class:`Observation`, or
+        the :class:`LifecycleError` that refused it (an unknown key, a status that cannot be
+        stored); a refusal writes nothing for that resource and loses none of the others."""
+        items = list(statuses)
+        checked: dict[int, tuple[dict[str, Any], dt.datetime, dt.datetime]] = {}
+        refused: dict[int, LifecycleError] = {}
+        for i, (key, status) in enumerate(items):
+            try:
+                checked[i] = self._checked_observation(key, status, observed_at, source)
+            except LifecycleError as exc:
+                refused[i] = exc
+
+        def attempt(cursor: Any, row: _Row, i: int, _tries: _Tries) -> Observation:
+            return self._record_observation(cursor, row, *checked[i], source)
+
+        done = self._many([key for key, _ in items], "observe", attempt, batch, skip=refused)
+        return [refused[i] if i in refused else done[i] for i in range(len(items))]
+
+    def step_many(self, keys: Iterable[str], *, actor: str | None = None,
+                  on_stale: OnStale = "return", batch: int = 500, probes: int = 8,
+                  retry_conflicts: bool = True) -> list[FireResult | LifecycleError]:
+        """:meth:`step` of many resources, up to ``batch`` in one transaction, each with its
+        own compare-and-swap and journal row, as one ``step`` would write them. The result of
+        each, in order: its :class:`FireResult`, or the :class:`LifecycleError` that refused
+        it (with ``on_stale="raise"``, a :class:`StaleObservation` in its place).
+
+        A resource that another writer moved between the batch's read and its write (a
+        conflict) is decided again on what was written, in a later transaction, with the
+        others that must go again; with ``retry_conflicts=False`` its result is a
+        :class:`ConcurrencyError` instead, and nothing was written for it. A risky edge that
+        needs a fresh observation has its probe asked outside any transaction, up to
+        ``probes`` probes at once (threads), and its resource decided again."""
+        order = list(keys)
+        refused: dict[int, LifecycleError] = {}
+        for i, key in enumerate(order):
+            try:
+                _document(queries.split_key(_looked_up(key))[0], key, None, "payload", actor)
+            except LifecycleError as exc:
+                refused[i] = exc
+
+        def attempt(cursor: Any, row: _Row, _i: int,
+                    tries: _Tries) -> FireResult | LifecycleError | _Again:
+            outcome = self._attempt(cursor, row.key, EVENTLESS, {}, actor, None, tries, row)
+            if outcome is _MOVED and not retry_conflicts:
+                return ConcurrencyError(f"{row.machine}:{row.key}: another writer moved it "
+                                        "between the batch's read and its write; nothing was "
+                                        "written for it")
+            if isinstance(outcome, _Stale):
+                return (StaleObservation(outcome.result, dest=outcome.dest,
+                                         probe_error=outcome.probe_error)
+                        if on_stale == "raise" else outcome.result)
+            return outcome
+
+        done = self._many(order, "step", attempt, batch, skip=refused, probes=probes)
+        return [refused[i] if i in refused else cast(FireResult | LifecycleError, done[i])
+                for i in range(len(order))]
+
+    def _many(self, keys: list[str], what: str,
+              attempt: Callable[[Any, _Row, int, _Tries], T | _Again], batch: int, *,
+              skip: Mapping[int, Any] | None = None,
+              probes: int = 1) -> dict[int, T | LifecycleError]:
+        """The retry loop of many resources: ``attempt`` each (by index into ``keys``) in
+        transactions of ``batch``; those that must go again (see :class:`_Again`) go again
+        together after the machines were loaded and the probes asked."""
+        if batch < 1 or probes < 1:
+            raise ValueError("batch and probes: at least 1")
+        results: dict[int, T | LifecycleError] = {}
+        tries: dict[int, _Tries] = {}
+        pending = [i for i in range(len(keys)) if i not in (skip or {})]
+        for _ in range(self.max_attempts):
+            again: list[tuple[int, _Again]] = []
+            for start in range(0, len(pending), batch):
+                again += self._one_batch(keys, pending[start:start + batch], attempt, tries,
+                                         results)
+            pending = [i for i, _ in again]
+            if not pending:
+                return results
+            self._between(again, tries, probes)
+        for i in pending:
+            results[i] = ConcurrencyError(
+                f"{keys[i]}: {what} lost the race {self.max_attempts} times in a row; "
+                "nothing was written")
+        return results
+
+    def _one_batch(self, keys: list[str], chunk: list[int],
+                   attempt: Callable[[Any, _Row, int, _Tries], T | _Again],
+                   tries: dict[int, _Tries],
+                   results: dict[int, T | LifecycleError]) -> list[tuple[int, _Again]]:
+        """One transaction of a batch. A resource whose attempt raised is reported, the
+        transaction rolled back, and the batch made again without it."""
+        while True:
+            done: dict[int, T | LifecycleError] = {}
+            again: list[tuple[int, _Again]] = []
+            failed: tuple[int, LifecycleError] | None = None
+            with self.store.write() as cursor:
+                rows = self._rows(cursor, [keys[i] for i in chunk])
+                for i in chunk:
+                    row = rows[keys[i]]
+                    if isinstance(row, LifecycleError):
+                        done[i] = row
+                        continue
+                    try:
+                        outcome = attempt(cursor, row, i, tries.setdefault(i, _Tries()))
+                    except LifecycleError as exc:
+                        failed = (i, exc)
+                        self.store.rollback(cursor)
+                        break
+                    if isinstance(outcome, _Again):
+                        again.append((i, outcome))
+                    else:
+                        done[i] = outcome
+            if failed is None:
+                results.update(done)
+                return again
+            results[failed[0]] = failed[1]
+            chunk = [i for i in chunk if i != failed[0]]
+
+    def _between(self, again: list[tuple[int, _Again]], tries: dict[int, _Tries],
+                 probes: int) -> None:
+        """Outside any transaction: load the machines asked for, and ask the probes asked
+        for, ``probes`` at a time."""
+        for machine in {a.machine for _, a in again if a.machine is not None}:
+            self.compiled(machine)
+        asked = [(tries[i], *a.probe) for i, a in again if a.probe is not None]
+        if len(asked) == 1 or probes == 1:
+            for args in asked:
+                self._probe(*args)
+        elif asked:
+            with ThreadPoolExecutor(min(probes, len(asked)),
+                                    thread_name_prefix="lifecycle-probe") as pool:
+                for future in [pool.submit(self._probe, *args) for args in asked]:
+                    future.result()
+
     def _attempt(self, cursor: Any, key: str, trigger: str, payload: dict[str, Any],
-                 actor: str | None, within: Within | None,
-                 tries: _Tries) -> FireResult | _Stale | _Again:
-        """Read, decide and write one fire, in the transaction of ``cursor``."""
-        row = self._locate(cursor, key)
+                 actor: str | None, within: Within | None, tries: _Tries,
+                 row: _Row | None = None) -> FireResult | _Stale | _Again:
+        """Read (unless a batch read ``row`` in this transaction), decide and write one fire,
+        in the transaction of ``cursor``."""
+        if row is None:
+            row = self._locate(cursor, key)
         compiled = self._compiled.get(row.machine)
         if compiled is None:
             return _Again(machine=row.machine)
@@ -670,8 +828,13 @@ class Engine:
             raise UnknownResource(plain, machine)
         if len(rows) > 1:
             raise AmbiguousKey(plain, [row[1] for row in rows])
+        return self._row(rows[0])
+
+    def _row(self, fetched: Any) -> _Row:
+        """A row of ``Statements.resource_by_key`` (and its kin) as the hot path uses it."""
         (rid, rmachine, rkey, state, version, seq, data, _spec_version, last_transition_at,
-         created_at, oid, status, observed_at, recorded_at, source) = rows[0]
+         created_at, oid, status, observed_at, recorded_at, source) = fetched
+        store = self.store
         observation = None
         if oid is not None:
             observation = Observation(oid, store.json_value(status),
@@ -679,6 +842,30 @@ class Engine:
                                       store.time_value(recorded_at), source)
         return _Row(rid, rmachine, rkey, state, version, seq, store.json_value(data),
                     store.time_value(last_transition_at), created_at, observation)
+
+    def _rows(self, cursor: Any, keys: list[str]) -> dict[str, _Row | LifecycleError]:
+        """The resources of ``keys`` read in the transaction of ``cursor``: one statement per
+        machine named (``MACHINE:KEY``), one per plain key."""
+        found: dict[str, _Row | LifecycleError] = {}
+        by_machine: dict[str, dict[str, str]] = {}
+        for key in dict.fromkeys(keys):
+            machine, plain = queries.split_key(key)
+            if machine is not None:
+                by_machine.setdefault(machine, {})[plain] = key
+                continue
+            try:
+                found[key] = self._locate(cursor, key)
+            except LifecycleError as exc:
+                found[key] = exc
+        sql = self.store.sql
+        for machine, named in by_machine.items():
+            cursor.execute(sql.resources_by_machine_keys, {
+                "machine": machine, "keys": sql.keys_param(list(named))})
+            for fetched in cursor.fetchall():
+                found[named[fetched[2]]] = self._row(fetched)
+            for plain, key in named.items():
+                found.setdefault(key, UnknownResource(plain, machine))
+        return found
 
     def _validated(self, spec: MachineSpec, key: str, data: dict[str, Any],
                    transition: dict[str, Any] | None = None) -> dict[str, Any]:

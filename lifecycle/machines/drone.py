@@ -26,6 +26,7 @@ the drone's demand to 0.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -47,7 +48,7 @@ from ..adapters.sites import (
 )
 from ..compiled import GuardContext
 from ..effects import Effect, EffectCall, FollowUp, Retry
-from ..errors import SiteError
+from ..errors import LifecycleError, SiteError
 from ..fresh import ProbeRequest
 from ..spec import MachineSpec
 from .builtin import Builtin
@@ -381,43 +382,66 @@ TARDIS_BUILTIN = Builtin(
 # -- the reconcile loop ---------------------------------------------------------------------
 
 
+def live_drones(engine: Any, machine: str = "drone") -> list[Any]:
+    """The drones of ``machine`` that are not down (``Resource``s, by key), read by state:
+    a pool keeps every drone it ever had, and the ones down outnumber the live ones."""
+    return sorted((r for state in LIVE_STATES for r in engine.resources(machine, state)),
+                  key=lambda r: r.key)
+
+
+HEARTBEAT_BATCH = 1000
+"""Drones observed, then stepped, per transaction in a heartbeat."""
+
+
 def reconcile(engine: Any, site: Site, batch: BatchSystem, *, machine: str = "drone",
-              progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+              progress: Callable[[int, int], None] | None = None,
+              probes: int = 8) -> dict[str, Any]:
     """One heartbeat of a drone pool: ask the site and the pool for every live drone's status
-    in one call each, record the answers as observations, and step every drone once.
+    in one call each (the two at once), record the answers as observations, and step every
+    drone once, :data:`HEARTBEAT_BATCH` drones per transaction (``Engine.observe_many``,
+    ``Engine.step_many``: each drone its own compare-and-swap and journal row). A risky edge
+    that still wants a fresher status asks the site about its drone alone, up to ``probes``
+    drones at once.
 
     When the site (or the pool) cannot be asked, nothing is observed and no drone is
-    stepped: the drones keep their state, and no risky edge fires on an old picture."""
+    stepped: the drones keep their state, and no risky edge fires on an old picture. A drone
+    that cannot be observed or stepped (it went away; it lost the race with another writer
+    too often) is counted in ``errors`` and leaves the others untouched."""
 
     # a drone without a job at the site yet (its deploy has not run) has nothing to ask about
-    drones = [r for r in engine.resources(machine)
-              if r.state != "down" and r.data.get("remote_id")]
+    drones = [r for r in live_drones(engine, machine) if r.data.get("remote_id")]
     refs = [Drone(r.key, r.data.get("remote_id"), r.data) for r in drones]
-    report: dict[str, Any] = {"drones": len(drones), "moved": {}, "refused": 0,
+    report: dict[str, Any] = {"drones": len(drones), "moved": {}, "refused": 0, "errors": 0,
                               "site_error": None}
     if not drones:
         return report
     # an answer is true at the moment the question was asked, not when it arrived: both
     # statuses are stamped with the time the site was asked, the earlier of the two
     asked_at = engine.clock.now()
-    try:
-        site_status = site.status(refs)
-        pool_status = batch.machine_status(refs)
-    except SiteError as exc:
-        report["site_error"] = str(exc)
-        return report
-    for i, drone in enumerate(drones):
-        key = f"{machine}:{drone.key}"
-        engine.observe(key, {
-            "resource_status": site_status.get(drone.key, DELETED),
-            "machine_status": pool_status.get(drone.key, NOT_AVAILABLE)},
+    with ThreadPoolExecutor(2, thread_name_prefix="reconcile") as pool:
+        asking = pool.submit(site.status, refs), pool.submit(batch.machine_status, refs)
+        try:
+            site_status, pool_status = (answer.result() for answer in asking)
+        except SiteError as exc:
+            report["site_error"] = str(exc)
+            return report
+    for start in range(0, len(drones), HEARTBEAT_BATCH):
+        keys = [f"{machine}:{d.key}" for d in drones[start:start + HEARTBEAT_BATCH]]
+        observed = engine.observe_many(
+            [(key, {"resource_status": site_status.get(d.key, DELETED),
+                    "machine_status": pool_status.get(d.key, NOT_AVAILABLE)})
+             for key, d in zip(keys, drones[start:start + HEARTBEAT_BATCH], strict=True)],
             asked_at, source="reconcile")
-        result = engine.step(key, actor="reconcile", on_stale="return")
-        if result.fired:
-            move = f"{result.source} -> {result.dest}"
-            report["moved"][move] = report["moved"].get(move, 0) + 1
-        elif result.error:
-            report["refused"] += 1
+        report["errors"] += sum(isinstance(o, LifecycleError) for o in observed)
+        for result in engine.step_many(keys, actor="reconcile", on_stale="return",
+                                       probes=probes):
+            if isinstance(result, LifecycleError):
+                report["errors"] += 1
+            elif result.fired:
+                move = f"{result.source} -> {result.dest}"
+                report["moved"][move] = report["moved"].get(move, 0) + 1
+            elif result.error:
+                report["refused"] += 1
         if progress is not None:
-            progress(i + 1, len(drones))
+            progress(start + len(keys), len(drones))
     return report

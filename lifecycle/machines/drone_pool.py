@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..adapters.sites import Drone, PoolFigures
-from .drone import release_order
+from .drone import live_drones, release_order
 
 try:
     from cobald.interfaces import Pool  # type: ignore[import-untyped]
@@ -63,8 +63,8 @@ class DronePool(Pool):  # type: ignore[misc]
 
     def drones(self) -> list[Any]:
         """This pool's drones that are not down (``Resource``s)."""
-        return [r for r in self.engine.resources(self.machine)
-                if r.key.startswith(self.prefix) and r.state != "down"]
+        return [r for r in live_drones(self.engine, self.machine)
+                if r.key.startswith(self.prefix)]
 
     def wanted(self) -> list[Any]:
         """The drones whose demand is not 0: FactoryPool's children that are not leaving."""

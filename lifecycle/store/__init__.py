@@ -10,7 +10,10 @@ from contextlib import contextmanager
 from typing import Any, ClassVar
 
 from sqlalchemy import (
+    ARRAY,
     Connection,
+    String,
+    any_,
     bindparam,
     case,
     func,
@@ -259,6 +262,7 @@ class Statements:
         self.dialect = dialect
         self._reading()
         self._verifying()
+        self._bulk()
         self._moving()
         self._recording()
         self._outbox()
@@ -343,6 +347,26 @@ class Statements:
             self._pages[shape] = self._sql(self.shown.where(*where).order_by(
                 r.machine, r.key)) + f" LIMIT {limit}"
         return self._pages[shape]
+
+    def _bulk(self) -> None:
+        """Many resources of one machine, with their newest observations, by key: the read
+        of a batch (``Engine.observe_many``, ``Engine.step_many``). The keys are one
+        parameter, ``keys``: an array on PostgreSQL, a JSON array on SQLite."""
+        r, o, sql = resources.c, observations.c, self._sql
+        if self.dialect.name == "postgresql":
+            keys: Any = r.key == any_(bindparam("keys", type_=ARRAY(String)))
+        else:
+            keys = r.key.in_(select(literal_column("value")).select_from(
+                func.json_each(bindparam("keys"))).scalar_subquery())
+        self.resources_by_machine_keys = sql(
+            select(*(r[n] for n in self.RESOURCE_COLUMNS),
+                   *(o[n] for n in self.OBSERVATION_COLUMNS))
+            .select_from(resources.outerjoin(observations, o.id == r.observation_id))
+            .where(r.machine == bindparam("machine"), keys))
+
+    def keys_param(self, keys: list[str]) -> Any:
+        """The ``keys`` parameter of :attr:`resources_by_machine_keys`."""
+        return keys if self.dialect.name == "postgresql" else json.dumps(keys)
 
     def _moving(self) -> None:
         """A resource created, moved, its data changed, a risky edge refused."""

@@ -1,0 +1,221 @@
+"""``Engine.observe_many`` and ``Engine.step_many``: many resources per transaction, each
+with its own compare-and-swap and journal row; a conflict, a refusal or an error on one never
+loses the others; risky edges keep their freshness rule per resource; probes asked at once.
+On SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+from typing import Any
+
+import pytest
+
+from lifecycle import (
+    ConcurrencyError,
+    Engine,
+    FireResult,
+    GuardContext,
+    GuardError,
+    InvalidData,
+    LifecycleError,
+    Observation,
+    SimulatedClock,
+    StaleObservation,
+    Store,
+    UnknownResource,
+)
+from lifecycle.fresh import ProbeRequest
+from lifecycle.machines import drone
+from lifecycle.machines.drone_sim import ScenarioBatch, ScenarioSite
+from lifecycle.scenario import World
+
+FLIP = {"name": "t", "states": ["a", "b"], "initial": "a",
+        "eventless": [{"source": "a", "dest": "b", "guards": ["ok"]},
+                      {"source": "b", "dest": "a", "guards": ["ok"]}]}
+
+
+def _ok(context: GuardContext) -> bool:
+    if context.key == "bad":
+        raise RuntimeError("this guard cannot decide about 'bad'")
+    return True
+
+
+def _journal(engine: Engine, key: str) -> list[tuple[str, str | None, str]]:
+    return [(e.kind, e.source, e.dest) for e in engine.history(key)]
+
+
+def test_step_many_writes_each_resource_as_step_does(store: Store) -> None:
+    engine = Engine(store, [FLIP], guards={"ok": _ok})
+    for key in ("k0", "k1", "k2", "k3", "k4"):
+        engine.create("t", key)
+    results = engine.step_many([f"t:k{i}" for i in range(5)], batch=2)
+    assert [(r.key, r.source, r.dest, r.version) for r in results
+            if isinstance(r, FireResult)] == [(f"k{i}", "a", "b", 2) for i in range(5)]
+    single = engine.step("t:k0")
+    assert (single.source, single.dest, single.version) == ("b", "a", 3)
+    assert _journal(engine, "t:k0") == [("create", None, "a"), ("transition", "a", "b"),
+                                        ("transition", "b", "a")]
+    assert _journal(engine, "t:k4") == [("create", None, "a"), ("transition", "a", "b")]
+
+
+def test_an_error_on_one_resource_loses_none_of_the_others(store: Store) -> None:
+    engine = Engine(store, [FLIP], guards={"ok": _ok})
+    for key in ("k0", "bad", "k1"):
+        engine.create("t", key)
+    results = engine.step_many(["t:k0", "t:bad", "t:nope", "k1"])
+    assert isinstance(results[1], GuardError)
+    assert isinstance(results[2], UnknownResource)
+    assert [engine.get(k).state for k in ("k0", "bad", "k1")] == ["b", "a", "b"]
+    assert _journal(engine, "t:bad") == [("create", None, "a")]
+    observed = engine.observe_many([("t:k0", {"up": True}), ("t:bad", {"x": float("nan")}),
+                                    ("t:nope", {}), ("t:k1", {"up": False})])
+    assert isinstance(observed[0], Observation) and isinstance(observed[3], Observation)
+    assert isinstance(observed[1], InvalidData) and isinstance(observed[2], UnknownResource)
+    assert engine.get("k1").observation.status == {"up": False}  # type: ignore[union-attr]
+    assert engine.observations("t:bad") == []
+
+
+def test_a_conflict_within_the_batch_is_decided_again_or_reported(store: Store) -> None:
+    """The same resource twice in one batch: the second read is the batch's, made before the
+    first wrote; its compare-and-swap fails, and the others are committed."""
+    engine = Engine(store, [FLIP], guards={"ok": _ok})
+    for key in ("k0", "k1"):
+        engine.create("t", key)
+    results = engine.step_many(["t:k0", "t:k1", "t:k0"], retry_conflicts=False)
+    assert isinstance(results[2], ConcurrencyError)
+    assert [(r.source, r.dest) for r in results[:2]] == [("a", "b"), ("a", "b")]  # type: ignore[union-attr]
+    assert engine.get("k0").version == 2 and engine.get("k1").version == 2
+    results = engine.step_many(["t:k0", "t:k1", "t:k0"])
+    assert [(r.source, r.dest) for r in results] == [  # type: ignore[union-attr]
+        ("b", "a"), ("b", "a"), ("a", "b")]
+    assert len(engine.history("t:k0")) == 4
+
+
+def test_another_writer_between_read_and_write_loses_none_of_the_others(
+        postgres_url: str) -> None:
+    """On PostgreSQL another process may commit a change of a resource after the batch read
+    it and before its compare-and-swap: that one is reported (or decided again on what the
+    other wrote), the others are committed with their own journal rows."""
+    store, other_store = Store(postgres_url, upgrade=True), Store(postgres_url)
+    try:
+        interfered: list[str] = []
+
+        def ok(context: GuardContext) -> bool:
+            if context.key == "k1" and not interfered:
+                interfered.append(context.key)  # another writer, another connection, now
+                other.update("t:k1", {"by": "other"})
+            return True
+
+        engine = Engine(store, [FLIP], guards={"ok": ok})
+        other = Engine(other_store, [FLIP], guards={"ok": ok})
+        for key in ("k0", "k1", "k2"):
+            engine.create("t", key)
+        results = engine.step_many(["t:k0", "t:k1", "t:k2"], retry_conflicts=False)
+        assert interfered == ["k1"]
+        assert isinstance(results[1], ConcurrencyError)
+        assert [engine.get(k).state for k in ("k0", "k1", "k2")] == ["b", "a", "b"]
+        assert _journal(engine, "t:k1") == [("create", None, "a"), ("update", "a", "a")]
+        interfered.clear()
+        results = engine.step_many(["t:k1", "t:k2"])  # decided again on what was written
+        assert interfered == ["k1"]
+        assert [(r.source, r.dest) for r in results] == [  # type: ignore[union-attr]
+            ("a", "b"), ("b", "a")]
+        assert engine.get("k1").data == {"by": "other"}
+    finally:
+        store.dispose()
+        other_store.dispose()
+
+
+def _drones(store: Store, world: World, *, probes: bool) -> tuple[Engine, SimulatedClock]:
+    clock = SimulatedClock("2026-01-01T00:00:00Z")
+    guards, effects, site_probes = drone.BUILTIN.simulation(world)
+    engine = Engine(store, [drone.SPEC], guards=guards, effects=effects,
+                    probes=site_probes if probes else {}, clock=clock, strict=probes)
+    for i in range(4):
+        engine.create("drone", f"d{i}", state="booting", data={"remote_id": f"job-{i}"})
+    return engine, clock
+
+
+@pytest.mark.parametrize("probes", [False, True])
+def test_freshness_holds_per_resource_in_a_batch(store: Store, probes: bool) -> None:
+    """A risky edge (booting -> cleanup on Stopped) fires for the drones whose observation is
+    fresh and is refused, journaled, for the one whose observation predates its last
+    transition, unless a probe answers afresh; the others are not held back."""
+    world = World()
+    engine, clock = _drones(store, world, probes=probes)
+    created = clock.now()
+    clock.advance(10)
+    world.status.update({f"d{i}": {"resource_status": "Stopped"} for i in range(4)})
+    stopped = {"resource_status": "Stopped"}
+    observed = engine.observe_many([("drone:d0", stopped), ("drone:d2", stopped)])
+    assert all(isinstance(o, Observation) for o in observed)
+    engine.observe("drone:d1", stopped, created - dt.timedelta(seconds=5))  # too old
+    results = engine.step_many([f"drone:d{i}" for i in range(3)], on_stale="return")
+    assert all(isinstance(r, FireResult) for r in results)
+    assert [(r.fired, r.dest, r.error) for r in results] == [  # type: ignore[union-attr]
+        (True, "cleanup", None),
+        (True, "cleanup", None) if probes else (False, None, "StaleObservation"),
+        (True, "cleanup", None)]
+    assert results[1].probed is probes  # type: ignore[union-attr]
+    kinds = [e.kind for e in engine.history("drone:d1")]
+    assert kinds == (["adopt", "transition"] if probes else ["adopt", "refusal"])
+    if not probes:
+        [raised] = engine.step_many(["drone:d1"], on_stale="raise")
+        assert isinstance(raised, StaleObservation)
+
+
+def test_probes_of_a_batch_are_asked_at_once(store: Store) -> None:
+    """Every drone of the batch needs a probe: they are asked concurrently (all of them
+    are in the probe at one moment), and each drone is decided on its own answer."""
+    world = World()
+    engine, clock = _drones(store, world, probes=True)
+    world.status.update({f"d{i}": {"resource_status": "Stopped"} for i in range(4)})
+    created = clock.now()
+    clock.advance(10)
+    engine.observe_many([(f"drone:d{i}", {"resource_status": "Stopped"}) for i in range(4)],
+                        created - dt.timedelta(seconds=5))  # held, but older than the drones
+    inside = threading.Barrier(4, timeout=30)
+    asked = engine.probes["site"]
+
+    def probe(request: ProbeRequest) -> Any:
+        inside.wait()  # four at once, or the barrier breaks
+        return asked(request)
+
+    engine.probes["site"] = probe
+    results = engine.step_many([f"drone:d{i}" for i in range(4)], probes=4)
+    assert [(r.dest, r.probed) for r in results] == [  # type: ignore[union-attr]
+        ("cleanup", True)] * 4
+
+
+def test_reconcile_with_a_site_and_pool_asked_at_once(store: Store) -> None:
+    world = World()
+    engine, clock = _drones(store, world, probes=True)
+    world.status.update({"d0": {"resource_status": "Running"},
+                         "d1": {"resource_status": "Booting"},
+                         "d2": {"resource_status": "Deleted"}})  # d3: unknown -> Deleted
+    clock.advance(10)
+    both = threading.Barrier(2, timeout=30)
+
+    class Site(ScenarioSite):
+        def status(self, drones: Any) -> dict[str, str]:
+            both.wait()
+            return super().status(drones)
+
+    class Pool(ScenarioBatch):
+        def machine_status(self, drones: Any) -> dict[str, str]:
+            both.wait()
+            return super().machine_status(drones)
+
+    report = drone.reconcile(engine, Site(world), Pool(world))
+    assert report == {"drones": 4, "moved": {"booting -> integrate": 1, "booting -> down": 2},
+                      "refused": 0, "errors": 0, "site_error": None}
+
+
+def test_batch_arguments_are_checked(store: Store) -> None:
+    engine = Engine(store, [FLIP], guards={"ok": _ok})
+    with pytest.raises(ValueError, match="at least 1"):
+        engine.step_many(["t:x"], batch=0)
+    engine.create("t", "x")
+    [refused] = engine.step_many(["t:x"], actor="\x00")
+    assert isinstance(refused, LifecycleError) and engine.get("x").version == 1

@@ -1,0 +1,204 @@
+"""A nested machine decides from tables learnt from ``transitions``' HierarchicalMachine
+(``CompiledMachine``); these tests ask both, the tables and the hierarchical machine's own
+trigger path, the same questions, and require the same answers: whether it fired, to which
+leaf, by which edge, which guards were asked in which order with which verdicts, and which
+risky edges were held back by their freshness rule. On the built-in nested machines and on
+generated nested machines (parents' edges inherited by children, ``*`` sources, initial
+children entered, eventless edges, unless guards, risky edges).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lifecycle import MachineSpec
+from lifecycle.compiled import CompiledMachine, GuardContext, hierarchical
+from lifecycle.machines import builtins
+from lifecycle.records import Observation
+from lifecycle.spec import EVENTLESS
+
+SETTINGS = settings(max_examples=25, deadline=None, database=None, derandomize=True,
+                    suppress_health_check=[HealthCheck.too_slow])
+NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+OBSERVATIONS = {
+    "none": None,
+    "fresh": Observation(1, {"s": 1}, NOW, NOW, "test"),
+    "old": Observation(2, {"s": 1}, NOW - dt.timedelta(days=1), NOW, "test"),
+}
+
+
+class Verdicts:
+    """Guards that answer from a table (default False) and record the order they were
+    asked in."""
+
+    def __init__(self, names: set[str], verdicts: dict[str, bool]) -> None:
+        self.verdicts = verdicts
+        self.asked: list[str] = []
+        self.guards = {name: self._guard(name) for name in names}
+
+    def _guard(self, name: str) -> Any:
+        def guard(context: GuardContext) -> bool:
+            self.asked.append(name)
+            return self.verdicts.get(name, False)
+        return guard
+
+
+def _context(spec: MachineSpec, leaf: str, observed: str) -> GuardContext:
+    return GuardContext(spec.name, "k", leaf, 3, {}, {}, NOW, OBSERVATIONS[observed],
+                        NOW - dt.timedelta(hours=1))
+
+
+def _compare(spec: MachineSpec, verdicts: dict[str, bool], observed: str) -> int:
+    """Ask every leaf and every trigger of ``spec`` through both paths; how many fired."""
+    tables, reference = Verdicts(spec.guard_names(), verdicts), Verdicts(
+        spec.guard_names(), verdicts)
+    compiled = CompiledMachine(spec, tables.guards)
+    machine = hierarchical(spec, reference.guards)
+
+    class Model:
+        state: str
+
+    model = Model()
+    machine.add_model(model, initial=spec.graph.enter(spec.initial))
+    fired = 0
+    for leaf in spec.graph.leaves:
+        for trigger in [*sorted(spec.triggers), EVENTLESS]:
+            if not compiled.candidates(leaf, trigger):
+                continue  # decide() answers these without any machine
+            tables.asked.clear()
+            reference.asked.clear()
+            ours = _context(spec, leaf, observed)
+            decision = compiled.decide(leaf, trigger, ours)
+            theirs = _context(spec, leaf, observed)
+            machine.set_state(leaf, model)
+            took = model.trigger(trigger, ctx=theirs)  # type: ignore[attr-defined]
+            where = f"{spec.name}: {trigger!r} from {leaf!r} with {verdicts}, {observed}"
+            assert decision.fired == took, where
+            assert tables.asked == reference.asked, where
+            assert ours.guards == theirs.guards, where
+            assert [(id(e), p) for e, p in ours.stale] == [
+                (id(e), p) for e, p in theirs.stale], where
+            if took:
+                fired += 1
+                assert decision.edge is theirs.edge, where
+                assert decision.dest == model.state, where
+            else:
+                assert decision.reason, where
+    return fired
+
+
+NESTED = sorted(name for name, builtin in builtins().items()
+                if any(state.states for state in builtin.spec.states))
+
+
+def test_there_are_nested_builtins() -> None:
+    assert "batch_job" in NESTED
+
+
+@pytest.mark.parametrize("name", NESTED)
+@pytest.mark.parametrize("observed", sorted(OBSERVATIONS))
+@pytest.mark.parametrize("everything", [False, True])
+def test_builtin_nested_tables_match_the_hierarchical_machine(
+        name: str, observed: str, everything: bool) -> None:
+    spec = builtins()[name].spec
+    _compare(spec, dict.fromkeys(spec.guard_names(), everything), observed)
+
+
+@pytest.mark.parametrize("name", NESTED)
+@given(data=st.data())
+@SETTINGS
+def test_builtin_nested_tables_match_on_any_verdicts(name: str, data: st.DataObject) -> None:
+    spec = builtins()[name].spec
+    names = sorted(spec.guard_names())
+    verdicts = data.draw(st.fixed_dictionaries({n: st.booleans() for n in names}))
+    _compare(spec, verdicts, data.draw(st.sampled_from(sorted(OBSERVATIONS))))
+
+
+# -- generated nested machines ----------------------------------------------------------------
+
+GUARDS = ["g1", "g2", "g3"]
+TRIGGERS = ["go", "stop"]
+
+
+@st.composite
+def trees(draw: st.DrawFn, depth: int = 0, prefix: str = "") -> list[Any]:
+    count = draw(st.integers(1, 3))
+    out: list[Any] = []
+    for i in range(count):
+        name = f"{'abc'[depth]}{i}"
+        if depth < 2 and draw(st.booleans()):
+            children = draw(trees(depth + 1, f"{prefix}{name}."))
+            initial = draw(st.sampled_from([c if isinstance(c, str) else c["name"]
+                                            for c in children]))
+            out.append({"name": name, "states": children, "initial": initial})
+        else:
+            out.append(name)
+    return out
+
+
+def _names(states: list[Any], prefix: str = "") -> list[str]:
+    out = []
+    for state in states:
+        name = state if isinstance(state, str) else state["name"]
+        out.append(prefix + name)
+        if not isinstance(state, str):
+            out += _names(state["states"], f"{prefix}{name}.")
+    return out
+
+
+@st.composite
+def nested_specs(draw: st.DrawFn) -> MachineSpec:
+    states = draw(trees())
+    if all(isinstance(s, str) for s in states):
+        states.append({"name": "p", "states": ["x", "y"], "initial": "x"})
+    names = _names(states)
+    sources = st.sampled_from([*names, "*"])
+
+    def edge() -> dict[str, Any]:
+        source = draw(sources | st.lists(st.sampled_from(names), min_size=1, max_size=3,
+                                         unique=True))
+        out: dict[str, Any] = {
+            "source": source, "dest": draw(st.sampled_from(names)),
+            "guards": draw(st.lists(st.sampled_from(GUARDS), max_size=2, unique=True)),
+            "unless": draw(st.lists(st.sampled_from(GUARDS), max_size=1)),
+        }
+        if draw(st.integers(0, 3)) == 0:
+            out["fresh"] = {"max_age": 60}
+        return out
+
+    transitions = [{"trigger": draw(st.sampled_from(TRIGGERS)), **edge()}
+                   for _ in range(draw(st.integers(1, 8)))]
+    eventless = [edge() for _ in range(draw(st.integers(0, 4)))]
+    first = states[0] if isinstance(states[0], str) else states[0]["name"]
+    return MachineSpec.model_validate({"name": "generated", "states": states,
+                                       "initial": first, "transitions": transitions,
+                                       "eventless": eventless})
+
+
+@given(spec=nested_specs(), verdicts=st.fixed_dictionaries({g: st.booleans() for g in GUARDS}),
+       observed=st.sampled_from(sorted(OBSERVATIONS)))
+@settings(SETTINGS, max_examples=150)
+def test_generated_nested_tables_match_the_hierarchical_machine(
+        spec: MachineSpec, verdicts: dict[str, bool], observed: str) -> None:
+    _compare(spec, verdicts, observed)
+
+
+def test_a_parent_edge_is_inherited_and_the_initial_child_entered() -> None:
+    spec = MachineSpec.model_validate({
+        "name": "m", "initial": "a",
+        "states": [{"name": "a", "initial": "x", "states": ["x", "y"]},
+                   {"name": "b", "initial": "p", "states": ["q", "p"]}],
+        "transitions": [{"trigger": "go", "source": "a", "dest": "b"},
+                        {"trigger": "go", "source": "a.y", "dest": "a.x", "guards": ["g1"]}],
+    })
+    assert _compare(spec, {"g1": False}, "none") == 2  # from a.x and a.y, by the parent's
+    compiled = CompiledMachine(spec, Verdicts({"g1"}, {"g1": True}).guards)
+    decision = compiled.decide("a.y", "go", _context(spec, "a.y", "none"))
+    assert (decision.dest, decision.edge) == ("a.x", spec.transitions[1])
+    decision = compiled.decide("a.x", "go", _context(spec, "a.x", "none"))
+    assert (decision.dest, decision.edge) == ("b.p", spec.transitions[0])
