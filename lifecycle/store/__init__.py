@@ -344,8 +344,16 @@ class Statements:
                 where.append(tuple_(r.machine, r.key) > tuple_(
                     bindparam("after_machine"), bindparam("after_key")))
             limit = ":limit" if self.dialect.name == "sqlite" else "%(limit)s"
-            self._pages[shape] = self._sql(self.shown.where(*where).order_by(
-                r.machine, r.key)) + f" LIMIT {limit}"
+            # the page's ids first, then their rows and observations: the planner then
+            # walks the index for ``limit`` entries (asked all at once, PostgreSQL misjudges
+            # a row comparison's rows and joins and sorts half the table)
+            ids = self._sql(select(r.id).where(*where).order_by(r.machine, r.key))
+            shown = self._sql(self.shown.order_by(r.machine, r.key))
+            table = self._sql(select(r.id)).split("FROM ", 1)[1].strip()
+            assert shown.count(f"FROM {table} ") == 1, shown
+            self._pages[shape] = shown.replace(
+                f"FROM {table} ",
+                f"FROM ({ids} LIMIT {limit}) AS page JOIN {table} ON {table}.id = page.id ")
         return self._pages[shape]
 
     def _bulk(self) -> None:
