@@ -290,3 +290,22 @@ def test_lifecycle_list_a_page_at_a_time(engine: Engine, db_url: str) -> None:
     assert run("list", "--all", "--limit", "1").rstrip().endswith("\n5 resources")
     refused = runner.invoke(main, ["list", "--after", "t1", "--db", db_url])
     assert refused.exit_code == 1 and "MACHINE:KEY" in refused.output
+
+
+def test_a_write_after_a_read_is_still_one_transaction(engine: Engine) -> None:
+    """A read switches nothing for the writes after it on the same connection: a fire whose
+    hook fails after the transition was written leaves nothing behind."""
+    engine.create("toggle", "t")
+    engine.get("t")
+    engine.resources(limit=5)
+    engine.counts()
+
+    class Fails(Within):
+        def after(self, cursor: Any, result: FireResult) -> None:
+            raise RuntimeError("the caller's own write failed")
+
+    with pytest.raises(RuntimeError):
+        engine.fire("t", "flip", within=Fails())
+    assert engine.get("t").state == "off" and engine.get("t").version == 1
+    assert [e.kind for e in engine.history("t")] == ["create"]
+    assert engine.counts() == {"toggle": {"off": 1}}
