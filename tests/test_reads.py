@@ -309,3 +309,26 @@ def test_a_write_after_a_read_is_still_one_transaction(engine: Engine) -> None:
     assert engine.get("t").state == "off" and engine.get("t").version == 1
     assert [e.kind for e in engine.history("t")] == ["create"]
     assert engine.counts() == {"toggle": {"off": 1}}
+
+
+def test_threads_that_only_read_hold_no_connection(engine: Engine) -> None:
+    """More threads than the pool has connections read at once and wait for each other
+    while alive: each borrowed its connection for the read alone (had it kept one, as a
+    writing thread does, the sixteenth would wait for the pool)."""
+    engine.create("toggle", "t")
+    threads, states, problems = 20, [], []
+    everyone_read = threading.Barrier(threads, timeout=120)
+
+    def read() -> None:
+        try:
+            states.append(engine.get("t").state)
+            everyone_read.wait()
+        except BaseException as exc:  # reported below
+            problems.append(exc)
+
+    started = [threading.Thread(target=read) for _ in range(threads)]
+    for thread in started:
+        thread.start()
+    for thread in started:
+        thread.join()
+    assert problems == [] and states == ["off"] * threads
