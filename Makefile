@@ -23,6 +23,8 @@ $(RUNTIME): $(BIN)/python pyproject.toml
 
 $(STAMP): $(RUNTIME)
 	$(BIN)/python -m pip install --quiet -e '.[test]'
+	# TARDIS's adapters (its pydantic<2 pin is for its REST service, which is not used)
+	$(BIN)/python -m pip install --quiet --no-deps 'cobald-tardis>=0.8'
 	touch $(STAMP)
 
 $(VENV)/.bench-installed: $(STAMP)

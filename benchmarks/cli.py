@@ -27,7 +27,9 @@ from rich.table import Table
 from rich.text import Text
 
 from . import (
+    aio,
     backlog,
+    dashboard,
     effects,
     fleet,
     in_memory,
@@ -50,6 +52,9 @@ GROUPS: dict[str, list[Case]] = {
     "backlog": [*backlog.CASES["sqlite"], *backlog.CASES["postgresql"]],
     "fleet": [*fleet.CASES["sqlite"], *fleet.CASES["postgresql"]],
     "startup": startup.CASES,
+    "aio": aio.CASES,
+    "drones": aio.DRONES_GROUP,
+    "dashboard": [*dashboard.CASES["sqlite"], *dashboard.CASES["postgresql"]],
 }
 CASES: dict[str, Case] = {case.id: case for cases in GROUPS.values() for case in cases}
 
@@ -59,7 +64,8 @@ class Goal:
     limit: float
     strict: bool = False  # "<" instead of "<="
     unit: str = "x"
-    """``x``: a ratio to the reference; ``ms``: milliseconds per operation (no reference)."""
+    """``x``: a ratio to the reference; ``ms``: the subject's own milliseconds per operation
+    (a reference, if any, is shown beside it)."""
 
     def met(self, ratio: float) -> bool:
         return ratio < self.limit if self.strict else ratio <= self.limit
@@ -137,6 +143,22 @@ SECTIONS: list[tuple[str, list[Comparison]]] = [
         Comparison("startup.show", "startup.pass", None),
         Comparison("startup.show", None, Goal(150, strict=True, unit="ms")),
     ]),
+    *[(f"8 · AsyncEngine.fire against Engine.fire: {title}", [
+        Comparison(f"aio.{db}.inline", f"aio.{db}.sync", Goal(1.2)),
+        Comparison(f"aio.{db}.threads", f"aio.{db}.sync", None),
+    ]) for db, title in (("sqlite", "SQLite file"), ("pg", "PostgreSQL"))],
+    ("9 · N drones whose risky edge awaits a slow probe (SQLite): wall time", [
+        Comparison("aio.drones.async", "aio.drones.one", Goal(1.5)),
+        Comparison("aio.drones.sync", "aio.drones.one", None),
+        Comparison("aio.drones.async", "aio.drones.sync", None),
+        Comparison("aio.drones.async", "aio.drones.instant", None),
+    ]),
+    *[(f"10 · the dashboard, {title}: µs per request with {dashboard.LARGE:,} resources and "
+       f"{dashboard.LARGE * dashboard.JOURNAL_ROWS:,} journal rows, vs {dashboard.SMALL:,}", [
+        Comparison(f"dashboard.{db}.{page}.{dashboard.LARGE}",
+                   f"dashboard.{db}.{page}.{dashboard.SMALL}", Goal(budget, unit="ms"))
+        for page, (_label, _path, budget) in dashboard.PAGES.items()
+    ]) for db, title in (("sqlite", "SQLite"), ("postgresql", "PostgreSQL"))],
 ]
 
 PACKAGES = ["lifecycle-fsm", "transitions", "SQLAlchemy", "psycopg", "django", "django-fsm-2",
@@ -303,6 +325,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         with err.status("benchmarking") as status:
             for group, cases in groups.items():
                 runnable = [c for c in cases if c.id not in skipped]
+                if group == "drones":
+                    results.update(aio.run_drones(workspace, args.quick,
+                                                  lambda message: status.update(message)))
+                    continue
                 if group == "effects":
                     measured, summary = effects.run_group(
                         runnable, workspace, settings, lambda message: status.update(message),
@@ -325,7 +351,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      summary), "verify": verify_figures}, indent=2))
     else:
         console = Console() if sys.stdout.isatty() else Console(width=130)
-        console.print(_table(results, skipped, settings, environment, elapsed, summary))
+        console.print(_table(results, skipped, settings, environment, elapsed, summary,
+                             quick=args.quick))
         if verify_figures:
             console.print(_verify_table(verify_figures))
     return 0
@@ -374,6 +401,15 @@ def _comparisons(results: dict[str, Measurement], skipped: dict[str, str]
     return out
 
 
+def _met(c: Comparison, ratio: float | None, results: dict[str, Measurement]) -> bool | None:
+    """Whether the goal was met; None when there is no goal or nothing to judge."""
+    if c.goal is not None and c.goal.unit == "ms":
+        return c.goal.met(results[c.subject].median / 1000) if c.subject in results else None
+    if ratio is None or c.goal is None:
+        return None
+    return c.goal.met(ratio)
+
+
 def _cell(results: dict[str, Measurement], skipped: dict[str, str], case_id: str) -> Text:
     if case_id in results:
         m = results[case_id]
@@ -389,7 +425,7 @@ def _cpu_cell(results: dict[str, Measurement], case_id: str) -> Text:
 
 def _table(results: dict[str, Measurement], skipped: dict[str, str], settings: Settings,
            environment: dict[str, str], elapsed: float,
-           summary: effects.Summary | None = None) -> Table:
+           summary: effects.Summary | None = None, *, quick: bool = False) -> Table:
     table = Table(title="lifecycle benchmarks: µs per operation (median of rounds)",
                   title_justify="left", caption_justify="left")
     table.add_column("lifecycle")
@@ -408,13 +444,13 @@ def _table(results: dict[str, Measurement], skipped: dict[str, str], settings: S
             section = title
         shown = "" if ratio is None else (
             f"{ratio:,.1f} ms" if c.reference is None else f"{ratio:.2f}x")
-        if ratio is None:
-            ratio_cell, met = Text("—", style="dim"), Text("—", style="dim")
-        elif c.goal is None:
-            ratio_cell, met = Text(shown), Text("—", style="dim")
+        ok = _met(c, ratio, results)
+        judged = c.goal is not None and (c.goal.unit == "x" or c.reference is None)
+        ratio_cell = Text("—", style="dim") if ratio is None else Text(
+            shown, style=("green" if ok else "red") if judged and ok is not None else "")
+        if ok is None:
+            met = Text("—", style="dim")
         else:
-            ok = c.goal.met(ratio)
-            ratio_cell = Text(shown, style="green" if ok else "red")
             met = Text("✓", style="green") if ok else Text("✗ missed", style="bold red")
         table.add_row(
             "  " + CASES[c.subject].label.removeprefix("lifecycle ")
@@ -434,7 +470,8 @@ def _table(results: dict[str, Measurement], skipped: dict[str, str], settings: S
                      "Was the machine busy? Per-round ratios absorb some of it; rerun on a "
                      "quiet machine for firm numbers.")
     counts = sorted({m.ops_per_round for m in results.values()
-                     if m.case.id not in effects.SPECS}) or [0]
+                     if m.case.id not in effects.SPECS and m.case.id not in aio.DRONE_CASES}
+                    ) or [0]
     span = f"{counts[0]:,}" if len(counts) == 1 else f"{counts[0]:,} to {counts[-1]:,}"
     ops = (f"{settings.ops:,} ops per round" if settings.ops else
            f"~{settings.round_seconds:g} s per case and round ({span} ops, calibrated in "
@@ -446,6 +483,7 @@ def _table(results: dict[str, Measurement], skipped: dict[str, str], settings: S
         + (f"µs/op: median of {settings.rounds} interleaved rounds, {ops}; " if timed else "")
         + f"± is half the range of the rounds. Whole run {elapsed:.1f} s.",
         *([_effects_note(summary, results)] if summary and summary.throughput else []),
+        *([drones] if (drones := aio.note(results, quick)) else []),
         f"{environment['machine']}; {versions}",
         *notes,
     ]))
@@ -499,7 +537,8 @@ def _to_json(results: dict[str, Measurement], skipped: dict[str, str], settings:
              "goal": str(c.goal) if c.goal else None,
              "goal_limit": c.goal.limit if c.goal else None,
              "goal_strict": c.goal.strict if c.goal else None,
-             "met": None if ratio is None or c.goal is None else c.goal.met(ratio)}
+             "goal_unit": c.goal.unit if c.goal else None,
+             "met": _met(c, ratio, results)}
             for title, c, ratio in _comparisons(results, skipped)
         ],
         "effects": summary.to_json() if summary and summary.throughput else None,

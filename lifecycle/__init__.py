@@ -14,6 +14,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .aio import AsyncEngine, AsyncWorker
     from .clock import Clock, SimulatedClock, SystemClock
     from .compiled import GuardContext
     from .effects import Effect, EffectCall, FollowUp, Handler, Retry
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
         UnknownState,
         UnknownTrigger,
     )
-    from .fresh import Probe, ProbeRequest
+    from .fresh import Probe, ProbeCall, ProbeRequest
     from .outbox import (
         EffectRecord,
         TimerRecord,
@@ -73,6 +74,8 @@ if TYPE_CHECKING:
 
 _WHERE: dict[str, str] = {
     "AmbiguousKey": "errors",
+    "AsyncEngine": "aio",
+    "AsyncWorker": "aio",
     "Clock": "clock",
     "ConcurrencyError": "errors",
     "DatabaseError": "errors",
@@ -102,6 +105,7 @@ _WHERE: dict[str, str] = {
     "OnStale": "engine",
     "PermanentError": "errors",
     "Probe": "fresh",
+    "ProbeCall": "fresh",
     "ProbeFailed": "errors",
     "ProbeRequest": "fresh",
     "Problem": "errors",
@@ -159,6 +163,8 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "AmbiguousKey",
+    "AsyncEngine",
+    "AsyncWorker",
     "Clock",
     "ConcurrencyError",
     "DatabaseError",
@@ -188,6 +194,7 @@ __all__ = [
     "OnStale",
     "PermanentError",
     "Probe",
+    "ProbeCall",
     "ProbeFailed",
     "ProbeRequest",
     "Problem",

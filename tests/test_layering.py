@@ -22,11 +22,12 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("pieces", ("fresh", "compiled", "effects", "files", "registry", "queries", "verify",
                 "processes")),
     ("engine", ("engine",)),
-    ("tools", ("worker", "outbox", "scenario", "render")),
+    ("tools", ("worker", "aio", "outbox", "scenario", "render")),
     ("api", ("__init__",)),
     ("adapters", ("adapters.*",)),
     ("machines", ("machines.*",)),
     ("simulations", ("sim.*", "demo")),
+    ("dashboard", ("dashboard", "dashboard.*")),
     ("cli", ("cli", "cli.*", "__main__")),
 ]
 CORE = {"foundation", "spec", "store", "pieces", "engine", "tools"}
