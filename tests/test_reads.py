@@ -3,6 +3,7 @@ on the raw path, ``verify`` streamed, and ``lifecycle list`` a page at a time.""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from typing import Any
@@ -11,7 +12,15 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import func, select, text
 
-from lifecycle import Engine, LifecycleError, SimulatedClock, Store, Within, queries
+from lifecycle import (
+    AsyncEngine,
+    Engine,
+    LifecycleError,
+    SimulatedClock,
+    Store,
+    Within,
+    queries,
+)
 from lifecycle import verify as verify_module
 from lifecycle.cli import main
 from lifecycle.records import FireResult
@@ -332,3 +341,16 @@ def test_threads_that_only_read_hold_no_connection(engine: Engine) -> None:
     for thread in started:
         thread.join()
     assert problems == [] and states == ["off"] * threads
+
+
+def test_the_async_engine_reads_pages_too(store: Store) -> None:
+    async def main() -> tuple[list[str], list[str]]:
+        async with AsyncEngine(store, [TOGGLE]) as engine:
+            for key in ("a", "b", "c"):
+                await engine.create("toggle", key)
+            page = await engine.resources("toggle", limit=2, after="toggle:a")
+            every = [r async for r in engine.iter_resources(page=2)]
+            return _keys(page), _keys(every)
+
+    assert asyncio.run(main()) == (["toggle:b", "toggle:c"],
+                                   ["toggle:a", "toggle:b", "toggle:c"])
