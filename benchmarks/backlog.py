@@ -129,6 +129,9 @@ def _effect(db: str, size: int) -> Case:
     def open_(workspace: Workspace) -> Iterator[Bench]:
         with _outbox(workspace, db, size) as (_store, engine):
             worker = Worker(engine, batch=1)
+            # a claim held throughout, as a busy worker holds some: its heartbeat thread
+            # (and that thread's connection) lives on instead of starting with each effect
+            anchor = worker._claim(1)
 
             def op() -> None:
                 claimed = worker._claim(1)
@@ -140,7 +143,10 @@ def _effect(db: str, size: int) -> Case:
                 if not engine.fire(f"{MACHINE}:{call.key}", "tick"):
                     raise BenchError(f"{call.key}: tick did not fire")
 
-            yield Bench(op)
+            try:
+                yield Bench(op)
+            finally:
+                worker._give_back(anchor)
 
     return Case(f"backlog.{db}.effect.{size}", f"Worker, one effect, {size:,} pending",
                 open_, needs="postgres" if db == "postgresql" else None)

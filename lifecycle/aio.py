@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import signal
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal, ParamSpec, TypeVar
 
@@ -188,9 +188,25 @@ class AsyncEngine:
     async def available_triggers(self, key: str) -> list[str]:
         return await self._db(self.engine.available_triggers, key)
 
-    async def resources(self, machine: str | None = None,
-                        state: str | None = None) -> list[Resource]:
-        return await self._db(self.engine.resources, machine, state)
+    async def resources(self, machine: str | None = None, state: str | None = None, *,
+                        limit: int | None = None, after: str | None = None) -> list[Resource]:
+        return await self._db(self.engine.resources, machine, state, limit=limit,
+                              after=after)
+
+    async def iter_resources(self, machine: str | None = None, state: str | None = None, *,
+                             after: str | None = None,
+                             page: int = 1000) -> AsyncIterator[Resource]:
+        """Every resource, a page at a time, as :meth:`Engine.iter_resources` (each page
+        read off the event loop)."""
+        if isinstance(page, bool) or not isinstance(page, int) or page < 1:
+            raise LifecycleError(f"invalid page {page!r}: a whole number, 1 or more")
+        while True:
+            found = await self.resources(machine, state, limit=page, after=after)
+            for resource in found:
+                yield resource
+            if len(found) < page:
+                return
+            after = f"{found[-1].machine}:{found[-1].key}"
 
     async def counts(self, machine: str | None = None) -> dict[str, dict[str, int]]:
         return await self._db(self.engine.counts, machine)

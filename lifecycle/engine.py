@@ -954,8 +954,8 @@ class Engine:
 
     def get(self, key: str) -> Resource:
         """The resource as it is now, with its newest observation (one statement on the
-        thread's held connection, as a fire reads it)."""
-        return queries.get(self.store, _looked_up(key))
+        thread's held connection, as a fire reads it; the key is checked there)."""
+        return queries.get(self.store, key)
 
     def available_triggers(self, key: str) -> list[str]:
         """The triggers that have a transition from the resource's current state (guards,

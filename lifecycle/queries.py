@@ -156,7 +156,7 @@ def page(store: Store, machine: str | None, state: str | None, limit: int,
         params["after_machine"], params["after_key"] = after
     statement = store.sql.page(machine is not None, state is not None, after is not None)
     with store.reading() as cursor:
-        cursor.execute(statement, params)
+        cursor.execute(statement, params, **store.planned_each_time)
         rows = cursor.fetchall()
     return [_shown(store, row) for row in rows]
 
@@ -176,7 +176,7 @@ def counts(store: Store, machine: str | None) -> dict[str, dict[str, int]]:
     if sum(row[3] for row in rows) > len(rows) + FOLD_AFTER:
         fold_counts(store)
     out: dict[str, dict[str, int]] = {}
-    for name, state, count, _rows in rows:
+    for name, state, count, _rows in sorted(rows):
         if count:
             out.setdefault(name, {})[state] = int(count)
     return out

@@ -3,6 +3,7 @@ on the raw path, ``verify`` streamed, and ``lifecycle list`` a page at a time.""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from typing import Any
@@ -11,7 +12,15 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import func, select, text
 
-from lifecycle import Engine, LifecycleError, SimulatedClock, Store, Within, queries
+from lifecycle import (
+    AsyncEngine,
+    Engine,
+    LifecycleError,
+    SimulatedClock,
+    Store,
+    Within,
+    queries,
+)
 from lifecycle import verify as verify_module
 from lifecycle.cli import main
 from lifecycle.records import FireResult
@@ -290,3 +299,58 @@ def test_lifecycle_list_a_page_at_a_time(engine: Engine, db_url: str) -> None:
     assert run("list", "--all", "--limit", "1").rstrip().endswith("\n5 resources")
     refused = runner.invoke(main, ["list", "--after", "t1", "--db", db_url])
     assert refused.exit_code == 1 and "MACHINE:KEY" in refused.output
+
+
+def test_a_write_after_a_read_is_still_one_transaction(engine: Engine) -> None:
+    """A read switches nothing for the writes after it on the same connection: a fire whose
+    hook fails after the transition was written leaves nothing behind."""
+    engine.create("toggle", "t")
+    engine.get("t")
+    engine.resources(limit=5)
+    engine.counts()
+
+    class Fails(Within):
+        def after(self, cursor: Any, result: FireResult) -> None:
+            raise RuntimeError("the caller's own write failed")
+
+    with pytest.raises(RuntimeError):
+        engine.fire("t", "flip", within=Fails())
+    assert engine.get("t").state == "off" and engine.get("t").version == 1
+    assert [e.kind for e in engine.history("t")] == ["create"]
+    assert engine.counts() == {"toggle": {"off": 1}}
+
+
+def test_threads_that_only_read_hold_no_connection(engine: Engine) -> None:
+    """More threads than the pool has connections read at once and wait for each other
+    while alive: each borrowed its connection for the read alone (had it kept one, as a
+    writing thread does, the sixteenth would wait for the pool)."""
+    engine.create("toggle", "t")
+    threads, states, problems = 20, [], []
+    everyone_read = threading.Barrier(threads, timeout=120)
+
+    def read() -> None:
+        try:
+            states.append(engine.get("t").state)
+            everyone_read.wait()
+        except BaseException as exc:  # reported below
+            problems.append(exc)
+
+    started = [threading.Thread(target=read) for _ in range(threads)]
+    for thread in started:
+        thread.start()
+    for thread in started:
+        thread.join()
+    assert problems == [] and states == ["off"] * threads
+
+
+def test_the_async_engine_reads_pages_too(store: Store) -> None:
+    async def main() -> tuple[list[str], list[str]]:
+        async with AsyncEngine(store, [TOGGLE]) as engine:
+            for key in ("a", "b", "c"):
+                await engine.create("toggle", key)
+            page = await engine.resources("toggle", limit=2, after="toggle:a")
+            every = [r async for r in engine.iter_resources(page=2)]
+            return _keys(page), _keys(every)
+
+    assert asyncio.run(main()) == (["toggle:b", "toggle:c"],
+                                   ["toggle:a", "toggle:b", "toggle:c"])

@@ -86,4 +86,5 @@ def test_show_loads_its_machine_alone_and_no_alembic(sqlite_url: str) -> None:
     assert not {m for m in modules if m.startswith("alembic")}
     assert "lifecycle.machines.batch_job" in modules
     assert not {"lifecycle.machines.startd", "lifecycle.machines.job_exit",
-                "lifecycle.machines.drone", "lifecycle.cli.sim"} & modules
+                "lifecycle.machines.drone", "lifecycle.cli.sim", "lifecycle.worker",
+                "lifecycle.scenario"} & modules

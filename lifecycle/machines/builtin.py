@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..compiled import GuardContext
-from ..scenario import Simulated
 from ..spec import MachineSpec
+
+if TYPE_CHECKING:  # (scenario brings the worker: a command about one resource needs neither)
+    from ..scenario import Simulated
 
 
 @dataclass(frozen=True)

@@ -80,6 +80,12 @@ class Store:
         self._closer = weakref.finalize(self, _close, self._held, self.engine)
         self.dialect: str = self.engine.dialect.name
         self.sql = Statements(self.engine.dialect)
+        self.planned_each_time: dict[str, Any] = (
+            {"prepare": False} if self.dialect == "postgresql" else {})
+        """Keyword arguments of ``cursor.execute`` for a statement PostgreSQL must plan for
+        its parameters each time: psycopg prepares a statement run often, and the generic
+        plan of a page (``LIMIT`` and the keyset's bounds unknown) scans and sorts the
+        whole table."""
         dbapi: Any = self.engine.dialect.dbapi
         self.integrity_error: type[Exception] = dbapi.IntegrityError
         self._connection_errors: tuple[type[Exception], ...] = (
@@ -161,11 +167,10 @@ class Store:
             raise DatabaseError(f"database {self.display_url}: {exc}") from None
 
     @contextmanager
-    def scanning(self) -> Iterator[tuple[Any, Any]]:
-        """Two raw DBAPI cursors in one read transaction on a connection of the pool: the
-        first for one long result read with ``fetchmany`` (on PostgreSQL a server-side
-        cursor, so millions of rows are never held at once), the second for small reads
-        beside it."""
+    def scanning(self, streams: int = 1) -> Iterator[tuple[list[Any], Any]]:
+        """Raw DBAPI cursors in one read transaction on a connection of the pool: ``streams``
+        for long results read with ``fetchmany`` (on PostgreSQL server-side cursors, so
+        millions of rows are never held at once), and one for small reads beside them."""
         try:
             connection = self.engine.raw_connection()
         except DBAPIError as exc:
@@ -174,11 +179,12 @@ class Store:
         try:
             if self.dialect == "sqlite":
                 dbapi.execute("BEGIN")
-                long, small = dbapi.cursor(), dbapi.cursor()
+                long = [dbapi.cursor() for _ in range(streams)]
             else:
-                long, small = dbapi.cursor(name="lifecycle_scan"), dbapi.cursor()
-                long.itersize = 5000
-            yield long, small
+                long = [dbapi.cursor(name=f"lifecycle_scan_{n}") for n in range(streams)]
+                for cursor in long:
+                    cursor.itersize = 5000
+            yield long, dbapi.cursor()
         except self._connection_errors as exc:
             raise DatabaseError(f"database {self.display_url}: {exc}") from None
         finally:
@@ -308,11 +314,13 @@ class Statements:
     def _verifying(self) -> None:
         """Every resource with its journal, in order; a stored spec."""
         r, j, sql = resources.c, journal.c, self._sql
+        # two streams in the same order, merged by the reader: each row read once, the
+        # resource's columns not repeated on each of its journal rows
+        self.verified_resources = sql(
+            select(r.id, r.machine, r.key, r.state, r.version, r.seq).order_by(r.id))
         self.journals = sql(
-            select(r.id, r.machine, r.key, r.state, r.version, r.seq, j.seq, j.kind, j.trigger,
-                   j.source, j.dest, j.version, j.spec_version)
-            .select_from(resources.outerjoin(journal, j.resource_id == r.id))
-            .order_by(r.id, j.seq))
+            select(j.resource_id, j.seq, j.kind, j.trigger, j.source, j.dest, j.version,
+                   j.spec_version).order_by(j.resource_id, j.seq))
         self.stored_spec = sql(select(specs.c.spec).where(
             specs.c.machine == bindparam("machine"), specs.c.version == bindparam("version")))
 
@@ -336,8 +344,16 @@ class Statements:
                 where.append(tuple_(r.machine, r.key) > tuple_(
                     bindparam("after_machine"), bindparam("after_key")))
             limit = ":limit" if self.dialect.name == "sqlite" else "%(limit)s"
-            self._pages[shape] = self._sql(self.shown.where(*where).order_by(
-                r.machine, r.key)) + f" LIMIT {limit}"
+            # the page's ids first, then their rows and observations: the planner then
+            # walks the index for ``limit`` entries (asked all at once, PostgreSQL misjudges
+            # a row comparison's rows and joins and sorts half the table)
+            ids = self._sql(select(r.id).where(*where).order_by(r.machine, r.key))
+            shown = self._sql(self.shown.order_by(r.machine, r.key))
+            table = self._sql(select(r.id)).split("FROM ", 1)[1].strip()
+            assert shown.count(f"FROM {table} ") == 1, shown
+            self._pages[shape] = shown.replace(
+                f"FROM {table} ",
+                f"FROM ({ids} LIMIT {limit}) AS page JOIN {table} ON {table}.id = page.id ")
         return self._pages[shape]
 
     def _bulk(self) -> None:

@@ -235,8 +235,12 @@ class HeldConnections:
         costs neither a pool checkout nor a BEGIN and a rollback. (SQLite's connection is in
         autocommit mode already; PostgreSQL's is switched to it for the read, which psycopg
         does without a round trip.) Inside a write transaction of the same thread, the read
-        is made in that transaction."""
-        dbapi = self._connection().dbapi_connection
+        is made in that transaction. A thread that holds no connection (it never wrote: an
+        effect handler's, a reader's) borrows one from the pool for the read, as its writes
+        do (``held=False``), so that many such threads do not each keep one."""
+        holder = getattr(self._local, "holder", None)
+        connection: Any = self.engine.raw_connection() if holder is None else holder.connection
+        dbapi = connection.dbapi_connection
         switched = not self.sqlite and not dbapi.autocommit and _idle(dbapi)
         try:
             if switched:
@@ -249,11 +253,16 @@ class HeldConnections:
         except self.engine.dialect.dbapi.Error:  # type: ignore[union-attr]
             if _broken(dbapi):
                 switched = False
-                self._discard()
+                if holder is not None:
+                    self._discard()
+                else:
+                    connection.invalidate()
             raise
         finally:
             if switched:
                 dbapi.autocommit = False
+            if holder is None:
+                connection.close()  # (after invalidate(): nothing goes back to the pool)
 
     def close(self) -> None:
         with self._lock:
