@@ -26,7 +26,16 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from . import backlog, effects, in_memory, persisted, postgres, vs_django, vs_sqlalchemy
+from . import (
+    backlog,
+    effects,
+    heartbeat,
+    in_memory,
+    persisted,
+    postgres,
+    vs_django,
+    vs_sqlalchemy,
+)
 from .harness import Case, Measurement, Settings, Workspace, run_group, warm_up
 
 GROUPS: dict[str, list[Case]] = {
@@ -38,6 +47,7 @@ GROUPS: dict[str, list[Case]] = {
                in_memory.TRANSITIONS, in_memory.STATEMACHINE],
     "effects": effects.CASES,
     "backlog": [*backlog.CASES["sqlite"], *backlog.CASES["postgresql"]],
+    "heartbeat": heartbeat.CASES,
 }
 CASES: dict[str, Case] = {case.id: case for cases in GROUPS.values() for case in cases}
 
@@ -94,6 +104,11 @@ SECTIONS: list[tuple[str, list[Comparison]]] = [
         Comparison(f"backlog.{db}.lifecycle.{backlog.SIZES[-1]}",
                    f"backlog.{db}.before.{backlog.SIZES[-1]}", Goal(1)),
     ]) for db, title in (("sqlite", "SQLite"), ("postgresql", "PostgreSQL"))],
+    (f"6 · a drone pool's heartbeat on PostgreSQL, µs per heartbeat (goal: 100,000 drones "
+     f"within {heartbeat.GOAL_SECONDS:g} s)", [
+        Comparison(f"heartbeat.lifecycle.{size}", f"heartbeat.floor.{size}", None)
+        for size in heartbeat.SIZES
+    ]),
 ]
 
 PACKAGES = ["lifecycle-fsm", "transitions", "SQLAlchemy", "psycopg", "django", "django-fsm-2",
@@ -267,8 +282,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         count=count, resources=resources)
                     results.update(measured)
                     continue
-                results.update(run_group(runnable, workspace, settings, skipped,
-                                         lambda message: status.update(message)))
+                results.update(run_group(
+                    runnable, workspace,
+                    heartbeat.settings(args.rounds, args.quick)
+                    if group == "heartbeat" else settings,
+                    skipped, lambda message: status.update(message)))
     elapsed = time.perf_counter() - started
 
     if args.json:

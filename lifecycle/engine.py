@@ -15,7 +15,7 @@ import datetime as dt
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypeVar, cast
 
 from pydantic import ValidationError
@@ -371,8 +371,11 @@ class Engine:
             key, status, observed_at, source)
         with self.store.write() as cursor:
             row = self._locate(cursor, key)
-            return self._record_observation(cursor, row, document, observed_at, recorded_at,
-                                            source)
+            [observation] = self._record_observations(
+                cursor, [(row, document, observed_at, recorded_at)], source)
+        if isinstance(observation, LifecycleError):
+            raise observation
+        return observation
 
     def _checked_observation(self, key: str, status: Mapping[str, Any],
                              observed_at: dt.datetime | None,
@@ -396,24 +399,35 @@ class Engine:
             observed_at = recorded_at
         return document, observed_at, recorded_at
 
-    def _record_observation(self, cursor: Any, row: _Row, document: dict[str, Any],
-                            observed_at: dt.datetime, recorded_at: dt.datetime,
-                            source: str) -> Observation:
-        """Write an observation of ``row``'s resource, the newest one if it is."""
+    def _record_observations(
+            self, cursor: Any,
+            items: list[tuple[_Row, dict[str, Any], dt.datetime, dt.datetime]],
+            source: str) -> list[Observation | LifecycleError]:
+        """Write observations (of the resource of each row: status, observed at, recorded
+        at), each the newest of its resource if it is; all of them in a few statements. A
+        status that JSON cannot hold is refused alone, before anything is written."""
         store = self.store
-        when = store.time_param(observed_at)
-        try:
-            status = store.json_param(document)
-        except (TypeError, ValueError) as exc:
-            raise InvalidData(row.machine, row.key, f"status is not JSON: {exc}") from None
-        cursor.execute(store.sql.insert_observation, {
-            "resource_id": row.id, "status": status, "observed_at": when,
-            "recorded_at": store.time_param(recorded_at), "source": source})
-        observation_id = int(cursor.fetchone()[0])
-        cursor.execute(store.sql.newest_observation, {
-            "id_": row.id, "observation_id": observation_id, "observed_at_": when})
-        return Observation(id=observation_id, status=document, observed_at=observed_at,
-                           recorded_at=recorded_at, source=source)
+        out: list[Observation | LifecycleError] = []
+        rows: list[dict[str, Any]] = []
+        for row, document, observed_at, recorded_at in items:
+            try:
+                status = store.json_param(document)
+            except (TypeError, ValueError) as exc:
+                out.append(InvalidData(row.machine, row.key, f"status is not JSON: {exc}"))
+                continue
+            out.append(Observation(id=0, status=document, observed_at=observed_at,
+                                   recorded_at=recorded_at, source=source))
+            rows.append({"resource_id": row.id, "status": status,
+                         "observed_at": store.time_param(observed_at),
+                         "recorded_at": store.time_param(recorded_at), "source": source})
+        ids = iter(store.insert_many(cursor, store.sql.insert_observation, rows))
+        out = [replace(o, id=next(ids)) if isinstance(o, Observation) else o for o in out]
+        cursor.executemany(store.sql.newest_observation, [
+            {"id_": row["resource_id"], "observation_id": o.id,
+             "observed_at_": row["observed_at"]}
+            for row, o in zip(rows, (o for o in out if isinstance(o, Observation)),
+                              strict=True)])
+        return out
 
     # -- firing ------------------------------------------------------------------------
 
@@ -489,11 +503,26 @@ class Engine:
             except LifecycleError as exc:
                 refused[i] = exc
 
-        def attempt(cursor: Any, row: _Row, i: int, _tries: _Tries) -> Observation:
-            return self._record_observation(cursor, row, *checked[i], source)
-
-        done = self._many([key for key, _ in items], "observe", attempt, batch, skip=refused)
-        return [refused[i] if i in refused else done[i] for i in range(len(items))]
+        if batch < 1:
+            raise ValueError("batch: at least 1")
+        results: dict[int, Observation | LifecycleError] = dict(refused)
+        todo = [i for i in range(len(items)) if i not in refused]
+        for start in range(0, len(todo), batch):
+            chunk = todo[start:start + batch]
+            with self.store.write() as cursor:
+                rows = self._rows(cursor, [items[i][0] for i in chunk])
+                found = []
+                for i in chunk:
+                    row = rows[items[i][0]]
+                    if isinstance(row, LifecycleError):
+                        results[i] = row
+                    else:
+                        found.append(i)
+                written = self._record_observations(
+                    cursor, [(cast(_Row, rows[items[i][0]]), *checked[i]) for i in found],
+                    source)
+            results.update(zip(found, written, strict=True))
+        return [results[i] for i in range(len(items))]
 
     def step_many(self, keys: Iterable[str], *, actor: str | None = None,
                   on_stale: OnStale = "return", batch: int = 500, probes: int = 8,

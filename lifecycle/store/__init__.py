@@ -161,6 +161,24 @@ class Store:
     def __exit__(self, *_exc: object) -> None:
         self.dispose()
 
+    # -- many rows on the raw path ----------------------------------------------------
+
+    def insert_many(self, cursor: Any, statement: str, rows: list[dict[str, Any]]) -> list[int]:
+        """Run ``statement`` (an ``INSERT ... RETURNING id``) once per row, in the transaction
+        of ``cursor``; the ids, in order. On PostgreSQL the rows go in one round trip
+        (psycopg pipelines ``executemany``); SQLite runs in this process anyway."""
+        if self.dialect == "postgresql" and len(rows) > 1:
+            cursor.executemany(statement, rows, returning=True)
+            ids = [cursor.fetchone()[0]]
+            while cursor.nextset():
+                ids.append(cursor.fetchone()[0])
+            return ids
+        ids = []
+        for row in rows:
+            cursor.execute(statement, row)
+            ids.append(cursor.fetchone()[0])
+        return ids
+
     # -- values on the raw path --------------------------------------------------------
 
     def time_param(self, value: dt.datetime) -> Any:
