@@ -5,6 +5,10 @@ BIN := $(VENV)/bin
 RUNTIME := $(VENV)/.runtime-installed
 STAMP := $(VENV)/.installed
 
+# the suite runs in this many processes (pytest-xdist); most of its time is spent waiting for
+# databases, Slurm and worker processes, so two share even a small machine well
+TEST_JOBS ?= 2
+
 .PHONY: demo test test-loaded bench lint diagrams clean
 
 $(BIN)/python:
@@ -19,6 +23,8 @@ $(RUNTIME): $(BIN)/python pyproject.toml
 
 $(STAMP): $(RUNTIME)
 	$(BIN)/python -m pip install --quiet -e '.[test]'
+	# TARDIS's adapters (its pydantic<2 pin is for its REST service, which is not used)
+	$(BIN)/python -m pip install --quiet --no-deps 'cobald-tardis>=0.8'
 	touch $(STAMP)
 
 $(VENV)/.bench-installed: $(STAMP)
@@ -29,11 +35,11 @@ demo: $(RUNTIME)
 	$(BIN)/lifecycle demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_JOBS) $(PYTEST_ARGS)
 
 # the whole suite again with every core kept busy: no test may depend on the machine's speed
 test-loaded: $(STAMP)
-	$(BIN)/python tests/under_load.py $(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python tests/under_load.py $(BIN)/python -m pytest -n $(TEST_JOBS) $(PYTEST_ARGS)
 
 bench: $(VENV)/.bench-installed
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)

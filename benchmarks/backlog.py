@@ -8,6 +8,8 @@ was. ``lifecycle`` runs the Worker's own claim (``Worker._claim``, then ``_give_
 kept: every due pending effect with no open predecessor on its resource (a correlated
 ``NOT EXISTS``), sorted, the first four taken. The figure that matters is each one's cost at
 10,000 and 100,000 against its own cost at 500: flat for lifecycle, growing for ``before``.
+``effect`` is the worker's whole cost per effect at that backlog: one claimed, recorded done
+(its resource's head passed on), and a transition that asks for the next.
 """
 
 from __future__ import annotations
@@ -119,6 +121,31 @@ def _lifecycle(db: str, size: int) -> Case:
                 open_, needs="postgres" if db == "postgresql" else None)
 
 
+def _effect(db: str, size: int) -> Case:
+    """The worker's cost per effect at a steady backlog of ``size``: claim one effect, record
+    it done (which passes its resource's queue head on), and fire the transition of its
+    resource that asks for the next (so the backlog stays as it was)."""
+    @contextmanager
+    def open_(workspace: Workspace) -> Iterator[Bench]:
+        with _outbox(workspace, db, size) as (_store, engine):
+            worker = Worker(engine, batch=1)
+
+            def op() -> None:
+                claimed = worker._claim(1)
+                if len(claimed) != 1:
+                    raise BenchError(f"claimed {len(claimed)} effects, not 1")
+                call = claimed[0]
+                worker._done(call, None)
+                worker._let_go([call.id])
+                if not engine.fire(f"{MACHINE}:{call.key}", "tick"):
+                    raise BenchError(f"{call.key}: tick did not fire")
+
+            yield Bench(op)
+
+    return Case(f"backlog.{db}.effect.{size}", f"Worker, one effect, {size:,} pending",
+                open_, needs="postgres" if db == "postgresql" else None)
+
+
 def _before(db: str, size: int) -> Case:
     @contextmanager
     def open_(workspace: Workspace) -> Iterator[Bench]:
@@ -165,6 +192,6 @@ def _before(db: str, size: int) -> Case:
 
 
 CASES: dict[str, list[Case]] = {
-    db: [make(db, size) for size in SIZES for make in (_lifecycle, _before)]
+    db: [make(db, size) for size in SIZES for make in (_lifecycle, _before, _effect)]
     for db in ("sqlite", "postgresql")
 }

@@ -27,12 +27,15 @@ from rich.table import Table
 from rich.text import Text
 
 from . import (
+    aio,
     backlog,
     effects,
+    fleet,
     heartbeat,
     in_memory,
     persisted,
     postgres,
+    startup,
     vs_django,
     vs_sqlalchemy,
 )
@@ -47,6 +50,10 @@ GROUPS: dict[str, list[Case]] = {
                in_memory.TRANSITIONS, in_memory.STATEMACHINE],
     "effects": effects.CASES,
     "backlog": [*backlog.CASES["sqlite"], *backlog.CASES["postgresql"]],
+    "fleet": [*fleet.CASES["sqlite"], *fleet.CASES["postgresql"]],
+    "startup": startup.CASES,
+    "aio": aio.CASES,
+    "drones": aio.DRONES_GROUP,
     "heartbeat": heartbeat.CASES,
 }
 CASES: dict[str, Case] = {case.id: case for cases in GROUPS.values() for case in cases}
@@ -56,20 +63,39 @@ CASES: dict[str, Case] = {case.id: case for cases in GROUPS.values() for case in
 class Goal:
     limit: float
     strict: bool = False  # "<" instead of "<="
+    unit: str = "x"
+    """``x``: a ratio to the reference; ``ms``: milliseconds per operation (no reference)."""
 
     def met(self, ratio: float) -> bool:
         return ratio < self.limit if self.strict else ratio <= self.limit
 
     def __str__(self) -> str:
-        return f"{'<' if self.strict else '≤'} {self.limit:g}x"
+        return f"{'<' if self.strict else '≤'} {self.limit:g}{' ms' if self.unit == 'ms' else 'x'}"
 
 
 @dataclass(frozen=True, slots=True)
 class Comparison:
     subject: str
-    reference: str
+    reference: str | None
+    """None: the subject is held to a goal in milliseconds of its own."""
     goal: Goal | None
     """None: no goal set, the ratio is reported only."""
+    cpu: bool = False
+    """The ratio of this process's CPU time (without the database server's), not wall time."""
+
+
+def _fleet_section(db: str, title: str) -> tuple[str, list[Comparison]]:
+    f = f"fleet.{db}"
+    rows = [Comparison(f"{f}.fire", f"{f}.floor_fire", Goal(1.5)),
+            Comparison(f"{f}.get", f"{f}.floor_get", None)]
+    if db == "postgresql":
+        rows += [Comparison(f"{f}.fire", f"{f}.floor_fire", None, cpu=True),
+                 Comparison(f"{f}.get", f"{f}.floor_get", None, cpu=True)]
+    rows += [Comparison(f"{f}.list", None, Goal(50, unit="ms")),
+             Comparison(f"{f}.list_after", None, Goal(50, unit="ms")),
+             Comparison(f"{f}.counts", None, Goal(5, unit="ms"))]
+    return (f"6 · a fleet: {title}, {fleet.RESOURCES:,} resources (--quick "
+            f"{fleet.QUICK_RESOURCES:,}), {fleet.DEPTH} journal rows each", rows)
 
 
 SECTIONS: list[tuple[str, list[Comparison]]] = [
@@ -104,7 +130,29 @@ SECTIONS: list[tuple[str, list[Comparison]]] = [
         Comparison(f"backlog.{db}.lifecycle.{backlog.SIZES[-1]}",
                    f"backlog.{db}.before.{backlog.SIZES[-1]}", Goal(1)),
     ]) for db, title in (("sqlite", "SQLite"), ("postgresql", "PostgreSQL"))],
-    (f"6 · a drone pool's heartbeat on PostgreSQL, µs per heartbeat (goal: 100,000 drones "
+    *[(f"5 · the worker per effect as the backlog grows: {title}, µs per effect "
+       "(claimed, done, the head passed on, and a transition asking for the next)", [
+        Comparison(f"backlog.{db}.effect.{size}", f"backlog.{db}.effect.{backlog.SIZES[0]}",
+                   Goal(1.2)) for size in backlog.SIZES[1:]
+    ]) for db, title in (("sqlite", "SQLite"), ("postgresql", "PostgreSQL"))],
+    _fleet_section("sqlite", "SQLite file"),
+    _fleet_section("postgresql", "PostgreSQL"),
+    ("7 · the command line's start-up, against python -c pass", [
+        Comparison("startup.help", "startup.pass", None),
+        Comparison("startup.show", "startup.pass", None),
+        Comparison("startup.show", None, Goal(150, strict=True, unit="ms")),
+    ]),
+    *[(f"8 · AsyncEngine.fire against Engine.fire: {title}", [
+        Comparison(f"aio.{db}.inline", f"aio.{db}.sync", Goal(1.2)),
+        Comparison(f"aio.{db}.threads", f"aio.{db}.sync", None),
+    ]) for db, title in (("sqlite", "SQLite file"), ("pg", "PostgreSQL"))],
+    ("9 · N drones whose risky edge awaits a slow probe (SQLite): wall time", [
+        Comparison("aio.drones.async", "aio.drones.one", Goal(1.5)),
+        Comparison("aio.drones.sync", "aio.drones.one", None),
+        Comparison("aio.drones.async", "aio.drones.sync", None),
+        Comparison("aio.drones.async", "aio.drones.instant", None),
+    ]),
+    (f"10 · a drone pool's heartbeat on PostgreSQL, µs per heartbeat (goal: 100,000 drones "
      f"within {heartbeat.GOAL_SECONDS:g} s)", [
         Comparison(f"heartbeat.lifecycle.{size}", f"heartbeat.floor.{size}", None)
         for size in heartbeat.SIZES
@@ -220,6 +268,8 @@ def _lifecycle_source() -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _arguments(argv)
+    fleet.QUICK[0] = args.quick
+    verify_figures: list[dict[str, Any]] = []
     settings = _settings(args)
     err = Console(stderr=True)
     groups = _selected(args)
@@ -273,6 +323,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         with err.status("benchmarking") as status:
             for group, cases in groups.items():
                 runnable = [c for c in cases if c.id not in skipped]
+                if group == "drones":
+                    results.update(aio.run_drones(workspace, args.quick,
+                                                  lambda message: status.update(message)))
+                    continue
                 if group == "effects":
                     measured, summary = effects.run_group(
                         runnable, workspace, settings, lambda message: status.update(message),
@@ -287,15 +341,43 @@ def main(argv: Sequence[str] | None = None) -> int:
                     heartbeat.settings(args.rounds, args.quick)
                     if group == "heartbeat" else settings,
                     skipped, lambda message: status.update(message)))
+            verified = [db for db in ("sqlite", "postgresql") if f"fleet.{db}.fire" in results]
+            if verified:
+                status.update("verify of each fleet, in a process of its own")
+                verify_figures = fleet.verify_figures(workspace, verified)
     elapsed = time.perf_counter() - started
 
     if args.json:
-        print(json.dumps(_to_json(results, skipped, settings, environment, elapsed, summary),
-                         indent=2))
+        print(json.dumps({**_to_json(results, skipped, settings, environment, elapsed,
+                                     summary), "verify": verify_figures}, indent=2))
     else:
         console = Console() if sys.stdout.isatty() else Console(width=130)
-        console.print(_table(results, skipped, settings, environment, elapsed, summary))
+        console.print(_table(results, skipped, settings, environment, elapsed, summary,
+                             quick=args.quick))
+        if verify_figures:
+            console.print(_verify_table(verify_figures))
     return 0
+
+
+VERIFY_SECONDS, VERIFY_MIB = 10.0, 100.0
+"""The goals of ``verify`` on a fleet of 1,000,000 journal rows."""
+
+
+def _verify_table(figures: list[dict[str, Any]]) -> Table:
+    table = Table(title="6 · verify of each fleet, once, in a process of its own",
+                  title_justify="left", caption_justify="left")
+    for name in ("database", "journal rows", "seconds", "peak MiB", "MiB, store opened only",
+                 "goal", "met"):
+        table.add_column(name, justify="left" if name == "database" else "right")
+    for f in figures:
+        ok = f["seconds"] < VERIFY_SECONDS and f["peak_mib"] < VERIFY_MIB
+        table.add_row(f["database"], f"{f['journal_rows']:,}", f"{f['seconds']:.2f}",
+                      f"{f['peak_mib']:.1f}", f"{f['open_only_peak_mib']:.1f}",
+                      f"< {VERIFY_SECONDS:g} s, < {VERIFY_MIB:g} MiB",
+                      Text("✓", style="green") if ok else Text("✗ missed", style="bold red"))
+    table.caption = ("peak MiB: the process's peak resident memory (getrusage maxrss), the "
+                     "interpreter and lifecycle included; the goals are for 1,000,000 rows")
+    return table
 
 
 # -- output ---------------------------------------------------------------------------------
@@ -309,8 +391,13 @@ def _comparisons(results: dict[str, Measurement], skipped: dict[str, str]
             if not {c.subject, c.reference} & {*results, *skipped}:
                 continue  # not selected with --only
             ratio = None
-            if c.subject in results and c.reference in results:
-                ratio = results[c.subject].ratio_to(results[c.reference])
+            if c.reference is None:
+                if c.subject in results:
+                    ratio = results[c.subject].median / 1000
+            elif c.subject in results and c.reference in results:
+                subject, reference = results[c.subject], results[c.reference]
+                ratio = subject.cpu_ratio_to(reference) if c.cpu else subject.ratio_to(
+                    reference)
             out.append((title, c, ratio))
     return out
 
@@ -322,9 +409,15 @@ def _cell(results: dict[str, Measurement], skipped: dict[str, str], case_id: str
     return Text("skipped" if case_id in skipped else "not run", style="yellow")
 
 
+def _cpu_cell(results: dict[str, Measurement], case_id: str) -> Text:
+    if case_id not in results:
+        return Text("not run", style="yellow")
+    return Text(f"{statistics.median(results[case_id].cpu_samples_us):,.1f} CPU")
+
+
 def _table(results: dict[str, Measurement], skipped: dict[str, str], settings: Settings,
            environment: dict[str, str], elapsed: float,
-           summary: effects.Summary | None = None) -> Table:
+           summary: effects.Summary | None = None, *, quick: bool = False) -> Table:
     table = Table(title="lifecycle benchmarks: µs per operation (median of rounds)",
                   title_justify="left", caption_justify="left")
     table.add_column("lifecycle")
@@ -341,18 +434,24 @@ def _table(results: dict[str, Measurement], skipped: dict[str, str], settings: S
                 table.add_section()
             table.add_row(Text(title, style="bold"))
             section = title
+        shown = "" if ratio is None else (
+            f"{ratio:,.1f} ms" if c.reference is None else f"{ratio:.2f}x")
         if ratio is None:
             ratio_cell, met = Text("—", style="dim"), Text("—", style="dim")
         elif c.goal is None:
-            ratio_cell, met = Text(f"{ratio:.2f}x"), Text("—", style="dim")
+            ratio_cell, met = Text(shown), Text("—", style="dim")
         else:
             ok = c.goal.met(ratio)
-            ratio_cell = Text(f"{ratio:.2f}x", style="green" if ok else "red")
+            ratio_cell = Text(shown, style="green" if ok else "red")
             met = Text("✓", style="green") if ok else Text("✗ missed", style="bold red")
         table.add_row(
-            "  " + CASES[c.subject].label.removeprefix("lifecycle "),
-            _cell(results, skipped, c.subject),
+            "  " + CASES[c.subject].label.removeprefix("lifecycle ")
+            + (" (client CPU)" if c.cpu else ""),
+            _cpu_cell(results, c.subject) if c.cpu else _cell(results, skipped, c.subject),
+            Text("its own time", style="dim") if c.reference is None else
             CASES[c.reference].label,
+            Text("") if c.reference is None else
+            _cpu_cell(results, c.reference) if c.cpu else
             _cell(results, skipped, c.reference),
             ratio_cell, str(c.goal) if c.goal else Text("none", style="dim"), met,
         )
@@ -363,7 +462,8 @@ def _table(results: dict[str, Measurement], skipped: dict[str, str], settings: S
                      "Was the machine busy? Per-round ratios absorb some of it; rerun on a "
                      "quiet machine for firm numbers.")
     counts = sorted({m.ops_per_round for m in results.values()
-                     if m.case.id not in effects.SPECS}) or [0]
+                     if m.case.id not in effects.SPECS and m.case.id not in aio.DRONE_CASES}
+                    ) or [0]
     span = f"{counts[0]:,}" if len(counts) == 1 else f"{counts[0]:,} to {counts[-1]:,}"
     ops = (f"{settings.ops:,} ops per round" if settings.ops else
            f"~{settings.round_seconds:g} s per case and round ({span} ops, calibrated in "
@@ -375,6 +475,7 @@ def _table(results: dict[str, Measurement], skipped: dict[str, str], settings: S
         + (f"µs/op: median of {settings.rounds} interleaved rounds, {ops}; " if timed else "")
         + f"± is half the range of the rounds. Whole run {elapsed:.1f} s.",
         *([_effects_note(summary, results)] if summary and summary.throughput else []),
+        *([drones] if (drones := aio.note(results, quick)) else []),
         f"{environment['machine']}; {versions}",
         *notes,
     ]))

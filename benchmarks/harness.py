@@ -77,6 +77,16 @@ class Measurement:
                 s / r for s, r in zip(self.samples_us, reference.samples_us, strict=True))
         return self.median / reference.median
 
+    def cpu_ratio_to(self, reference: Measurement) -> float:
+        """As :meth:`ratio_to`, of this process's CPU time (the database server's left out:
+        on PostgreSQL, what the client library costs)."""
+        if len(self.cpu_samples_us) == len(reference.cpu_samples_us) and self.cpu_samples_us:
+            return statistics.median(
+                s / max(r, 1e-9)
+                for s, r in zip(self.cpu_samples_us, reference.cpu_samples_us, strict=True))
+        return statistics.median(self.cpu_samples_us) / statistics.median(
+            reference.cpu_samples_us)
+
     @property
     def spread(self) -> float:
         """Half the range of the rounds, relative to the median."""

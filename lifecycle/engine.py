@@ -7,13 +7,18 @@ timers asked for) in the same transaction. An attempt that cannot finish is roll
 made again by one retry loop: when the resource moved underneath, when its machine must be
 loaded first, or when a risky edge needs a fresh observation, which a probe is asked for
 outside any transaction.
+
+The retry loop is sans-IO about probes: it is a generator that yields the :class:`ProbeCall`
+it needs and is sent the answer. :meth:`Engine.drive` answers by calling the probe (in a
+thread, with its timeout); :class:`lifecycle.aio.AsyncEngine` answers by awaiting it on its
+event loop. Both run the one decision and transaction code below (``Engine.firing``).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypeVar, cast
@@ -37,7 +42,15 @@ from .errors import (
     UnknownState,
     UnknownTrigger,
 )
-from .fresh import Probe, ProbeRequest, call_probe, clock_time, rule_text
+from .fresh import (
+    Probe,
+    ProbeCall,
+    ProbeOutcome,
+    ProbeRequest,
+    call_probe,
+    clock_time,
+    rule_text,
+)
 from .records import FireResult, JournalEntry, Mismatch, Observation, Resource
 from .spec import EVENTLESS, Edge, EffectSpec, MachineSpec, SpecSource, load_spec
 from .store import Store
@@ -52,6 +65,9 @@ SpecFor = Callable[[str], MachineSpec | None]
 """Given a machine's name, the spec to register for it, or None to run the stored one."""
 
 T = TypeVar("T")
+Deciding = Generator[ProbeCall, ProbeOutcome, T]
+"""A write decided sans-IO: it yields the probe calls it needs, is sent their outcomes, and
+returns its result (see :meth:`Engine.drive`)."""
 
 _KEY_MAX = 255
 _NAME_MAX = 200  # the schema's Name columns (an observation's source)
@@ -225,10 +241,30 @@ class Engine:
 
     # -- the one retry loop --------------------------------------------------------------
 
+    def drive(self, deciding: Deciding[T]) -> T:
+        """Run a sans-IO decision to its end, answering each probe call it yields by calling
+        the probe (:func:`~lifecycle.fresh.call_probe`: a thread, with ``probe_timeout``)."""
+        outcome: ProbeOutcome | None = None
+        try:
+            while True:
+                call = deciding.send(outcome)  # type: ignore[arg-type]  # None starts it
+                try:
+                    outcome = call_probe(call.name, self.probes[call.name], call.request,
+                                         self.probe_timeout)
+                except ProbeFailed as failure:
+                    outcome = failure
+        except StopIteration as done:
+            return cast(T, done.value)
+
     def _retrying(self, key: str, what: str,
                   attempt: Callable[[Any, _Tries], T | _Again]) -> T:
+        return self.drive(self._deciding(key, what, attempt))
+
+    def _deciding(self, key: str, what: str,
+                  attempt: Callable[[Any, _Tries], T | _Again]) -> Deciding[T]:
         """Run ``attempt`` in a write transaction until it finishes; roll back and go again
-        when it says why it cannot (see :class:`_Again`)."""
+        when it says why it cannot (see :class:`_Again`), asking a probe (yielded: outside
+        any transaction) when that is why."""
         tries = _Tries()
         for _ in range(self.max_attempts):
             with self.store.write() as cursor:
@@ -240,7 +276,12 @@ class Engine:
             if outcome.machine is not None:
                 self.compiled(outcome.machine)  # outside the transaction: it may register
             elif outcome.probe is not None:
-                self._probe(tries, *outcome.probe)
+                name, request = outcome.probe
+                if not _asking(tries, request):
+                    continue
+                asked_at = self.clock.now()
+                answer = yield ProbeCall(name, request)
+                self._observed(tries, name, request, answer, asked_at)
             else:
                 log.debug("%s: the resource moved during %s; deciding again", key, what)
         raise ConcurrencyError(
@@ -248,21 +289,25 @@ class Engine:
             "written. Try again, or look for a process that moves it in a loop")
 
     def _probe(self, tries: _Tries, name: str, request: ProbeRequest) -> None:
-        """Ask the probe and record its answer as an observation; remember a failure."""
-        if request.version == tries.probed_version:
-            # the probe's answer did not make it fresh, and nothing moved: refuse
-            tries.probe_error = "the probe's answer was not fresh either"
+        """Ask the probe here and now (a batch's, between its transactions)."""
+        if not _asking(tries, request):
             return
-        tries.probes += 1
-        tries.probed_version = request.version
         asked_at = self.clock.now()
+        answer: ProbeOutcome
         try:
-            status, observed_at = call_probe(name, self.probes[name], request,
-                                             self.probe_timeout)
+            answer = call_probe(name, self.probes[name], request, self.probe_timeout)
         except ProbeFailed as failure:
-            log.warning("%s:%s: %s", request.machine, request.key, failure)
-            tries.probe_error = str(failure)
+            answer = failure
+        self._observed(tries, name, request, answer, asked_at)
+
+    def _observed(self, tries: _Tries, name: str, request: ProbeRequest,
+                  answer: ProbeOutcome, asked_at: dt.datetime) -> None:
+        """Record the probe's answer as an observation; remember a failure."""
+        if isinstance(answer, ProbeFailed):
+            log.warning("%s:%s: %s", request.machine, request.key, answer)
+            tries.probe_error = str(answer)
             return
+        status, observed_at = answer
         try:
             self.observe(f"{request.machine}:{request.key}", status, observed_at or asked_at,
                          source=name)
@@ -449,35 +494,55 @@ class Engine:
         is journaled, then raises :class:`StaleObservation` (or, with ``on_stale="return"``,
         comes back as a result whose ``error`` is ``"StaleObservation"``). ``within`` adds
         writes of the caller's own to the same transaction (see :class:`Within`)."""
+        return self.drive(self.firing(key, trigger, payload, actor=actor, on_stale=on_stale,
+                                      within=within))
+
+    def firing(self, key: str, trigger: str, payload: Mapping[str, Any] | None = None, *,
+               actor: str | None = None, on_stale: OnStale = "raise",
+               within: Within | None = None) -> Deciding[FireResult]:
+        """:meth:`fire`, sans-IO: its arguments are checked now; the generator decides and
+        writes, yielding each probe call it needs (see :meth:`drive`)."""
         if trigger == EVENTLESS:  # not a trigger of any machine: eventless edges need step()
             machine = queries.split_key(key)[0] or "?"
             raise UnknownTrigger(machine, trigger, [])
         document = _document(queries.split_key(_looked_up(key))[0], key, payload, "payload",
                              actor)
-        return self._fire(key, trigger, document, actor, on_stale, within)
+        return self._firing(key, trigger, document, actor, on_stale, within)
 
     def step(self, key: str, *, actor: str | None = None,
              on_stale: OnStale = "raise") -> FireResult:
         """Take the first eventless transition from the resource's state whose guards hold
         (in the order of :attr:`MachineSpec.transitions`: edges from the resource's own
         state before edges from its parent states)."""
+        return self.drive(self.stepping(key, actor=actor, on_stale=on_stale))
+
+    def stepping(self, key: str, *, actor: str | None = None,
+                 on_stale: OnStale = "raise") -> Deciding[FireResult]:
+        """:meth:`step`, sans-IO (see :meth:`firing`)."""
         _document(queries.split_key(_looked_up(key))[0], key, None, "payload", actor)
-        return self._fire(key, EVENTLESS, {}, actor, on_stale, None)
+        return self._firing(key, EVENTLESS, {}, actor, on_stale, None)
 
     def fire_timer(self, timer_id: int, key: str, trigger: str) -> FireResult | None:
         """Fire a due timer's trigger, in one transaction with marking the timer fired; None
         when the timer is no longer pending (its state was left, or another worker fired
         it)."""
-        result = self._fire(key, trigger, {}, "timer", "return", _TimerFired(self, timer_id))
+        return self.drive(self.timer_firing(timer_id, key, trigger))
+
+    def timer_firing(self, timer_id: int, key: str,
+                     trigger: str) -> Deciding[FireResult | None]:
+        """:meth:`fire_timer`, sans-IO (see :meth:`firing`)."""
+        result = yield from self._firing(key, trigger, {}, "timer", "return",
+                                         _TimerFired(self, timer_id))
         return None if result.reason == _STALE_TIMER else result
 
-    def _fire(self, key: str, trigger: str, payload: dict[str, Any], actor: str | None,
-              on_stale: OnStale, within: Within | None) -> FireResult:
+    def _firing(self, key: str, trigger: str, payload: dict[str, Any], actor: str | None,
+                on_stale: OnStale, within: Within | None) -> Deciding[FireResult]:
         def attempt(cursor: Any, tries: _Tries) -> FireResult | _Stale | _Again:
             return self._attempt(cursor, key, trigger, payload, actor, within, tries)
 
         # (mypy cannot solve T from ``T | _Again`` when T is itself a union: say it)
-        outcome = cast(FireResult | _Stale, self._retrying(key, _shown(trigger), attempt))
+        outcome = cast(FireResult | _Stale,
+                       (yield from self._deciding(key, _shown(trigger), attempt)))
         if isinstance(outcome, _Stale):
             if on_stale == "raise":
                 raise StaleObservation(outcome.result, dest=outcome.dest,
@@ -917,9 +982,9 @@ class Engine:
     # -- reading -----------------------------------------------------------------------
 
     def get(self, key: str) -> Resource:
-        """The resource as it is now, with its newest observation."""
-        with self.store.read() as db:
-            return queries.get(db, _looked_up(key))
+        """The resource as it is now, with its newest observation (one statement on the
+        thread's held connection, as a fire reads it)."""
+        return queries.get(self.store, _looked_up(key))
 
     def available_triggers(self, key: str) -> list[str]:
         """The triggers that have a transition from the resource's current state (guards,
@@ -935,20 +1000,45 @@ class Engine:
         """Every observation of the resource, in the order they were recorded."""
         return queries.observations_of(self.store, _looked_up(key))
 
-    def resources(self, machine: str | None = None, state: str | None = None) -> list[Resource]:
-        """Resources, by machine and key; ``state`` may be a composite state, which takes in
-        every state inside it."""
+    def resources(self, machine: str | None = None, state: str | None = None, *,
+                  limit: int | None = None, after: str | None = None) -> list[Resource]:
+        """Resources in (machine, key) order; ``state`` may be a composite state, which
+        takes in every state inside it. ``limit`` makes it one page (of at most that many;
+        without it, every resource), ``after`` starts it past a position, ``MACHINE:KEY``
+        (or a plain key of ``machine``): the last resource of the page before. The position
+        need not exist any more; a page costs the same wherever it starts."""
+        if limit is None:
+            return list(self.iter_resources(machine, state, after=after))
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise LifecycleError(f"invalid limit {limit!r}: a whole number, 0 or more")
         _argument(machine, "machine name")
         _argument(state, "state")
-        return queries.listing(self.store, machine, state)
+        start = queries.position(after, machine) if after is not None else None
+        return queries.page(self.store, machine, state, limit, start) if limit else []
+
+    def iter_resources(self, machine: str | None = None, state: str | None = None, *,
+                       after: str | None = None, page: int = 1000) -> Iterator[Resource]:
+        """Every resource (of ``machine``, in ``state``, past ``after``) in (machine, key)
+        order, read ``page`` at a time: memory stays flat, and no transaction is held
+        between pages (a resource created or moved meanwhile shows or not by its key)."""
+        if isinstance(page, bool) or not isinstance(page, int) or page < 1:
+            raise LifecycleError(f"invalid page {page!r}: a whole number, 1 or more")
+        while True:
+            found = self.resources(machine, state, limit=page, after=after)
+            yield from found
+            if len(found) < page:
+                return
+            after = f"{found[-1].machine}:{found[-1].key}"
 
     def counts(self, machine: str | None = None) -> dict[str, dict[str, int]]:
-        """How many resources each machine has in each state."""
+        """How many resources each machine has in each state (kept by the database as
+        resources are written: no scan of the resources)."""
         _argument(machine, "machine name")
         return queries.counts(self.store, machine)
 
     def verify(self) -> list[Mismatch]:
-        """Replay every resource's journal and compare it with the resource's row."""
+        """Replay every resource's journal and compare it with the resource's row (streamed:
+        memory does not grow with the journal)."""
         return verify(self.store)
 
 
@@ -969,6 +1059,17 @@ class _TimerFired(Within):
         if not result.fired:
             cursor.execute(self.engine.store.sql.refuse_timer, {
                 "id_": self.timer_id, "outcome": result.reason})
+
+
+def _asking(tries: _Tries, request: ProbeRequest) -> bool:
+    """Whether to ask the probe for ``request``: not when its last answer did not make the
+    resource fresh and nothing moved since (then the edge is refused)."""
+    if request.version == tries.probed_version:
+        tries.probe_error = "the probe's answer was not fresh either"
+        return False
+    tries.probes += 1
+    tries.probed_version = request.version
+    return True
 
 
 def _fence(edge: Edge, observation: Observation | None) -> dict[str, Any]:
@@ -1046,4 +1147,4 @@ def _not_fired(row: _Row, trigger: str, reason: str | None,
                       guards=dict(guards or {}), error=error, probed=probed)
 
 
-__all__ = ["Engine", "Guard", "OnStale", "SpecFor"]
+__all__ = ["Deciding", "Engine", "Guard", "OnStale", "SpecFor"]

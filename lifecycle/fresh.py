@@ -13,12 +13,14 @@ answer as an observation, and decides again on it.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+import inspect
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from .errors import ProbeFailed
 from .records import Observation
@@ -40,10 +42,52 @@ class ProbeRequest:
 
 
 ProbeAnswer = Mapping[str, Any] | tuple[Mapping[str, Any], dt.datetime]
-Probe = Callable[[ProbeRequest], ProbeAnswer]
+Probe = Callable[[ProbeRequest], ProbeAnswer | Awaitable[ProbeAnswer]]
 """A function that asks the outside world for a resource's status now. It returns the status
 (a JSON object), or the status and the time it was true at the source. It must not touch the
-engine's database; it is called outside any transaction."""
+engine's database; it is called outside any transaction. It may be a coroutine function: the
+:class:`~lifecycle.aio.AsyncEngine` awaits it on its event loop; the :class:`Engine` runs it
+to completion in the thread it asks probes in."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeCall:
+    """What a decision needs from outside before it can go on: probe ``name``'s answer to
+    ``request``. Yielded by the engine's sans-IO decisions (``Engine.firing``); its driver
+    sends back the :data:`ProbeOutcome`."""
+
+    name: str
+    request: ProbeRequest
+
+
+ProbeOutcome = tuple[dict[str, Any], dt.datetime | None] | ProbeFailed
+"""A probe's checked answer (status, and when it was true if it said), or why it failed."""
+
+
+def is_async(probe: Callable[..., Any]) -> bool:
+    """Whether calling ``probe`` gives a coroutine to await (a coroutine function, or an
+    object whose ``__call__`` is one)."""
+    return inspect.iscoroutinefunction(probe) or inspect.iscoroutinefunction(
+        type(probe).__call__)
+
+
+async def await_probe(name: str, probe: Probe, request: ProbeRequest,
+                      timeout: float) -> ProbeOutcome:
+    """Ask ``probe`` on the running event loop: a coroutine probe is awaited under
+    ``asyncio.timeout`` (and cancelled when it runs out: nothing hangs on), a plain one is
+    asked as :func:`call_probe` asks it, in a thread of its own. Never raises."""
+    try:
+        if not is_async(probe):
+            return await asyncio.to_thread(call_probe, name, probe, request, timeout)
+        async with asyncio.timeout(timeout):
+            answer = await cast(Awaitable[ProbeAnswer], probe(request))
+        return checked_answer(name, answer)
+    except ProbeFailed as failure:
+        return failure
+    except TimeoutError:
+        return ProbeFailed(f"probe {name} timed out after {timeout:g} s")
+    except Exception as exc:
+        return ProbeFailed(f"probe {name} failed: {type(exc).__name__}: {exc}")
 
 
 def staleness(rule: Freshness, observation: Observation | None,
@@ -96,7 +140,10 @@ def call_probe(name: str, probe: Probe, request: ProbeRequest,
 
     def ask() -> None:
         try:
-            outcome["answer"] = probe(request)
+            answer = probe(request)
+            if inspect.isawaitable(answer):  # a coroutine probe: run here, in its thread
+                answer = asyncio.run(_awaited(answer))
+            outcome["answer"] = answer
         except BaseException as exc:  # the failure is the caller's to report
             outcome["error"] = exc
         with _hung_lock:
@@ -115,7 +162,16 @@ def call_probe(name: str, probe: Probe, request: ProbeRequest,
     if "error" in outcome:
         exc = outcome["error"]
         raise ProbeFailed(f"probe {name} failed: {type(exc).__name__}: {exc}") from exc
-    answer = outcome["answer"]
+    return checked_answer(name, outcome["answer"])
+
+
+async def _awaited(answer: Awaitable[Any]) -> Any:
+    return await answer
+
+
+def checked_answer(name: str, answer: Any) -> tuple[dict[str, Any], dt.datetime | None]:
+    """A probe's answer as a status and the time it was true (None: not said); ProbeFailed
+    when it is neither a status mapping nor one with a timezone-aware time."""
     observed_at: dt.datetime | None = None
     if isinstance(answer, tuple) and len(answer) == 2:
         answer, observed_at = answer

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import select
 
 from . import values
 from .errors import AmbiguousKey, LifecycleError, UnknownResource
@@ -62,8 +62,35 @@ def _row(db: Any, key: str) -> Any:
     return rows[0]
 
 
-def get(db: Any, key: str) -> Resource:
-    return _resource(_row(db, key))
+def get(store: Store, key: str) -> Resource:
+    """The resource with its newest observation, read on the raw path (``Store.reading``)."""
+    problem = values.text_problem(key, LONGEST_KEY)
+    if problem is not None:  # before a database is asked (PostgreSQL refuses a NUL)
+        raise LifecycleError(f"invalid key {key!r}: it {problem}")
+    machine, plain = split_key(key)
+    sql = store.sql
+    with store.reading() as cursor:
+        if machine is not None:
+            cursor.execute(sql.shown_by_machine_key, {"machine": machine, "key": plain})
+        else:
+            cursor.execute(sql.shown_by_key, {"key": plain})
+        rows = cursor.fetchall()
+    if not rows:
+        raise UnknownResource(plain, machine)
+    if len(rows) > 1:
+        raise AmbiguousKey(plain, [row[1] for row in rows])
+    return _shown(store, rows[0])
+
+
+def _shown(store: Store, row: Any) -> Resource:
+    """A row of ``Statements.shown`` as a :class:`Resource`."""
+    (_id, machine, key, state, version, seq, data, spec_version, created_at, updated_at,
+     oid, status, observed_at, recorded_at, source) = row
+    time = store.time_value
+    observation = None if oid is None else Observation(
+        oid, store.json_value(status), time(observed_at), time(recorded_at), source)
+    return Resource(machine, key, state, version, seq, store.json_value(data), spec_version,
+                    time(created_at), time(updated_at), observation)
 
 
 def resource_id(db: Any, key: str) -> tuple[int, Resource]:
@@ -96,25 +123,71 @@ def observations_of(store: Store, key: str) -> list[Observation]:
     return [Observation(r.id, r.status, r.observed_at, r.recorded_at, r.source) for r in rows]
 
 
-def listing(store: Store, machine: str | None, state: str | None) -> list[Resource]:
-    query = _resource_query().order_by(resources.c.machine, resources.c.key)
+def position(after: str, machine: str | None) -> tuple[str, str]:
+    """The (machine, key) a page starts after: ``MACHINE:KEY``, or a plain key of
+    ``machine``. It need not name a resource that exists (one deleted since is fine)."""
+    problem = values.text_problem(after, LONGEST_KEY)
+    if problem is not None:
+        raise LifecycleError(f"invalid position {after!r}: it {problem}")
+    owner, key = split_key(after)
+    if owner is None:
+        if machine is None:
+            raise LifecycleError(f"invalid position {after!r}: without a machine, a page "
+                                 "starts after MACHINE:KEY")
+        owner = machine
+    return owner, key
+
+
+def page(store: Store, machine: str | None, state: str | None, limit: int,
+         after: tuple[str, str] | None) -> list[Resource]:
+    """At most ``limit`` resources in (machine, key) order, after the position ``after``:
+    one statement that walks the (machine, key) index, however many resources there are."""
+    params: dict[str, Any] = {"limit": limit}
     if machine is not None:
-        query = query.where(resources.c.machine == machine)
+        params["machine"] = machine
     if state is not None:  # a composite state takes in the states inside it
-        query = query.where(or_(resources.c.state == state,
-                                resources.c.state.startswith(state + SEPARATOR,
-                                                             autoescape=True)))
-    with store.read() as db:
-        return [_resource(r) for r in db.execute(query)]
+        escaped = state.replace("/", "//").replace("%", "/%").replace("_", "/_")
+        params["state"], params["state_prefix"] = state, f"{escaped}{SEPARATOR}%"
+    if after is not None and machine is not None:  # the position within the machine
+        if after[0] > machine:
+            return []
+        after = after if after[0] == machine else None
+    if after is not None:
+        params["after_machine"], params["after_key"] = after
+    statement = store.sql.page(machine is not None, state is not None, after is not None)
+    with store.reading() as cursor:
+        cursor.execute(statement, params)
+        rows = cursor.fetchall()
+    return [_shown(store, row) for row in rows]
+
+
+FOLD_AFTER = 1000
+"""Count rows beyond one per machine and state that a reading of the counts folds."""
 
 
 def counts(store: Store, machine: str | None) -> dict[str, dict[str, int]]:
-    query = select(resources.c.machine, resources.c.state, func.count()).group_by(
-        resources.c.machine, resources.c.state)
-    if machine is not None:
-        query = query.where(resources.c.machine == machine)
+    """How many resources each machine has in each state, added up from the rows the
+    database's triggers append (``lifecycle_state_counts``); when those have grown by
+    :data:`FOLD_AFTER`, they are folded into one row per machine and state."""
+    with store.reading() as cursor:
+        cursor.execute(store.sql.counts[machine is not None],
+                       {"machine": machine} if machine is not None else {})
+        rows = cursor.fetchall()
+    if sum(row[3] for row in rows) > len(rows) + FOLD_AFTER:
+        fold_counts(store)
     out: dict[str, dict[str, int]] = {}
-    with store.read() as db:
-        for name, state, count in db.execute(query):
-            out.setdefault(name, {})[state] = count
+    for name, state, count, _rows in rows:
+        if count:
+            out.setdefault(name, {})[state] = int(count)
     return out
+
+
+def fold_counts(store: Store) -> None:
+    """Fold the count rows into one per machine and state (the sums do not change)."""
+    with store.write() as cursor:
+        params: dict[str, Any] = {}
+        if store.dialect == "sqlite":
+            cursor.execute("SELECT max(id) FROM lifecycle_state_counts")
+            params["upto"] = cursor.fetchone()[0] or 0
+        for statement in store.sql.FOLD_COUNTS[store.dialect]:
+            cursor.execute(statement, params)

@@ -9,61 +9,95 @@ state reached), and bumps the version by one; the replay ends in the row's state
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
-
-from sqlalchemy import select
+from typing import Any, NamedTuple
 
 from .records import Mismatch
 from .spec import MachineSpec
-from .store import Store, journal, resources, specs
+from .store import Store
+
+BATCH = 5000
+"""Rows fetched at a time: memory stays flat whatever the journal's length."""
+
+
+class _Line(NamedTuple):
+    """A resource's row beside one row of its journal (``j_*`` None when it has none)."""
+
+    id: int
+    machine: str
+    key: str
+    state: str
+    version: int
+    seq: int
+    j_seq: int | None
+    kind: str
+    trigger: str | None
+    source: str | None
+    dest: str
+    j_version: int
+    spec_version: str
 
 
 def verify(store: Store) -> list[Mismatch]:
     problems: list[Mismatch] = []
-    spec_cache: dict[tuple[str, str], MachineSpec | None] = {}
-    with store.read() as db:
-
-        def spec_of(machine: str, version: str) -> MachineSpec | None:
-            if (machine, version) not in spec_cache:
-                stored = db.execute(select(specs.c.spec).where(
-                    specs.c.machine == machine, specs.c.version == version)).scalar()
-                spec_cache[machine, version] = (
-                    MachineSpec.model_validate(stored) if stored is not None else None)
-            return spec_cache[machine, version]
-
-        rows = db.execute(
-            select(resources.c.id, resources.c.machine, resources.c.key, resources.c.state,
-                   resources.c.version, resources.c.seq, journal.c.seq.label("j_seq"),
-                   journal.c.kind, journal.c.trigger, journal.c.source, journal.c.dest,
-                   journal.c.version.label("j_version"), journal.c.spec_version)
-            .outerjoin(journal, journal.c.resource_id == resources.c.id)
-            .order_by(resources.c.id, journal.c.seq)
-        )
+    with store.scanning() as (rows, small):
+        specs = _Specs(store, small)
+        rows.execute(store.sql.journals)
         for resource, entries in _grouped(rows):
-            for problem in _check(resource, entries, spec_of):
+            for problem in _check(resource, entries, specs):
                 problems.append(Mismatch(resource.machine, resource.key, problem))
     return problems
 
 
-def _grouped(rows: Any) -> Iterator[tuple[Any, list[Any]]]:
-    current: Any = None
-    entries: list[Any] = []
-    for row in rows:
-        if current is not None and row.id != current.id:
-            yield current, entries
-            entries = []
-        current = row
-        if row.j_seq is not None:
-            entries.append(row)
+class _Specs:
+    """The stored spec versions met, and whether each transition met is one of them
+    (``covered_leaves`` is worked out once per spec, trigger, source and dest)."""
+
+    def __init__(self, store: Store, cursor: Any) -> None:
+        self.store, self.cursor = store, cursor
+        self.specs: dict[tuple[str, str], MachineSpec | None] = {}
+        self.allowed: dict[tuple[str, str, str | None, str, str], bool] = {}
+
+    def __call__(self, machine: str, version: str) -> MachineSpec | None:
+        if (machine, version) not in self.specs:
+            self.cursor.execute(self.store.sql.stored_spec,
+                                {"machine": machine, "version": version})
+            found = self.cursor.fetchone()
+            self.specs[machine, version] = (
+                None if found is None else
+                MachineSpec.model_validate(self.store.json_value(found[0])))
+        return self.specs[machine, version]
+
+    def allows(self, machine: str, version: str, trigger: str | None, source: str,
+               dest: str) -> bool:
+        key = (machine, version, trigger, source, dest)
+        if key not in self.allowed:
+            spec = self(machine, version)
+            self.allowed[key] = spec is not None and _allowed(spec, trigger, source, dest)
+        return self.allowed[key]
+
+
+def _grouped(rows: Any) -> Iterator[tuple[_Line, list[_Line]]]:
+    current: _Line | None = None
+    entries: list[_Line] = []
+    make = _Line._make
+    while batch := rows.fetchmany(BATCH):
+        for raw in batch:
+            row = make(raw)
+            if current is not None and row.id != current.id:
+                yield current, entries
+                entries = []
+            current = row
+            if row.j_seq is not None:
+                entries.append(row)
     if current is not None:
         yield current, entries
 
 
-def _check(resource: Any, entries: list[Any], spec_of: Any) -> Iterator[str]:
+def _check(resource: _Line, entries: list[_Line], specs: _Specs) -> Iterator[str]:
     if not entries:
         yield "has no journal"
         return
-    seqs = [e.j_seq for e in entries]
+    seqs = [e.j_seq or 0 for e in entries]  # (a journal row has its seq)
     if seqs != list(range(1, len(seqs) + 1)):
         gaps = sorted(set(range(1, max(seqs) + 1)) - set(seqs))
         yield f"journal sequence numbers are not contiguous (missing {gaps[:10]})"
@@ -94,10 +128,10 @@ def _check(resource: Any, entries: list[Any], spec_of: Any) -> Iterator[str]:
             yield f"{where}: starts from {entry.source!r} but the journal had reached {state!r}"
         if entry.j_version != version + 1:
             yield f"{where}: version {entry.j_version} does not follow {version}"
-        spec = spec_of(resource.machine, entry.spec_version)
-        if spec is None:
+        if specs(resource.machine, entry.spec_version) is None:
             yield f"{where}: spec version {entry.spec_version} is not stored"
-        elif not _allowed(spec, entry.trigger, entry.source, entry.dest):
+        elif not specs.allows(resource.machine, entry.spec_version, entry.trigger,
+                              entry.source or "", entry.dest):
             what = entry.trigger or "eventless transition"
             yield (f"{where}: {what} {entry.source!r} -> {entry.dest!r} is not a transition of "
                    f"spec version {entry.spec_version}")

@@ -20,7 +20,9 @@ recorded in the transaction of the trigger it fires through ``Engine.fire(within
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+import inspect
 import logging
 import math
 import os
@@ -31,7 +33,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
@@ -201,13 +203,17 @@ class Worker:
             first, longest = OUTAGE_BACKOFF
             self._outage = min(longest, max(first, self._outage * 2))
             log.warning("worker %s: %s; trying again in %.1f s", self.name, exc, self._outage)
-            self._stop.wait(self._outage)
+            self._pause(self._outage)
             return None
         if self._outage:
             log.info("worker %s: the database answers again", self.name)
             self._outage = 0.0
             self._guarded(self._give_back_orphans)
         return result
+
+    def _pause(self, seconds: float) -> None:
+        """Wait out a database outage (or until a stop)."""
+        self._stop.wait(seconds)
 
     def _give_back_orphans(self) -> None:
         """Give back claims this worker took in a transaction whose commit it never heard
@@ -411,8 +417,15 @@ class Worker:
                 f"no handler for effect {call.name!r} is registered in this worker")))
             return
 
-        deadline = time.monotonic() + effect.timeout if effect.timeout else float("inf")
-        self._running[call.id] = (call, None, deadline)
+        self._running[call.id] = (call, None, self._deadline(effect))
+        self._launch(call)
+
+    def _deadline(self, effect: Effect) -> float:
+        """When a handler started now runs out of time (monotonic seconds)."""
+        return time.monotonic() + effect.timeout if effect.timeout else float("inf")
+
+    def _launch(self, call: EffectCall) -> None:
+        """Hand the call to a handler thread (an idle one, or a new one)."""
         with self._lock:
             if self._idle == 0:
                 self._spawn()
@@ -439,7 +452,10 @@ class Worker:
                 continue
             effect = self.engine.handlers[call.name]
             try:
-                outcome: tuple[str, Any] = ("ok", effect.handler(call))
+                answer = effect.handler(call)
+                if inspect.isawaitable(answer):  # a coroutine handler: run in this thread
+                    answer = asyncio.run(_awaited(answer))
+                outcome: tuple[str, Any] = ("ok", answer)
             except BaseException as exc:  # the handler's failure is recorded, not raised
                 outcome = ("error", exc)
             with self._lock:
@@ -651,6 +667,10 @@ class Worker:
             else:
                 self.stats.timers_refused += 1
         return fired
+
+
+async def _awaited(answer: Awaitable[Any]) -> Any:
+    return await answer
 
 
 class _Outcome(Within):

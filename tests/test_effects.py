@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from asyncio_kinds import KINDS, closing, engine_of, worker_of
 from sqlalchemy import select
 
 from lifecycle import (
@@ -86,14 +88,18 @@ def recorder() -> Recorder:
     return Recorder()
 
 
-@pytest.fixture
-def engine(store: Store, clock: SimulatedClock, recorder: Recorder) -> Engine:
+@pytest.fixture(params=KINDS)
+def engine(store: Store, clock: SimulatedClock, recorder: Recorder,
+           request: pytest.FixtureRequest) -> Iterator[Any]:
+    """The Engine and Worker, and the same driven as AsyncEngine and AsyncWorker."""
     effects = {
         "a": recorder.handler("a", "a_done"),
         "b": Effect(recorder.handler("b", None), Retry(max_attempts=3, base=10, jitter=0)),
         "c": Effect(recorder.handler("c", "c_done"), Retry(max_attempts=2, base=5, jitter=0)),
     }
-    return Engine(store, [CHAIN], effects=effects, clock=clock)
+    engine = engine_of(request.param, store, [CHAIN], effects=effects, clock=clock)
+    yield engine
+    closing(engine)()
 
 
 def test_effects_are_written_with_their_transition(engine: Engine) -> None:
@@ -110,7 +116,7 @@ def test_effects_are_written_with_their_transition(engine: Engine) -> None:
 def test_a_chain_runs_in_order_and_follow_ups_fire(engine: Engine, recorder: Recorder) -> None:
     engine.create("chain", "r1")
     engine.fire("r1", "go")
-    stats = Worker(engine).run_until_idle()
+    stats = worker_of(engine).run_until_idle()
     assert [c[0] for c in recorder.calls] == ["a", "b", "c"]
     assert engine.get("r1").state == "third"
     assert (stats.done, stats.retried, stats.failed) == (3, 0, 0)
@@ -125,7 +131,7 @@ def test_effects_of_one_resource_never_overlap(engine: Engine, recorder: Recorde
     for i in range(12):
         engine.create("chain", f"r{i}")
         engine.fire(f"r{i}", "go")
-    Worker(engine, concurrency=4).run_until_idle()
+    worker_of(engine, concurrency=4).run_until_idle()
     assert recorder.overlaps == []
     for i in range(12):
         assert [c[0] for c in recorder.calls if c[1] == f"r{i}"] == ["a", "b", "c"]
@@ -137,7 +143,7 @@ def test_backoff_with_a_simulated_clock(engine: Engine, clock: SimulatedClock,
     recorder.failures["b"] = [RuntimeError("schedd down"), RuntimeError("schedd down")]
     engine.create("chain", "r1")
     engine.fire("r1", "go")
-    worker = Worker(engine)
+    worker = worker_of(engine)
     worker.run_until_idle()
     [_, b, c] = effect_records(engine)
     assert (b.status, b.attempts, b.last_error) == ("pending", 1, "RuntimeError: schedd down")
@@ -172,7 +178,7 @@ def test_failed_for_good_fires_on_failure(engine: Engine, clock: SimulatedClock,
     recorder.failures["c"] = [RuntimeError("smtp refused")] * 2
     engine.create("chain", "r1")
     engine.fire("r1", "go")
-    worker = Worker(engine)
+    worker = worker_of(engine)
     worker.run_until_idle()
     clock.advance(5)
     worker.run_until_idle()
@@ -188,7 +194,7 @@ def test_failed_for_good_without_on_failure_is_stuck_until_retried(
     recorder.failures["b"] = [PermanentError("disk full")]
     engine.create("chain", "r1")
     engine.fire("r1", "go")
-    worker = Worker(engine)
+    worker = worker_of(engine)
     worker.run_until_idle()
     [_, b, c] = effect_records(engine)
     assert (b.status, b.attempts, b.last_error) == ("failed", 1, "PermanentError: disk full")
@@ -213,7 +219,7 @@ def test_a_worker_claims_only_what_it_has_handlers_for(store: Store,
         "c": lambda c: calls.append("c")})  # another service, with another handler
     Worker(mailer).run_until_idle()
     assert calls == [] and effect_records(engine)[0].status == "pending"
-    Worker(engine).run_until_idle()
+    worker_of(engine).run_until_idle()
     assert effect_records(engine)[0].status == "done"
 
 
@@ -233,7 +239,7 @@ def test_a_handler_that_hangs_times_out_and_is_retried(store: Store,
         "b": lambda c: None, "c": lambda c: None})
     engine.create("chain", "r1")
     engine.fire("r1", "go")
-    worker = Worker(engine)
+    worker = worker_of(engine)
     worker.run_until_idle()  # returns without waiting for the hung handler
     assert not release.is_set() and attempts == [1]
     a = effect_records(engine)[0]
@@ -248,10 +254,10 @@ def test_an_expired_lease_is_claimed_again(engine: Engine, clock: SimulatedClock
                                            recorder: Recorder) -> None:
     engine.create("chain", "r1")
     engine.fire("r1", "go")
-    dead = Worker(engine, lease=60, name="dead-worker")
+    dead = worker_of(engine, lease=60, name="dead-worker")
     [claimed] = dead._claim(1)
     assert effect_records(engine)[0].status == "running"
-    alive = Worker(engine, name="alive-worker")
+    alive = worker_of(engine, name="alive-worker")
     alive.run_until_idle()
     assert recorder.calls == []  # the lease still holds
     clock.advance(61)
@@ -302,7 +308,7 @@ def test_timer_fires_when_due(slots: Engine, clock: SimulatedClock) -> None:
     assert (timer.state, timer.trigger, timer.status, timer.seq) == (
         "matched", "match_timeout", "pending", 2)
     assert timer.due_at == clock.now() + __import__("datetime").timedelta(seconds=120)
-    worker = Worker(slots)
+    worker = worker_of(slots)
     clock.advance(119)
     worker.run_until_idle()
     assert slots.get("s1").state == "matched"
@@ -318,7 +324,7 @@ def test_timer_of_a_state_left_is_a_no_op(slots: Engine, clock: SimulatedClock) 
     slots.fire("s1", "match")
     slots.fire("s1", "claim")
     clock.advance(200)
-    Worker(slots).run_until_idle()
+    worker_of(slots).run_until_idle()
     assert slots.get("s1").state == "claimed.idle"
     statuses = {t.state: t.status for t in timer_records(slots, "s1")}
     assert statuses == {"matched": "cancelled", "claimed": "pending"}
@@ -336,7 +342,7 @@ def test_moving_inside_a_composite_state_keeps_its_timer(slots: Engine,
     claimed = [t for t in timer_records(slots, "s1") if t.state == "claimed"]
     assert [t.status for t in claimed] == ["cancelled", "pending"]
     clock.advance(600)
-    Worker(slots).run_until_idle()
+    worker_of(slots).run_until_idle()
     assert slots.get("s1").state == "unclaimed"
 
 
@@ -346,7 +352,7 @@ def test_timer_from_a_data_field_and_refused_by_a_guard(slots: Engine,
     slots.fire("s1", "match")
     slots.fire("s1", "claim")
     clock.advance(30)
-    Worker(slots).run_until_idle()
+    worker_of(slots).run_until_idle()
     assert slots.get("s1").state == "claimed.idle"
     timer = next(t for t in timer_records(slots, "s1") if t.state == "claimed")
     assert (timer.status, timer.outcome) == ("refused", "guard 'lease_not_renewed' is false")
@@ -447,10 +453,10 @@ def test_entry_effects_run_on_every_entry_and_on_creation(store: Store,
         "deploy": record("deploy", "deployed"), "terminate": record("terminate"),
         "note": record("note")})
     engine.create("pilot", "p1")
-    Worker(engine).run_until_idle()
+    worker_of(engine).run_until_idle()
     engine.fire("p1", "release")
     engine.fire("p1", "again")  # re-entering cleanup asks again
-    Worker(engine).run_until_idle()
+    worker_of(engine).run_until_idle()
     assert calls == [("deploy", "p1", 1), ("note", "p1", 3), ("terminate", "p1", 3),
                      ("terminate", "p1", 4)]
     assert [e.idempotency_key for e in effect_records(engine)][1:3] == [
@@ -481,7 +487,7 @@ def test_an_effect_asked_for_while_its_predecessor_is_recorded_done_can_run(
     engine.create("tock", "t1")
     engine.fire("t1", "tock")
     [(first, _)] = _heads(store)
-    worker = Worker(engine)
+    worker = worker_of(engine)
     [call] = worker._claim(1)
     other = threading.Thread(target=engine.fire, args=("t1", "tock"))
     with store.write() as cursor:
@@ -492,5 +498,5 @@ def test_an_effect_asked_for_while_its_predecessor_is_recorded_done_can_run(
     assert not other.is_alive()
     [(second, status)] = _heads(store)
     assert second > first and status == "pending"
-    assert Worker(engine).run_until_idle().done == 1
+    assert worker_of(engine).run_until_idle().done == 1
     assert _heads(store) == []

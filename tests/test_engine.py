@@ -4,9 +4,11 @@ eventless steps, history, keys, data, and specs stored in the database."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from asyncio_kinds import KINDS, closing, engine_of
 from pydantic import BaseModel
 
 from lifecycle import (
@@ -62,9 +64,12 @@ def clock() -> SimulatedClock:
     return SimulatedClock("2026-03-01T12:00:00Z")
 
 
-@pytest.fixture
-def engine(store: Store, clock: SimulatedClock) -> Engine:
-    return Engine(store, [SLOT], guards=GUARDS, clock=clock)
+@pytest.fixture(params=KINDS)
+def engine(store: Store, clock: SimulatedClock, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """The Engine, and the same engine driven as an AsyncEngine (tests/asyncio_kinds.py)."""
+    engine = engine_of(request.param, store, [SLOT], guards=GUARDS, clock=clock)
+    yield engine
+    closing(engine)()
 
 
 def test_create_and_fire_through_nested_states(engine: Engine, clock: SimulatedClock) -> None:
@@ -292,9 +297,11 @@ def test_update_changes_data_not_state(engine: Engine, clock: SimulatedClock) ->
 
 
 def test_a_threads_connection_goes_back_to_the_pool_when_the_thread_ends(
-        engine: Engine, store: Store) -> None:
+        store: Store, clock: SimulatedClock) -> None:
     import gc
     import threading
+
+    engine = Engine(store, [SLOT], guards=GUARDS, clock=clock)  # threads: the sync engine's
 
     engine.create("slot", "s")
     # more threads than the pool holds (5 + 10 overflow): each fires once and ends

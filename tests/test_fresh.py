@@ -5,9 +5,11 @@ from __future__ import annotations
 import datetime as dt
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from asyncio_kinds import KINDS, closing, engine_of
 
 from lifecycle import (
     Engine,
@@ -89,10 +91,14 @@ def site() -> Site:
     return Site()
 
 
-@pytest.fixture
-def engine(store: Store, clock: SimulatedClock, site: Site) -> Engine:
-    return Engine(store, [DRONE, no_probe(DRONE)], guards=GUARDS, probes={"site": site},
-                  clock=clock)
+@pytest.fixture(params=KINDS)
+def engine(store: Store, clock: SimulatedClock, site: Site,
+           request: pytest.FixtureRequest) -> Iterator[Any]:
+    """The Engine, and the same engine driven as an AsyncEngine (tests/asyncio_kinds.py)."""
+    engine = engine_of(request.param, store, [DRONE, no_probe(DRONE)], guards=GUARDS,
+                       probes={"site": site}, clock=clock)
+    yield engine
+    closing(engine)()
 
 
 def at(clock: SimulatedClock, seconds: float) -> dt.datetime:

@@ -720,7 +720,11 @@ def test_fast_shutdown_while_the_queue_hangs(sqlite_url: str, tmp_path: Path) ->
 
 # -- crashes ------------------------------------------------------------------------------------
 
-WINDOW = ("email:accepted", "send_job_notification:after", "email:claim_lost")
+WINDOW = ("email:accepted", "send_job_notification:after")
+"""Crashes after the SMTP server accepted a mail and before the commit: each sends it again."""
+MAYBE = ("email:claim_lost", "email:failed")
+"""A mail whose sender lost its claim, or saw the send fail (a reply that came too late, on a
+busy machine): it may or may not have been delivered, and is sent again."""
 
 
 def _crash_run(url: str, tmp_path: Path, jobs: int, probability: float) -> None:
@@ -761,11 +765,14 @@ def _crash_run(url: str, tmp_path: Path, jobs: int, probability: float) -> None:
     elapsed = time.monotonic() - started
     points = [line.split() for line in crash_log.read_text().splitlines()]
     window = Counter(key for point, key in points if point in WINDOW)
+    maybe = Counter(key for point, key in points if point in MAYBE)
     print(f"{jobs} job exits on {store.dialect}: {runs} worker runs, {crashes} killed with "
           f"SIGKILL in {elapsed:.1f} s; crash points hit: "
           f"{dict(Counter(point for point, _ in points))}; the window between the SMTP "
-          f"reply and the commit was hit {sum(window.values())} times")
-    killed = [point for point, _ in points if point != "email:claim_lost"]
+          f"reply and the commit was hit {sum(window.values())} times, and "
+          f"{sum(maybe.values())} mails were sent by a worker that lost its claim or saw "
+          f"the send fail")
+    killed = [point for point, _ in points if point not in MAYBE]
     assert crashes == len(killed) and crashes >= 10, "too few crashes to show anything"
 
     assert {e.status for e in effect_records(engine)} == {"done"}
@@ -785,8 +792,11 @@ def _crash_run(url: str, tmp_path: Path, jobs: int, probability: float) -> None:
         assert ad.get("ExitCode") == payload.get("exit_code")
         found_ad = queue_ad(store, JobId.parse(key))
         assert found_ad is not None and (found_ad.job_status, found_ad.updates) == (4, 1)
-        expected = 1 + window[key] if wants_mail[key] else 0
-        assert mails[key] == expected, (key, mails[key], window[key])
+        if wants_mail[key]:  # once, and again only for a window that was hit
+            assert 1 + window[key] <= mails[key] <= 1 + window[key] + maybe[key], (
+                key, mails[key], window[key], maybe[key])
+        else:
+            assert mails[key] == 0, (key, mails[key])
     assert not [p for p in logs.iterdir() if p.name.startswith(".")]  # no temporary files
     assert engine.verify() == []
     store.dispose()

@@ -22,7 +22,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("pieces", ("fresh", "compiled", "effects", "files", "registry", "queries", "verify",
                 "processes")),
     ("engine", ("engine",)),
-    ("tools", ("worker", "outbox", "scenario", "render")),
+    ("tools", ("worker", "aio", "outbox", "scenario", "render")),
     ("api", ("__init__",)),
     ("adapters", ("adapters.*",)),
     ("machines", ("machines.*",)),

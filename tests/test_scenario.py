@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
+from asyncio_kinds import Blocking, BlockingWorker
 from click.testing import CliRunner
 
-from lifecycle import ScenarioError
+from lifecycle import Engine, ScenarioError, scenario
 from lifecycle.cli import main
 from lifecycle.machines import builtins
 from lifecycle.scenario import ScenarioResult
@@ -27,6 +29,30 @@ def replay(path: Path) -> ScenarioResult:
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: str(p.relative_to(p.parents[1])))
 def test_shipped_scenarios_pass(path: Path) -> None:
     result = replay(path)
+    assert result.passed, str(result.failure)
+
+
+# the drone's scenarios (risky edges, probes, fences, effects with follow-ups: the core set
+# of what asyncio changes) and the batch job's again, on AsyncEngine and AsyncWorker
+ASYNC_SET = [p for p in SHIPPED if p.parent.name in ("drone", "batch_job")]
+
+
+@pytest.mark.parametrize("path", ASYNC_SET, ids=lambda p: str(p.relative_to(p.parents[1])))
+def test_shipped_scenarios_pass_on_asyncio(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    engines: list[Blocking] = []
+
+    def async_engine(*args: Any, **kwargs: Any) -> Blocking:
+        engines.append(Blocking(Engine(*args, **kwargs)))
+        return engines[-1]
+
+    monkeypatch.setattr(scenario, "Engine", async_engine)
+    monkeypatch.setattr(scenario, "Worker", BlockingWorker)
+    try:
+        result = replay(path)
+    finally:
+        for engine in engines:
+            engine.close()
+    assert engines, "the scenario ran on the sync engine"
     assert result.passed, str(result.failure)
 
 

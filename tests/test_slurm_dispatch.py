@@ -6,6 +6,7 @@ LIFECYCLE_REQUIRE_SLURM=1)."""
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import logging
 import subprocess
@@ -20,6 +21,7 @@ from typing import Any
 import pytest
 
 from lifecycle import Engine, SimulatedClock, Store, Worker
+from lifecycle.adapters.container_api import MemoryContainerAPI
 from lifecycle.adapters.slurm import run_command
 from lifecycle.adapters.slurm_dispatch import (
     CANCEL_STEPS,
@@ -27,6 +29,7 @@ from lifecycle.adapters.slurm_dispatch import (
     QueueEntry,
     ScancelRate,
     SlurmDispatch,
+    cancel_order,
     parse_squeue,
 )
 from lifecycle.errors import SiteError
@@ -46,6 +49,8 @@ class FakeSlurm:
     clock: SimulatedClock
     listed: dict[str, str] = field(default_factory=dict)
     cancels: list[tuple[str, float]] = field(default_factory=list)
+    calls: list[tuple[str, tuple[int, ...], float]] = field(default_factory=list)
+    """Every cancel call with its steps."""
     exit_codes: list[int] = field(default_factory=list)
     renices: list[tuple[str, int]] = field(default_factory=list)
     before_answer: Callable[[], None] | None = None
@@ -69,10 +74,13 @@ class FakeSlurm:
             self.before_answer()
         return answer
 
-    def cancel(self, name: str) -> CancelOutcome:
-        self.cancels.append((name, self.elapsed()))
+    def cancel(self, name: str, steps: Sequence[int] = (0, 1, 2)) -> CancelOutcome:
+        """A cancel (or its lead) is recorded in ``cancels``; every call in ``calls``."""
+        self.calls.append((name, tuple(steps), self.elapsed()))
+        if len(steps) != len(CANCEL_STEPS) - 1:
+            self.cancels.append((name, self.elapsed()))
         code = self.exit_codes.pop(0) if self.exit_codes else 0
-        return CancelOutcome(code, len(CANCEL_STEPS) if code == 0 else 1, f"exit {code}")
+        return CancelOutcome(code, len(steps) if code == 0 else 1, f"exit {code}")
 
     def renice(self, name: str, nice: int) -> None:
         self.renices.append((name, nice))
@@ -85,11 +93,12 @@ def sqlite_store(tmp_path: Path) -> Iterator[Store]:
     store.dispose()
 
 
-def machine(store: Store, settings: sd.Settings, **fake: Any) -> tuple[
+def machine(store: Store, settings: sd.Settings, api: Any = None, **fake: Any) -> tuple[
         Engine, Worker, sd.Dispatcher, FakeSlurm, SimulatedClock]:
     clock = SimulatedClock(START)
     slurm = FakeSlurm(clock, **fake)
-    engine = Engine(store, [sd.SPEC], guards=sd.GUARDS, effects=sd.effects(slurm), clock=clock)
+    engine = Engine(store, [sd.SPEC], guards=sd.GUARDS,
+                    effects=sd.effects(slurm, api or MemoryContainerAPI()), clock=clock)
     return engine, Worker(engine), sd.Dispatcher(engine, slurm, settings), slurm, clock
 
 
@@ -218,6 +227,107 @@ def test_job_gone_before_its_container_started_unlocks_it(sqlite_store: Store) -
     assert engine.get("c1").state == "queued"
 
 
+def test_the_signal_of_every_job_due_comes_before_the_steps_that_only_make_sure(
+        sqlite_store: Store) -> None:
+    """Three jobs fall due together under a limit of 10 scancels a second: each gets the
+    scancel for its state first (a tick apart), the others after; a job that left before
+    its rest came never gets the rest."""
+    settings = sd.Settings(delay_a=0.0, poll_interval=1.0)
+    engine, worker, dispatcher, slurm, clock = machine(sqlite_store, settings,
+                                                       per_second=10)
+    for key, state in (("r", "RUNNING"), ("p", "PENDING"), ("s", "SUSPENDED")):
+        dispatcher.add(key, state="running")
+        slurm.listed[key] = state
+        engine.fire(f"slurm_dispatch:{key}", "container_done")
+    worker.run_until_idle()                      # delay A 0: all due
+    clock.advance(1)
+    dispatcher.poll()
+    for _ in range(10):                          # 0.05 s steps: the throttled timers
+        worker.run_until_idle()
+        if len(slurm.calls) == 3:
+            break
+        clock.advance(0.05)
+    # the leads, a tick apart (in the order the worker took them), and nothing else yet
+    assert sorted((name, steps) for name, steps, _ in slurm.calls) == [
+        ("p", (0,)), ("r", (1,)), ("s", (2,))]
+    times = [at for _, _, at in slurm.calls]
+    assert all(b - a >= 0.1 - 1e-9 for a, b in itertools.pairwise(times))
+    del slurm.listed["p"]                        # p's job leaves before its rest
+    dispatcher.poll()
+    assert engine.get("p").state == "gone"
+    for _ in range(4):
+        clock.advance(0.25)
+        worker.run_until_idle()
+    assert sorted((name, steps) for name, steps, _ in slurm.calls[3:]) == [
+        ("r", (0, 2)), ("s", (0, 1))]            # the rests; none for p
+    assert engine.get("r").state == "cancelling.waiting"
+    assert engine.get("r").data["scancels"] == 1
+
+
+def test_a_due_scancel_asks_for_a_quick_poll(sqlite_store: Store) -> None:
+    settings = sd.Settings(delay_a=5.0, poll_interval=10.0, quick_poll=1.0)
+    engine, worker, dispatcher, slurm, clock = machine(sqlite_store, settings)
+    dispatcher.add("c1", state="running")
+    slurm.listed["c1"] = "RUNNING"
+    assert dispatcher.poll_if_due() is not None  # the first poll: at once
+    engine.fire("slurm_dispatch:c1", "container_done")
+    clock.advance(1)
+    assert dispatcher.poll_if_due() is None      # nothing due: the poll interval
+    clock.advance(4)
+    worker.run_until_idle()                      # delay A is over
+    assert engine.get("c1").state == "cancelling.due"
+    assert dispatcher.poll_if_due() is not None  # due: polled 5 s after the last, not 10
+    worker.run_until_idle()
+    assert [at for _, at in slurm.cancels] == [5.0]
+    clock.advance(0.5)
+    assert dispatcher.poll_if_due() is None      # never closer than quick_poll
+
+
+def test_the_api_is_told_when_a_job_leaves(sqlite_store: Store) -> None:
+    """Through the outbox: a Running container whose job left is Cancelled, a Locked one
+    unlocked, a Complete one left alone; a failing API is asked again."""
+    api = MemoryContainerAPI({"run": "Running", "lock": "Locked", "done": "Complete"})
+    failures = ["API down"]
+    real_state = api.state
+
+    def state(uuid: str) -> str:
+        if failures:
+            raise RuntimeError(failures.pop())
+        return real_state(uuid)
+
+    api.state = state  # type: ignore[method-assign]
+    engine, worker, dispatcher, _slurm, clock = machine(sqlite_store, sd.Settings(), api=api)
+    dispatcher.add("run", state="running")
+    dispatcher.add("lock", state="submitted")
+    dispatcher.add("done", state="finished")
+    dispatcher.poll()                            # none of their jobs is listed
+    assert [engine.get(k).state for k in ("run", "lock", "done")] == [
+        "gone", "queued", "gone"]
+    worker.run_until_idle()
+    assert len(api.changes) == 1                 # the first asked met the failure
+    clock.advance(60)                            # the failed one's retry is due
+    worker.run_until_idle()
+    assert sorted(api.changes) == [("lock", "Locked", "Queued"),
+                                   ("run", "Running", "Cancelled")]
+    assert api.states == {"run": "Cancelled", "lock": "Queued", "done": "Complete"}
+
+
+def test_a_pending_job_at_low_priority_draws_a_warning(
+        sqlite_store: Store, caplog: pytest.LogCaptureFixture) -> None:
+    _engine, _worker, dispatcher, slurm, _clock = machine(sqlite_store, sd.Settings())
+    for key in ("low", "high", "running"):
+        dispatcher.add(key, state="submitted", priority=500)
+        slurm.listed[key] = "PENDING"
+    slurm.entries = {"low": QueueEntry("low", 10000, 20000, "PENDING", "Priority"),
+                     "high": QueueEntry("high", 10000, 20001, "PENDING", "Priority"),
+                     "running": QueueEntry("running", 10000, 5, "RUNNING", "None")}
+    with caplog.at_level(logging.WARNING, logger="lifecycle.machines.slurm_dispatch"):
+        dispatcher.poll()
+    warned = [r.getMessage() for r in caplog.records if "low priority" in r.getMessage()]
+    assert warned == ["job low has low priority 20000, nice 10000, state PENDING, reason "
+                      "Priority"]
+
+
 # -- the log throttle -------------------------------------------------------------------------
 
 
@@ -308,32 +418,67 @@ def _most_in_one_second(starts: Sequence[float]) -> int:
     return most
 
 
-def test_rate_limit_books_a_thousand_cancels_in_order_at_most_r_a_second() -> None:
+def test_rate_limit_serves_every_lead_first_in_order_at_most_r_a_second() -> None:
+    """A thousand cancels fall due at once: each one's lead (the scancel that reaches its
+    job) comes one tick after the one before, in the order they asked; the rests of the
+    cancels (two scancels each) come after every lead; never more than R a second."""
     clock = SimulatedClock(START)
+    start = clock.now()
     rate = ScancelRate(20, clock)
     keys = [f"c{i}" for i in range(1000)]
-    waits = {key: rate.reserve(key) for key in keys}   # a thousand finish at once
-    assert waits["c0"] == 0.0
-    assert [waits[k] for k in keys] == sorted(waits[k] for k in keys)
-    assert waits["c999"] == pytest.approx(999 * 3 / 20)
-    assert rate.reserve("c5") == waits["c5"]          # asking again books nothing new
-    starts: list[float] = []
-    for key in sorted(keys, key=waits.__getitem__):
-        now = (clock.now() - SimulatedClock(START).now()).total_seconds()
-        clock.advance(max(0.0, waits[key] - now))
-        assert rate.reserve(key) == 0.0               # its slot has come
-        for _ in CANCEL_STEPS:
-            wait = rate.turn(key)
-            clock.advance(wait)
-            starts.append((clock.now() - SimulatedClock(START).now()).total_seconds())
+    waits = {key: rate.reserve(key, 1) for key in keys}
+    assert [waits[k] for k in keys] == [i / 20 for i in range(1000)]
+    assert rate.reserve("c5", 1) == waits["c5"]          # asking again keeps its place
+    # (when, order, key, lead, granted): "c0" was granted at once, the others come back
+    asks = [(waits[k], i, k, True, waits[k] == 0) for i, k in enumerate(keys)]
+    heapq.heapify(asks)
+    order = itertools.count(1000)
+    starts: list[tuple[float, str, bool]] = []
+    while asks:
+        at, _, key, lead, granted = heapq.heappop(asks)
+        clock.advance(max(0.0, at - (clock.now() - start).total_seconds()))
+        count = 1 if lead else len(CANCEL_STEPS) - 1
+        wait = 0.0 if granted else rate.reserve(key, count, lead=lead)
+        if wait > 0:                                     # told to come back later
+            heapq.heappush(asks, (at + wait, next(order), key, lead, False))
+            continue
+        for _ in range(count):
+            clock.advance(rate.turn())
+            starts.append(((clock.now() - start).total_seconds(), key, lead))
+        if lead:                                         # the rest, as the machine asks
+            heapq.heappush(asks, ((clock.now() - start).total_seconds(), next(order), key,
+                                  False, False))
     assert len(starts) == 3000
-    assert _most_in_one_second(starts) == 20
+    leads = [key for _, key, lead in starts if lead]
+    assert leads == keys                                 # in the order they asked
+    assert all(lead for _, _, lead in starts[:1000])     # every lead before any rest
+    assert starts[999][0] == pytest.approx(999 / 20)
+    assert _most_in_one_second([at for at, _, _ in starts]) == 20
+    assert rate.waiting() == 0
+
+
+def test_a_cancel_that_is_no_longer_wanted_holds_nobody_back() -> None:
+    clock = SimulatedClock(START)
+    rate = ScancelRate(10, clock)
+    assert [rate.reserve(k, 1) for k in ("a", "b", "c")] == [0.0, 0.1, 0.2]
+    rate.forget("b")                                     # its job left squeue meanwhile
+    assert rate.reserve("c", 1) == pytest.approx(0.1)
+    clock.advance(5.0)                                   # "c" was told 0.1 s and never came
+    assert rate.reserve("d", 1) == 0.0                   # so it holds back no one
 
 
 def test_an_unlimited_rate_never_waits() -> None:
     rate = ScancelRate(None, SimulatedClock(START))
     assert [rate.reserve(f"c{i}") for i in range(100)] == [0.0] * 100
-    assert rate.turn("c1") == 0.0
+    assert rate.turn() == 0.0
+
+
+def test_the_lead_step_is_the_one_for_the_jobs_state() -> None:
+    assert cancel_order("RUNNING") == (1, 0, 2)
+    assert cancel_order("COMPLETING") == (1, 0, 2)
+    assert cancel_order("PENDING") == (0, 1, 2)
+    assert cancel_order("SUSPENDED") == (2, 0, 1)
+    assert cancel_order(None) == (0, 1, 2)               # unknown: Arvados' order
 
 
 def test_pool_holds_at_most_p_commands_for_a_thousand_threads() -> None:
@@ -378,20 +523,22 @@ def test_pool_holds_at_most_p_commands_for_a_thousand_threads() -> None:
     assert state["most"] == size == slurm.pool.most_in_flight
 
 
-def test_a_thousand_finishes_at_once_within_the_limits() -> None:
-    """The machine, its worker and its poll against the simulated Slurm of the
-    simulation: a thousand containers finish together, most of their jobs linger."""
-    report = scancel_flood.simulate(seed=3, containers=1000, linger_mean=30.0,
-                                    scancels_per_second=25.0, max_in_flight=2,
-                                    log_interval=3600.0)
-    after, before = report["after"], report["before"]
+def test_a_thousand_finishes_at_once_meet_the_goal_within_the_limits() -> None:
+    """The machine, its worker and its poll against the simulated Slurm of the simulation,
+    with the default configuration: a thousand containers finish together; at most R
+    scancels a second and P commands in flight, no job lingers longer than delay A, a poll
+    and its own exit time, at most one "still in squeue" line per container."""
+    report = scancel_flood.simulate(seed=3)
+    after, before, options = report["after"], report["before"], report["options"]
     assert after["containers_cancelled"] > 200   # the limits were put to work
-    assert after["most_scancels_in_one_second"] <= 25
-    assert after["most_in_flight"] <= 2
+    assert after["most_scancels_in_one_second"] == options["scancels_per_second"]
+    assert after["most_in_flight"] <= options["max_in_flight"]
+    assert after["lingered_past_bound"] == 0
+    assert after["longest_to_cancel_due"] <= options["delay_a"] + options["quick_poll"]
     assert after["containers_gone"] == 1000 and after["left_in_squeue"] == 0
     assert after["most_lines_for_one_container"] <= 1
-    assert after["scancel_invocations"] < before["scancel_invocations"]
-    assert before["most_scancels_in_one_second"] > 25   # Arvados has no rate limit
+    assert after["scancel_invocations"] < before["scancel_invocations"] / 4
+    assert before["most_scancels_in_one_second"] > 100  # Arvados has no rate limit
 
 
 def test_simulation_is_reproducible() -> None:
@@ -453,6 +600,28 @@ def test_the_cancel_stops_at_the_first_failing_step() -> None:
                      ["scancel", "--name=c1", "--batch", "--signal=TERM", "--state=running"]]
 
 
+def test_every_command_takes_a_slot_in_the_pool_renice_too() -> None:
+    """sbatch, squeue, scontrol's renice and each scancel run inside a slot of the pool of
+    max_in_flight commands (the renice within the same limits as the cancels)."""
+    seen: list[tuple[str, int]] = []
+    slurm: SlurmDispatch
+
+    def runner(argv: Sequence[str], timeout: float,
+               env: Mapping[str, str] | None) -> subprocess.CompletedProcess[str]:
+        seen.append((argv[0], slurm.pool.in_flight))
+        return subprocess.CompletedProcess(list(argv), 0, "", "")
+
+    slurm = SlurmDispatch(wrap="true", runner=runner, max_in_flight=2,
+                          scancels_per_second=None)
+    slurm.submit("c1")
+    slurm.queue()
+    slurm.renice("c1", 10)
+    slurm.cancel("c1", cancel_order("RUNNING"))
+    assert seen == [("sbatch", 1), ("squeue", 1), ("scontrol", 1), ("scancel", 1),
+                    ("scancel", 1), ("scancel", 1)]
+    assert slurm.pool.in_flight == 0 and slurm.scancel_invocations == 3
+
+
 # -- on a real Slurm --------------------------------------------------------------------------
 
 
@@ -477,6 +646,7 @@ class Live:
     slurm: SlurmDispatch
     recorder: Recorder
     cluster: Any
+    api: MemoryContainerAPI
 
     def until(self, key: str, done: Callable[[Any], bool], timeout: float = 60) -> Any:
         """Poll and work (each a few milliseconds on this cluster) until ``done(resource)``;
@@ -505,9 +675,10 @@ def live(cluster: Any, tmp_path: Path) -> Iterator[Callable[..., Live]]:
             environment={"SLURM_CONF": str(cluster.conf)}, runner=recorder, timeout=20)
         store = Store(f"sqlite:///{tmp_path / 'live.db'}", upgrade=True)
         stores.append(store)
-        engine = Engine(store, [sd.SPEC], guards=sd.GUARDS, effects=sd.effects(slurm))
+        api = MemoryContainerAPI()
+        engine = Engine(store, [sd.SPEC], guards=sd.GUARDS, effects=sd.effects(slurm, api))
         return Live(engine, Worker(engine), sd.Dispatcher(engine, slurm, settings), slurm,
-                    recorder, cluster)
+                    recorder, cluster, api)
 
     stores: list[Store] = []
     yield make
@@ -539,14 +710,17 @@ def test_real_slurm_submit_run_finish_linger_cancel_gone(live: Callable[..., Liv
     # the container reports Complete; its job lingers (still running)
     box.engine.fire(key, "container_done", {"container_state": "Complete"})
     gone = box.until(key, lambda r: r.state == "gone")
-    assert gone.data["scancels"] >= 1
-    assert box.recorder.scancels(name)[:3] == [list(s) for s in CANCEL_STEPS]
+    assert gone.data["scancel_exit"] == 0
+    # TERM to the running job first; then the two that only make sure
+    assert box.recorder.scancels(name)[:1] == [list(CANCEL_STEPS[1])]
+    assert box.recorder.scancels(name)[1:3] in ([], [list(CANCEL_STEPS[0]),
+                                                     list(CANCEL_STEPS[2])])
     assert box.cluster.wait_for_state(job, "CANCELLED", "FAILED", "COMPLETED")
     path = [e.dest for e in box.engine.history(key) if e.kind == "transition"]
-    assert path[:7] == ["locked", "submitted", "running", "finished", "cancelling.due",
-                        "cancelling.scancelling", "cancelling.waiting"]
+    assert path[:6] == ["locked", "submitted", "running", "finished", "cancelling.due",
+                        "cancelling.scancelling"]
     assert path[-1] == "gone"
-    assert box.engine.get(key).data["scancel_exit"] == 0
+    assert box.api.changes == []                  # Complete in the API: left alone
 
 
 def test_real_slurm_pending_job_cancelled_by_the_api(live: Callable[..., Live]) -> None:
@@ -579,9 +753,12 @@ def test_real_slurm_cancel_of_a_job_already_gone_is_harmless(
     box.engine.fire(key, "cancel")                            # the job has already left
     box.worker.run_until_idle()
     assert box.engine.get(key).data["scancel_exit"] == 0
-    assert len(box.recorder.scancels(name)) == 3              # all three ran, exit 0
+    # the lead ran (pending first: no squeue had shown the job), exit 0; the rest waits
+    # its turn under the rate limit, and is dropped once a poll shows the job gone
+    assert box.recorder.scancels(name)[0] == list(CANCEL_STEPS[0])
     resource = box.until(key, lambda r: r.state == "gone")
-    assert resource.data["scancels"] == 1
+    assert resource.data["scancel_exit"] == 0
+    assert len(box.recorder.scancels(name)) in (1, 3)
     outcome = box.slurm.cancel(name)                          # and once more, directly
     assert outcome.ok and outcome.invocations == 3
     assert box.cluster.job_state(job) == "COMPLETED"

@@ -144,17 +144,20 @@ def resource_status(slurm_state: str) -> str:
 
 
 @dataclass
-class SlurmSite:
-    """A site whose drones are Slurm batch jobs named after the drone.
+class SlurmCommands:
+    """Slurm's client commands as a program that submits jobs named after what they run
+    (a drone, a container) runs them; :class:`SlurmSite` and the container dispatcher's
+    ``SlurmDispatch`` share these settings.
 
     ``script`` is the batch script and its arguments (``["/opt/drone/start.sh", "--pool",
     "x"]``); or ``wrap`` is a command line for ``sbatch --wrap``. ``sbatch_options`` are added
     before it (``["--partition=debug", "--time=12:00:00", "--output=/logs/{name}.out"]``);
-    ``{name}`` in an option, a script argument or ``wrap`` becomes the drone's name.
+    ``{name}`` in an option, a script argument or ``wrap`` becomes the job's name.
 
     ``sbatch``, ``squeue``, ``scancel`` and ``scontrol`` are the commands (names looked up on
     PATH, or paths); ``command_prefix`` goes before each (``["sudo", "-u", "pilot"]``), and
     ``environment`` is added to the process environment (``{"SLURM_CONF": ...}``).
+    ``timeout``: seconds per command; ``runner`` runs one (a subprocess by default).
     """
 
     script: Sequence[str] = ()
@@ -167,18 +170,50 @@ class SlurmSite:
     command_prefix: Sequence[str] = ()
     environment: Mapping[str, str] = field(default_factory=dict)
     timeout: float = 30.0
+    runner: Runner = run_command
+
+    def __post_init__(self) -> None:
+        if bool(self.script) == (self.wrap is not None):
+            raise ValueError(f"{type(self).__name__} needs exactly one of script=[path, "
+                             "args...] or wrap='command line'")
+
+    def sbatch_argv(self, name: str, *flags: str) -> list[str]:
+        """``sbatch FLAGS --job-name=<name> OPTIONS script|--wrap=...``, ``{name}`` replaced
+        by ``name`` in the options, the script's arguments and ``wrap``."""
+        argv = [self.sbatch, *flags, f"--job-name={name}",
+                *(o.replace("{name}", name) for o in self.sbatch_options)]
+        if self.wrap is not None:
+            argv.append(f"--wrap={self.wrap.replace('{name}', name)}")
+        else:
+            argv.extend(a.replace("{name}", name) for a in self.script)
+        return argv
+
+    def run(self, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+        """Run one command (after ``command_prefix``, with ``environment``); SiteError when
+        it cannot run or does not answer within ``timeout``."""
+        env = {**os.environ, **self.environment} if self.environment else None
+        return run_checked(self.runner, [*self.command_prefix, *argv], self.timeout, env)
+
+    def failed(self, argv: Sequence[str],
+               done: subprocess.CompletedProcess[str]) -> SiteError:
+        """The SiteError of a command that exited non-zero."""
+        return command_failed([*self.command_prefix, *argv], done)
+
+
+@dataclass
+class SlurmSite(SlurmCommands):
+    """A site whose drones are Slurm batch jobs named after the drone (the settings of
+    :class:`SlurmCommands`, and these)."""
+
     max_ids_per_call: int = 1000
     stop_signal: str | None = None
     hold_before_cancel: bool = True
-    runner: Runner = run_command
     drone_minimum_lifetime: float | None = None
     """TARDIS's site setting: seconds an available drone runs before it is drained (None:
     until the pool releases it). The drone's deploy copies it into the drone's data."""
 
     def __post_init__(self) -> None:
-        if bool(self.script) == (self.wrap is not None):
-            raise ValueError("SlurmSite needs exactly one of script=[path, args...] or "
-                             "wrap='command line'")
+        super().__post_init__()
         if self.drone_minimum_lifetime is not None and not self.drone_minimum_lifetime > 0:
             raise ValueError("SlurmSite drone_minimum_lifetime is a positive number of seconds "
                              f"(or None), not {self.drone_minimum_lifetime}")
@@ -190,15 +225,10 @@ class SlurmSite:
 
     def deploy(self, drone: Drone) -> str:
         """``sbatch --parsable --job-name=<name> [options] script|--wrap``; the job id."""
-        argv = [self.sbatch, "--parsable", f"--job-name={drone.name}",
-                *(_named(o, drone) for o in self.sbatch_options)]
-        if self.wrap is not None:
-            argv.append(f"--wrap={_named(self.wrap, drone)}")
-        else:
-            argv.extend(_named(a, drone) for a in self.script)
-        done = self._run(argv)
+        argv = self.sbatch_argv(drone.name, "--parsable")
+        done = self.run(argv)
         if done.returncode != 0:
-            raise self._failed(argv, done)
+            raise self.failed(argv, done)
         lines = [line.strip() for line in done.stdout.splitlines() if line.strip()]
         match = re.fullmatch(r"(\d+)(;.*)?", lines[-1]) if lines else None
         if match is None:
@@ -227,9 +257,9 @@ class SlurmSite:
         if self.stop_signal:
             argv += ["--full", f"--signal={self.stop_signal}"]
         argv.append(drone.remote_id)
-        done = self._run(argv)
+        done = self.run(argv)
         if done.returncode != 0 and not _says_gone(done.stderr):
-            raise self._failed(argv, done)
+            raise self.failed(argv, done)
 
     def terminate(self, drone: Drone, expect: str | None) -> Terminated:
         """Cancel the job only while it is in ``expect`` (see the module's docstring)."""
@@ -248,21 +278,21 @@ class SlurmSite:
         held = False
         if fence == "PENDING" and self.hold_before_cancel:
             hold = [self.scontrol, "hold", job]
-            done = self._run(hold)
+            done = self.run(hold)
             if done.returncode != 0:
                 if _says_gone(done.stderr):
                     return Terminated(False, f"job {job} is not pending: "
                                              f"{_first_line(done.stderr)}")
-                raise self._failed(hold, done)
+                raise self.failed(hold, done)
             held = True
         argv = [self.scancel, "-v", *([f"--state={fence}"] if fence else []), job]
         try:
-            done = self._run(argv)
+            done = self.run(argv)
             refused = _kill_error(done.stderr, job)
             if (done.returncode != 0
                     and not (_says_gone(done.stderr) or _NO_MATCH in done.stderr)) or (
                     refused is not None and not _says_gone(refused)):
-                raise self._failed(argv, done)
+                raise self.failed(argv, done)
         except SiteError as exc:
             if held:
                 raise SiteError(f"{exc} (job {job} was held first: it cannot start until a "
@@ -306,9 +336,9 @@ class SlurmSite:
         """Job id → Slurm state for the ids squeue knows, from one call (more only when squeue
         refuses the list over an id it does not know: then the missing ones one by one)."""
         argv = [self.squeue, "-o", "%A|%N|%T", "-h", "-t", "all", f"--job={','.join(ids)}"]
-        done = self._run(argv)
+        done = self.run(argv)
         if done.returncode != 0 and INVALID_JOB not in done.stderr:
-            raise self._failed(argv, done)
+            raise self.failed(argv, done)
         states = _parse_squeue(done.stdout)
         if done.returncode != 0 and len(ids) > 1:
             for job in ids:
@@ -319,7 +349,7 @@ class SlurmSite:
     def _release(self, job: str) -> None:
         argv = [self.scontrol, "release", job]
         try:
-            done = self._run(argv)
+            done = self.run(argv)
         except SiteError as exc:
             log.warning("could not undo the hold on Slurm job %s: %s", job, exc)
             return
@@ -327,17 +357,6 @@ class SlurmSite:
             log.warning("could not undo the hold on Slurm job %s: %s", job,
                         done.stderr.strip())
 
-    def _run(self, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, **self.environment} if self.environment else None
-        return run_checked(self.runner, [*self.command_prefix, *argv], self.timeout, env)
-
-    def _failed(self, argv: Sequence[str],
-                done: subprocess.CompletedProcess[str]) -> SiteError:
-        return command_failed([*self.command_prefix, *argv], done)
-
-
-def _named(arg: str, drone: Drone) -> str:
-    return arg.replace("{name}", drone.name)
 
 
 def _parse_squeue(stdout: str) -> dict[str, str]:

@@ -8,7 +8,7 @@ import importlib
 import os
 import sys
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ import click
 
 from ..engine import Engine
 from ..errors import LifecycleError, UnknownMachine
-from ..machines import builtins, drone
+from ..machines import builtin, builtins
 from ..spec import MachineSpec, load_spec
 from ..store import Store
 
@@ -32,17 +32,24 @@ def open_store(db_url: str | None, *, upgrade: bool = False, check: bool = True)
     return store
 
 
-def make_engine(db_url: str | None, *, upgrade: bool = False) -> Engine:
-    """An engine with every built-in machine's guards and handlers; the built-in specs are
-    registered as they are used, machines from files as the database stored them."""
+def make_engine(db_url: str | None, *, upgrade: bool = False,
+                machines: Iterable[str] | None = None, store: Store | None = None) -> Engine:
+    """An engine with every built-in machine's guards and handlers (or, given ``machines``,
+    those of these built-in machines alone: a command about one resource loads no other);
+    the built-in specs are registered as they are used, machines from files as the database
+    stored them."""
     guards: dict[str, Any] = {}
     effects: dict[str, Any] = {}
     probes: dict[str, Any] = {}
-    for provider in [*builtins().values(), *plugins()]:
+    chosen = builtins().values() if machines is None else [
+        found for name in machines if (found := builtin(name)) is not None]
+    for provider in [*chosen, *plugins()]:
         guards.update(getattr(provider, "guards", None) or {})
         effects.update(getattr(provider, "effects", None) or {})
         probes.update(getattr(provider, "probes", None) or {})
         if hasattr(provider, "drone_site"):  # a site and a pool for the built-in drones
+            from ..machines import drone
+
             site, batch = provider.drone_site, getattr(provider, "drone_batch_system", None)
             if batch is None:
                 raise LifecycleError(f"{PLUGINS_VARIABLE}: module {provider.__name__!r} "
@@ -51,8 +58,8 @@ def make_engine(db_url: str | None, *, upgrade: bool = False) -> Engine:
             probes["site"] = drone.probe(site, batch)
     # not strict: a built-in drone is recorded, observed and moved without a site's adapters;
     # its effects wait for a worker that has them, a risky edge without its probe is refused
-    return Engine(open_store(db_url, upgrade=upgrade), guards=guards, effects=effects,
-                  probes=probes, spec_for=CommandSpecs(), strict=False)
+    return Engine(store or open_store(db_url, upgrade=upgrade), guards=guards,
+                  effects=effects, probes=probes, spec_for=CommandSpecs(), strict=False)
 
 
 class CommandSpecs:
@@ -115,8 +122,8 @@ def _where(exc: BaseException) -> str:
 
 def builtin_spec(machine: str) -> MachineSpec | None:
     """A built-in machine runs with the code's spec, not the copy stored in the database."""
-    builtin = builtins().get(machine)
-    return builtin.spec if builtin is not None else None
+    found = builtin(machine)
+    return found.spec if found is not None else None
 
 
 def resolve(name_or_path: str, engine: Callable[[], Engine], *,
@@ -126,12 +133,12 @@ def resolve(name_or_path: str, engine: Callable[[], Engine], *,
     or a file is registered with it when first used (``create``), without it the spec is only
     read
     (``describe`` and ``diagram`` read a file without touching a database)."""
-    builtin = builtins().get(name_or_path)
+    shipped = builtins().get(name_or_path)
     if "\x00" in name_or_path:  # neither a file nor a machine's name
         raise UnknownMachine(name_or_path, [*builtins()])
     path = Path(name_or_path)
-    if builtin is not None:
-        spec = builtin.spec
+    if shipped is not None:
+        spec = shipped.spec
     elif path.suffix.lower() in SPEC_SUFFIXES or path.exists():
         spec = load_spec(path)
     else:

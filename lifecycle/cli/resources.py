@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import shlex
 import sys
 from typing import Any
 
@@ -17,12 +18,12 @@ from sqlalchemy import select
 from ..effects import DONE, FAILED, PENDING, RUNNING
 from ..engine import Engine
 from ..outbox import effect_records, timer_records
-from ..queries import resource_id
+from ..queries import get, resource_id
 from ..records import FireResult, JournalEntry, Observation
 from ..store import outbox
 from . import layout
 from .common import db_option, escape, json_arg, json_option, out, plural, time_text
-from .context import PLUGINS_VARIABLE, make_engine, resolve
+from .context import PLUGINS_VARIABLE, make_engine, open_store, resolve
 
 
 @click.command()
@@ -146,8 +147,9 @@ def print_result(result: FireResult, as_json: bool) -> None:
 @json_option
 def show(key: str, db_url: str | None, as_json: bool) -> None:
     """Show resource KEY: its state, version, data and the triggers it can take."""
-    engine = make_engine(db_url)
-    resource = engine.get(key)
+    store = open_store(db_url)
+    resource = get(store, key)  # first: the engine loads this resource's machine alone
+    engine = make_engine(db_url, machines=[resource.machine], store=store)
     full_key = f"{resource.machine}:{resource.key}"
     triggers = engine.available_triggers(full_key)
     pending_timers = timer_records(engine, full_key, statuses=(PENDING,))
@@ -192,16 +194,36 @@ def show(key: str, db_url: str | None, as_json: bool) -> None:
     out.print(table)
 
 
+PAGE = 100
+"""Resources ``lifecycle list`` shows unless told otherwise."""
+
+
 @click.command("list")
 @click.argument("machine", required=False)
 @click.option("--state", help="Only resources in this state.")
+@click.option("--limit", type=click.IntRange(min=1), default=PAGE, show_default=True,
+              help="Resources on the page.")
+@click.option("--after", metavar="MACHINE:KEY",
+              help="Start past this resource (the last of the page before; it need not "
+                   "exist any more).")
+@click.option("--all", "every", is_flag=True, help="Every resource, not one page.")
 @db_option
 @json_option
-def list_(machine: str | None, state: str | None, db_url: str | None, as_json: bool) -> None:
-    """List resources, of one MACHINE or of all."""
-    items = make_engine(db_url).resources(machine, state)
+def list_(machine: str | None, state: str | None, limit: int, after: str | None, every: bool,
+          db_url: str | None, as_json: bool) -> None:
+    """List resources, of one MACHINE or of all, in (machine, key) order, a page at a time.
+    The last line says how to ask for the next page."""
+    engine = make_engine(db_url)
+    if every:
+        items, more = list(engine.iter_resources(machine, state, after=after)), False
+    else:
+        items = engine.resources(machine, state, limit=limit + 1, after=after)
+        more = len(items) > limit
+        del items[limit:]
     if as_json:
         print(json.dumps([r.to_json() for r in items], indent=2))
+        if more:
+            click.echo(f"more: {_next_page(machine, state, limit, items[-1])}", err=True)
         return
     table = layout.table("resource", "state", "version", "updated")
     blocks = []
@@ -211,7 +233,20 @@ def list_(machine: str | None, state: str | None, db_url: str | None, as_json: b
         blocks.append(layout.block(Text(f"{r.machine}:{r.key}", style="bold"), [
             f"{r.state}, version {r.version}, updated {time_text(r.updated_at)}"]))
     out.print(layout.fitted(out, table, blocks), soft_wrap=False)
-    out.print(plural(len(items), "resource"))
+    if more:
+        out.print(Text(f"{plural(len(items), 'resource')} shown; the next page: "
+                       f"{_next_page(machine, state, limit, items[-1])}"))
+    else:
+        out.print(plural(len(items), "resource"))
+
+
+def _next_page(machine: str | None, state: str | None, limit: int, last: Any) -> str:
+    """The command that shows the page after ``last``."""
+    words = ["lifecycle", "list", *([machine] if machine else []),
+             *(["--state", state] if state else []),
+             *(["--limit", str(limit)] if limit != PAGE else []),
+             "--after", f"{last.machine}:{last.key}"]
+    return shlex.join(words)
 
 
 @click.command()

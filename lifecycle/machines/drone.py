@@ -25,9 +25,11 @@ the drone's demand to 0.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import asyncio
+import inspect
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -253,12 +255,53 @@ def _drone(call: EffectCall) -> Drone:
     return Drone(call.key, call.data.get("remote_id"), call.data)
 
 
-def effects(site: Site, batch: BatchSystem) -> dict[str, Effect]:
-    """The drone's effect handlers, acting through ``site`` and ``batch``."""
+T = TypeVar("T")
 
-    def deploy(call: EffectCall) -> FollowUp:
+
+async def _answer(value: T | Awaitable[T]) -> T:
+    """What a site (or an engine) answered: awaited when it is asyncio's (a TARDIS adapter,
+    an AsyncEngine), as it is otherwise."""
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+def _to_end(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine that awaits only plain answers (of a sync site) to its end, without
+    an event loop: the one body of a handler serves sync and asyncio sites."""
+    try:
+        coroutine.send(None)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    coroutine.close()
+    raise RuntimeError("a handler of a sync site waited on something: give an asyncio site")
+
+
+def is_asyncio(*adapters: Any) -> bool:
+    """Whether these are asyncio's (a TardisSite, TardisBatchSystem): their calls are
+    coroutines, and the drone's handlers and probe become coroutines too."""
+    return any(inspect.iscoroutinefunction(getattr(a, name, None)) for a in adapters
+               for name in ("deploy", "status", "integrate", "machine_status"))
+
+
+def _either(asyncio_: bool, handler: Callable[[EffectCall], Coroutine[Any, Any, T]]
+            ) -> Callable[[EffectCall], Any]:
+    if asyncio_:
+        return handler
+    return lambda call: _to_end(handler(call))
+
+
+def effects(site: Site, batch: BatchSystem) -> dict[str, Effect]:
+    """The drone's effect handlers, acting through ``site`` and ``batch``; coroutines when
+    these are asyncio's (:func:`is_asyncio`)."""
+    asyncio_ = is_asyncio(site, batch)
+    # (the protocols say what a sync site answers; an asyncio one answers awaitables)
+    site_: Any = site
+    pool: Any = batch
+
+    async def deploy(call: EffectCall) -> FollowUp:
         try:
-            remote_id = site.deploy(_drone(call))
+            remote_id = await _answer(site.deploy(_drone(call)))
         except DroneCrashed as exc:
             # TARDIS: TardisDroneCrashed in RequestState -> CleanupState
             return FollowUp("deploy_crashed", {"remote_id": exc.remote_id,
@@ -275,61 +318,66 @@ def effects(site: Site, batch: BatchSystem) -> dict[str, Effect]:
             found["minimum_lifetime"] = float(lifetime)
         return FollowUp("deployed", found)
 
-    def integrate(call: EffectCall) -> FollowUp:
-        batch.integrate(_drone(call), open_gate=bool(call.args.get("open_gate")))
+    async def integrate(call: EffectCall) -> FollowUp:
+        await _answer(pool.integrate(_drone(call), open_gate=bool(call.args.get("open_gate"))))
         return FollowUp("integrated")
 
-    def drain(call: EffectCall) -> FollowUp:
-        batch.drain(_drone(call))
+    async def drain(call: EffectCall) -> FollowUp:
+        await _answer(pool.drain(_drone(call)))
         return FollowUp("drain_started")
 
-    def disintegrate(call: EffectCall) -> FollowUp:
-        batch.disintegrate(_drone(call))
+    async def disintegrate(call: EffectCall) -> FollowUp:
+        await _answer(pool.disintegrate(_drone(call)))
         return FollowUp("disintegrated")
 
-    def stop(call: EffectCall) -> FollowUp:
+    async def stop(call: EffectCall) -> FollowUp:
         try:
-            site.stop(_drone(call))
+            await _answer(site_.stop(_drone(call)))
         except SiteError as exc:
             # TARDIS: stop_resource failed -> stay in ShutDownState; the next heartbeat on a
             # Running status stops again
             return FollowUp("stop_failed", {"error": str(exc)})
         return FollowUp("stopped")
 
-    def release(call: EffectCall) -> FollowUp:
+    async def release(call: EffectCall) -> FollowUp:
         return FollowUp("released", {"demand": 0})
 
-    def terminate(call: EffectCall) -> None:
+    async def terminate(call: EffectCall) -> None:
         expect = None
         if call.args.get("fenced") and call.fence is not None:
             observed = call.fence.get("expect", {}).get("resource_status")
             expect = observed if observed in (BOOTING, RUNNING, STOPPED, ERROR) else None
-        outcome = site.terminate(_drone(call), expect)
+        outcome = await _answer(site.terminate(_drone(call), expect))
         # kept with the effect: whether the site acted, or why it left the job alone
         call.save_progress({"acted": outcome.acted, "detail": outcome.detail})
 
     patient = Retry(max_attempts=None, base=10, cap=300)
     return {
-        "deploy": Effect(deploy, Retry(max_attempts=DEPLOY_ATTEMPTS, base=10, cap=60)),
-        "integrate": Effect(integrate, patient),
-        "drain": Effect(drain, patient),
-        "disintegrate": Effect(disintegrate, patient),
-        "stop": Effect(stop, patient),
-        "terminate": Effect(terminate, patient),
-        "release": Effect(release, patient),
+        "deploy": Effect(_either(asyncio_, deploy),
+                         Retry(max_attempts=DEPLOY_ATTEMPTS, base=10, cap=60)),
+        "integrate": Effect(_either(asyncio_, integrate), patient),
+        "drain": Effect(_either(asyncio_, drain), patient),
+        "disintegrate": Effect(_either(asyncio_, disintegrate), patient),
+        "stop": Effect(_either(asyncio_, stop), patient),
+        "terminate": Effect(_either(asyncio_, terminate), patient),
+        "release": Effect(_either(asyncio_, release), patient),
     }
 
 
-def probe(site: Site, batch: BatchSystem) -> Callable[[ProbeRequest], dict[str, Any]]:
-    """Ask the site (and the pool) about one drone, now."""
+def probe(site: Site, batch: BatchSystem) -> Callable[[ProbeRequest], Any]:
+    """Ask the site (and the pool) about one drone, now (a coroutine function when they are
+    asyncio's)."""
 
-    def ask(request: ProbeRequest) -> dict[str, Any]:
+    async def ask(request: ProbeRequest) -> dict[str, Any]:
         drone = Drone(request.key, request.data.get("remote_id"), request.data)
-        return {"resource_status": site.status([drone]).get(drone.name, DELETED),
-                "machine_status": batch.machine_status([drone]).get(drone.name,
-                                                                     NOT_AVAILABLE)}
+        site_status = await _answer(site.status([drone]))
+        pool_status = await _answer(batch.machine_status([drone]))
+        return {"resource_status": site_status.get(drone.name, DELETED),
+                "machine_status": pool_status.get(drone.name, NOT_AVAILABLE)}
 
-    return ask
+    if is_asyncio(site, batch):
+        return ask
+    return lambda request: _to_end(ask(request))
 
 
 # -- the pool: which drones to release ----------------------------------------------------------
@@ -407,17 +455,15 @@ def reconcile(engine: Any, site: Site, batch: BatchSystem, *, machine: str = "dr
     stepped: the drones keep their state, and no risky edge fires on an old picture. A drone
     that cannot be observed or stepped (it went away; it lost the race with another writer
     too often) is counted in ``errors`` and leaves the others untouched."""
-
     # a drone without a job at the site yet (its deploy has not run) has nothing to ask about
     drones = [r for r in live_drones(engine, machine) if r.data.get("remote_id")]
-    refs = [Drone(r.key, r.data.get("remote_id"), r.data) for r in drones]
-    report: dict[str, Any] = {"drones": len(drones), "moved": {}, "refused": 0, "errors": 0,
-                              "site_error": None}
+    report = _report(drones)
     if not drones:
         return report
     # an answer is true at the moment the question was asked, not when it arrived: both
     # statuses are stamped with the time the site was asked, the earlier of the two
     asked_at = engine.clock.now()
+    refs = [Drone(r.key, r.data.get("remote_id"), r.data) for r in drones]
     with ThreadPoolExecutor(2, thread_name_prefix="reconcile") as pool:
         asking = pool.submit(site.status, refs), pool.submit(batch.machine_status, refs)
         try:
@@ -428,20 +474,76 @@ def reconcile(engine: Any, site: Site, batch: BatchSystem, *, machine: str = "dr
     for start in range(0, len(drones), HEARTBEAT_BATCH):
         keys = [f"{machine}:{d.key}" for d in drones[start:start + HEARTBEAT_BATCH]]
         observed = engine.observe_many(
-            [(key, {"resource_status": site_status.get(d.key, DELETED),
-                    "machine_status": pool_status.get(d.key, NOT_AVAILABLE)})
+            [(key, _status(site_status, pool_status, d.key))
              for key, d in zip(keys, drones[start:start + HEARTBEAT_BATCH], strict=True)],
             asked_at, source="reconcile")
         report["errors"] += sum(isinstance(o, LifecycleError) for o in observed)
         for result in engine.step_many(keys, actor="reconcile", on_stale="return",
                                        probes=probes):
-            if isinstance(result, LifecycleError):
-                report["errors"] += 1
-            elif result.fired:
-                move = f"{result.source} -> {result.dest}"
-                report["moved"][move] = report["moved"].get(move, 0) + 1
-            elif result.error:
-                report["refused"] += 1
+            _count(report, result)
         if progress is not None:
             progress(start + len(keys), len(drones))
     return report
+
+
+async def reconcile_async(engine: Any, site: Any, batch: Any, *, machine: str = "drone",
+                          progress: Callable[[int, int], None] | None = None,
+                          only: Callable[[str], bool] | None = None) -> dict[str, Any]:
+    """:func:`reconcile` on an event loop, with an :class:`~lifecycle.aio.AsyncEngine` and a
+    site and pool that may be asyncio's (:class:`~lifecycle.adapters.tardis.TardisSite`):
+    the drones are stepped at once, so that the probes their risky edges ask are awaited
+    together. ``only`` picks the drones of this site by key (default: all)."""
+    drones = [r for state in LIVE_STATES for r in await engine.resources(machine, state)
+              if r.data.get("remote_id") and (only is None or only(r.key))]
+    drones.sort(key=lambda r: r.key)
+    report = _report(drones)
+    if not drones:
+        return report
+    asked_at = engine.clock.now()
+    refs = [Drone(r.key, r.data.get("remote_id"), r.data) for r in drones]
+    try:
+        site_status, pool_status = await asyncio.gather(
+            _answer(site.status(refs)), _answer(batch.machine_status(refs)))
+    except SiteError as exc:
+        report["site_error"] = str(exc)
+        return report
+    done = 0
+
+    async def one(key: str) -> None:
+        nonlocal done
+        try:
+            await engine.observe(f"{machine}:{key}", _status(site_status, pool_status, key),
+                                 asked_at, source="reconcile")
+            result = await engine.step(f"{machine}:{key}", actor="reconcile",
+                                       on_stale="return")
+        except LifecycleError:
+            report["errors"] += 1
+        else:
+            _count(report, result)
+        done += 1
+        if progress is not None:
+            progress(done, len(drones))
+
+    await asyncio.gather(*(one(drone.key) for drone in drones))
+    return report
+
+
+def _report(drones: Sequence[Any]) -> dict[str, Any]:
+    return {"drones": len(drones), "moved": {}, "refused": 0, "errors": 0, "site_error": None}
+
+
+def _status(site_status: Mapping[str, str], pool_status: Mapping[str, str],
+            key: str) -> dict[str, str]:
+    return {"resource_status": site_status.get(key, DELETED),
+            "machine_status": pool_status.get(key, NOT_AVAILABLE)}
+
+
+def _count(report: dict[str, Any], result: Any) -> None:
+    """A stepped drone in the heartbeat's report: moved, refused, or an error."""
+    if isinstance(result, LifecycleError):
+        report["errors"] += 1
+    elif result.fired:
+        move = f"{result.source} -> {result.dest}"
+        report["moved"][move] = report["moved"].get(move, 0) + 1
+    elif result.error:
+        report["refused"] += 1

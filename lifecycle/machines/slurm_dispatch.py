@@ -13,7 +13,8 @@ on by stepping each resource:
 - ``container_done`` (Complete or Cancelled) --> ``finished``: the job may linger in squeue.
   Delay A (``delay_a``, a timer) lets it leave by itself; then ``cancelling.due``.
 - ``cancelling.due`` --[in squeue, fresh]--> ``cancelling.scancelling`` (entry effect: the
-  three-step scancel) --scancelled--> ``cancelling.waiting``, which waits delay B
+  three-step scancel, the step for the job's state in that squeue first) --scancelled-->
+  ``cancelling.waiting``, which waits delay B
   (``next_delay``: ``delay_b`` after a scancel that exited 0; after a failed one
   ``error_delay`` doubled for each failure in a row, up to ``error_cap``) and goes back to
   ``due``. The edge out of ``due`` is a risky edge: it fires only on an squeue observation
@@ -21,9 +22,15 @@ on by stepping each resource:
   scancel.
 - ``cancel`` (the API: priority 0, cancelled by a user) goes to ``scancelling`` at once,
   without delay A.
-- A scancel the rate limit cannot grant now waits in ``cancelling.throttled`` for its slot.
-- Whenever a fresh poll no longer lists the job: ``gone`` (from ``running``, the container
-  lost its job: Arvados marks it Cancelled).
+- A scancel the rate limit cannot grant now waits in ``cancelling.throttled`` for its turn
+  (a cancel's lead, then the rest of its steps, which a job that leaves meanwhile never
+  gets).
+- Whenever a fresh poll no longer lists the job: ``gone``; before the container started:
+  ``queued``. Either way the container API is told (entry effect of ``gone``, effect of the
+  edges to ``queued``): a container still Running is marked Cancelled, one still Locked
+  unlocked (:mod:`lifecycle.adapters.container_api`).
+- The dispatcher polls every ``poll_interval``, and ``quick_poll`` after the last while a
+  container waits in ``cancelling.due`` (:meth:`Dispatcher.poll_if_due`).
 """
 
 from __future__ import annotations
@@ -37,7 +44,14 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..adapters.slurm_dispatch import CancelOutcome, QueueEntry, ScancelRate
+from ..adapters.container_api import ContainerAPI, job_left
+from ..adapters.slurm_dispatch import (
+    CANCEL_STEPS,
+    CancelOutcome,
+    QueueEntry,
+    ScancelRate,
+    cancel_order,
+)
 from ..clock import Clock
 from ..compiled import GuardContext
 from ..effects import Effect, EffectCall, FollowUp, Retry
@@ -54,7 +68,9 @@ LOW_PRIORITY = 20000
 WATCHED = ("submitted", "running", "finished", "cancelling")
 """The states (``cancelling`` with its children) in which a container's job is looked for
 in squeue."""
-AFTER_SCANCEL = ("cancelling.due", "cancelling.waiting", "cancelling.throttled")
+AFTER_SCANCEL = ("cancelling.due", "cancelling.waiting")
+"""The states in which a job still listed is "still in squeue after scancel" (a cancel's
+steps all ran)."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +94,10 @@ class Settings:
     this interval, with the count of repeats left out."""
     priority_spread: int = 10
     """Room between adjacent niceness values when renicing (Arvados' PrioritySpread)."""
+    quick_poll: float = 1.0
+    """The soonest poll after the last while a container waits in ``cancelling.due`` for a
+    fresh squeue (:meth:`Dispatcher.poll_if_due`): its scancel need not wait a whole poll
+    interval."""
 
 
 class ContainerData(BaseModel):
@@ -101,6 +121,10 @@ class ContainerData(BaseModel):
     scancel_failures: int = 0
     """Failed cancels in a row."""
     scancel_exit: int | None = None
+    cancel_steps: list[int] = Field(default_factory=list)
+    """The steps of the cancel under way still to run (empty: none under way)."""
+    job_state: str | None = None
+    """The job's state as squeue showed it when the API cancelled (its lead step)."""
 
 
 def dispatch_spec(max_age: float = 30.0) -> MachineSpec:
@@ -135,14 +159,16 @@ def dispatch_spec(max_age: float = 30.0) -> MachineSpec:
                 {"name": "waiting", "timeout": {"after": "next_delay", "trigger": "delay_over"},
                  "description": "delay B (longer after a failed scancel)"},
             ]},
-            {"name": "gone", "description": "the job has left squeue"},
+            {"name": "gone", "effects": ["tell_api"],
+             "description": "the job has left squeue: the API is told (a Running "
+                            "container is Cancelled, a Locked one unlocked)"},
         ],
         "transitions": [
             {"trigger": "lock", "source": "queued", "dest": "locked", "ref": REF},
             {"trigger": "submitted", "source": "locked", "dest": "submitted",
              "description": "sbatch accepted the job"},
             {"trigger": "submit_failed", "source": "locked", "dest": "queued",
-             "description": "sbatch failed for good: unlock"},
+             "effects": ["tell_api"], "description": "sbatch failed for good: unlock"},
             {"trigger": "unlock", "source": ["locked", "submitted"], "dest": "queued",
              "ref": REF},
             {"trigger": "started", "source": "submitted", "dest": "running",
@@ -175,8 +201,9 @@ def dispatch_spec(max_age: float = 30.0) -> MachineSpec:
                                             "container is Cancelled",
              "ref": REF},
             {"source": "submitted", "dest": "queued", "guards": ["not_in_squeue"],
-             "fresh": fresh, "description": "the job left before the container started: "
-                                            "unlock", "ref": REF},
+             "fresh": fresh, "effects": ["tell_api"],
+             "description": "the job left before the container started: unlock",
+             "ref": REF},
         ],
         "data_model": ContainerData,
     })
@@ -200,7 +227,7 @@ class DispatchSlurm(Protocol):
 
     def queue(self) -> dict[str, QueueEntry]: ...
 
-    def cancel(self, name: str) -> CancelOutcome: ...
+    def cancel(self, name: str, steps: Sequence[int] = ...) -> CancelOutcome: ...
 
     def renice(self, name: str, nice: int) -> None: ...
 
@@ -215,32 +242,68 @@ def next_delay(data: Mapping[str, Any], failures: int) -> float:
     return min(cap, base * 2.0 ** min(failures - 1, 60))
 
 
-def effects(slurm: DispatchSlurm, *, timeout: float = 300.0) -> dict[str, Effect]:
-    """The machine's effect handlers, through ``slurm``."""
+def effects(slurm: DispatchSlurm, api: ContainerAPI, *,
+            timeout: float = 300.0) -> dict[str, Effect]:
+    """The machine's effect handlers, through ``slurm`` and the container ``api``."""
 
     def submit(call: EffectCall) -> FollowUp:
         slurm.submit(call.key)
         return FollowUp("submitted")
 
+    def tell_api(call: EffectCall) -> None:
+        done = job_left(api, call.key)
+        if done is not None:
+            log.info("container %s: its job left squeue; %s in the API", call.key, done)
+
+    return {
+        "submit": Effect(submit, Retry(max_attempts=3, base=10, cap=60), timeout=timeout),
+        "scancel": Effect(scancel_handler(slurm), Retry(max_attempts=None, base=10, cap=300),
+                          timeout=timeout),
+        "tell_api": Effect(tell_api, Retry(max_attempts=None, base=10, cap=300),
+                           timeout=timeout),
+    }
+
+
+def scancel_handler(slurm: DispatchSlurm) -> Callable[[EffectCall], FollowUp]:
+    """The cancel, in two turns under the rate limit: its lead (the step that reaches the
+    job as squeue last showed it), then the rest of its three steps. Each turn that must
+    wait goes to ``cancelling.throttled`` with the steps still to run, and comes back."""
+
+    def throttled(wait: float, steps: Sequence[int], **data: Any) -> FollowUp:
+        # to the next whole microsecond (the clock's), so the timer is never early
+        return FollowUp("throttled", {"throttle_wait": math.ceil(wait * 1e6 + 1) / 1e6,
+                                      "cancel_steps": list(steps), **data})
+
     def scancel(call: EffectCall) -> FollowUp:
-        wait = slurm.rate.reserve(call.key)
+        steps = [int(i) for i in call.data.get("cancel_steps") or ()]
+        if not steps:
+            seen = ((call.fence or {}).get("status") or {}).get("state") or call.data.get(
+                "job_state")
+            steps = list(cancel_order(str(seen) if seen is not None else None))
+        lead = len(steps) == len(CANCEL_STEPS)
+        wait = slurm.rate.reserve(call.key, 1 if lead else len(steps), lead=lead)
         if wait > 0:
-            # to the next whole microsecond (the clock's), so the timer is never early
-            return FollowUp("throttled", {"throttle_wait": math.ceil(wait * 1e6 + 1) / 1e6})
-        outcome = slurm.cancel(call.key)
+            return throttled(wait, steps)
+        rest = steps[1:] if lead else []
+        if rest and slurm.rate.reserve(call.key, len(rest), lead=False) > 0:
+            outcome = slurm.cancel(call.key, steps[:1])
+            wait = slurm.rate.reserve(call.key, len(rest), lead=False)
+            if outcome.ok and wait > 0:  # the rest in its turn (never if the job leaves)
+                return throttled(wait, rest, scancel_exit=outcome.exit)
+            if outcome.ok:
+                outcome = slurm.cancel(call.key, rest)
+        else:                            # the whole cancel now
+            outcome = slurm.cancel(call.key, steps)
         failures = 0 if outcome.ok else int(call.data.get("scancel_failures", 0)) + 1
         if not outcome.ok:
             log.warning("container %s: scancel failed (%d in a row): %s", call.key, failures,
                         outcome.detail)
         return FollowUp("scancelled", {
             "scancels": int(call.data.get("scancels", 0)) + 1, "scancel_failures": failures,
-            "scancel_exit": outcome.exit, "next_delay": next_delay(call.data, failures)})
+            "scancel_exit": outcome.exit, "next_delay": next_delay(call.data, failures),
+            "cancel_steps": []})
 
-    return {
-        "submit": Effect(submit, Retry(max_attempts=3, base=10, cap=60), timeout=timeout),
-        "scancel": Effect(scancel, Retry(max_attempts=None, base=10, cap=300),
-                          timeout=timeout),
-    }
+    return scancel
 
 
 # -- priority: Arvados' renice rule ----------------------------------------------------------
@@ -338,6 +401,7 @@ class Dispatcher:
         self.settings = settings or Settings()
         self.log = logger or log
         self.still_in_squeue = LogThrottle(self.settings.log_interval, engine.clock)
+        self.last_poll: dt.datetime | None = None
 
     def add(self, uuid: str, *, priority: int = 1, created_at: str | None = None,
             state: str | None = None, **data: Any) -> Any:
@@ -349,18 +413,36 @@ class Dispatcher:
             "error_cap": s.error_cap, **data}, state=state, actor="dispatcher")
 
     def set_priority(self, uuid: str, priority: int) -> Any:
-        """The container's priority changed in its API: 0 cancels at once; any other is
-        kept, and the next poll renices."""
+        """The container's priority changed in its API: 0 cancels at once (its lead step
+        the one for the job's state in the last squeue); any other is kept, and the next
+        poll renices."""
         key = f"{MACHINE}:{uuid}"
         if priority == 0:
-            return self.engine.fire(key, "cancel", actor="api")
+            seen = self.engine.get(key).observation
+            state = seen.status.get("state") if seen is not None else None
+            return self.engine.fire(key, "cancel", {"job_state": state}, actor="api")
         return self.engine.update(key, {"priority": priority}, actor="api")
+
+    def poll_if_due(self) -> PollReport | None:
+        """Poll when it is time: ``poll_interval`` after the last poll, or ``quick_poll``
+        after it while a container waits in ``cancelling.due`` for a fresh squeue. Call it
+        every ``quick_poll`` seconds or so (it costs a count in the database)."""
+        now = self.engine.clock.now()
+        since = math.inf if self.last_poll is None else (
+            now - self.last_poll).total_seconds()
+        # (a millisecond early counts as on time: a loop's sleeps are not exact)
+        if since + 1e-3 < self.settings.quick_poll:
+            return None
+        if since + 1e-3 < self.settings.poll_interval and not self.engine.counts(MACHINE).get(
+                MACHINE, {}).get("cancelling.due"):
+            return None
+        return self.poll()
 
     def poll(self) -> PollReport:
         """Ask squeue once; record what it says of every watched container, step each, log
         the jobs still there after a scancel (throttled), and renice."""
         report = PollReport()
-        asked_at = self.engine.clock.now()
+        asked_at = self.last_poll = self.engine.clock.now()
         try:
             jobs = self.slurm.queue()
         except SiteError as exc:  # nothing observed, nobody moves: as a failed poll
@@ -396,6 +478,7 @@ class Dispatcher:
             report.moved[move] = report.moved.get(move, 0) + 1
             if result.dest in ("gone", "queued"):
                 self.still_in_squeue.forget(resource.key)
+                self.slurm.rate.forget(resource.key)   # the rest of its cancel: not needed
         elif result.error:
             report.refused += 1
 
@@ -432,7 +515,8 @@ class Dispatcher:
 class ScenarioSlurm:
     """For scenario files: squeue lists a container while ``world.status[key]`` says
     ``in_squeue: true``; a cancel exits ``scancel_exit`` (default 0); what was done is
-    recorded in ``world.actions``. Rate limit: ``scancels_per_second`` (default none)."""
+    recorded in ``world.actions`` (a ``scancel`` with its ``steps``). Rate limit:
+    ``scancels_per_second`` (default none)."""
 
     def __init__(self, world: Any, scancels_per_second: float | None = None) -> None:
         self.world = world
@@ -446,17 +530,39 @@ class ScenarioSlurm:
                                  str(s.get("state", "RUNNING")), str(s.get("reason", "None")))
                 for name, s in self.world.status.items() if s.get("in_squeue")}
 
-    def cancel(self, name: str) -> CancelOutcome:
+    def cancel(self, name: str, steps: Sequence[int] = (0, 1, 2)) -> CancelOutcome:
         code = self.world.status.get(name, {}).get("scancel_exit", 0)
-        self.world.actions.append(("scancel", name, {"exit": code}))
-        return CancelOutcome(code, 3 if code == 0 else 1)
+        self.world.actions.append(("scancel", name, {"exit": code, "steps": list(steps)}))
+        return CancelOutcome(code, len(steps) if code == 0 else 1)
 
     def renice(self, name: str, nice: int) -> None:
         self.world.actions.append(("renice", name, {"nice": nice}))
 
 
+class ScenarioContainers:
+    """For scenario files: a container's state in its API is ``world.status[key]
+    ["container"]`` (default ``Complete``); a change through the API is recorded in
+    ``world.actions`` (``api_cancel``, ``api_unlock``) and in the world."""
+
+    def __init__(self, world: Any) -> None:
+        self.world = world
+
+    def state(self, uuid: str) -> str:
+        return str(self.world.status.get(uuid, {}).get("container", "Complete"))
+
+    def cancel(self, uuid: str) -> None:
+        self._change(uuid, "api_cancel", "Cancelled")
+
+    def unlock(self, uuid: str) -> None:
+        self._change(uuid, "api_unlock", "Queued")
+
+    def _change(self, uuid: str, action: str, state: str) -> None:
+        self.world.status.setdefault(uuid, {})["container"] = state
+        self.world.actions.append((action, uuid, {}))
+
+
 def _simulation(world: Any) -> tuple[Any, Any, Any]:
-    return GUARDS, effects(ScenarioSlurm(world)), {}
+    return GUARDS, effects(ScenarioSlurm(world), ScenarioContainers(world)), {}
 
 
 BUILTIN = Builtin(

@@ -18,15 +18,20 @@ sleeps 1 s and cancels again. The extra cancel the race between its two goroutin
 adds once the job has left is not counted (in Arvados' favour).
 
 After: the ``slurm_dispatch`` machine, its engine, store, timers and worker, and its
-:class:`~lifecycle.machines.slurm_dispatch.Dispatcher` polling, with the rate limit of the
-real adapter (:class:`~lifecycle.adapters.slurm_dispatch.ScancelRate`) on the simulated
-clock. A command's wait for a slot in the pool of ``max_in_flight`` is modelled as the
-command starting later in simulated time (its handler returns at once here).
+:class:`~lifecycle.machines.slurm_dispatch.Dispatcher` looking every ``quick_poll`` seconds
+whether a poll is due (:meth:`~lifecycle.machines.slurm_dispatch.Dispatcher.poll_if_due`),
+with the rate limit of the real adapter
+(:class:`~lifecycle.adapters.slurm_dispatch.ScancelRate`) on the simulated clock and the
+container API in memory. squeue shows a lingering job RUNNING. A command's wait for a slot
+in the pool of ``max_in_flight`` is modelled as the command starting later in simulated
+time (its handler returns at once here).
 
 Counted for both: scancel invocations, the most commands in flight at once, the most
 scancel invocations started in any one second, the longest a job lingered after its
-container finished, and "still in squeue" log lines (in all, and the most for one
-container).
+container finished, and where that time goes (the longest from the container's end to its
+first cancel falling due, from there to the TERM reaching the job, and from the TERM to the
+job leaving), how many jobs lingered past the goal's bound, and "still in squeue" log
+lines (in all, and the most for one container).
 """
 
 from __future__ import annotations
@@ -44,7 +49,14 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from ..adapters.slurm_dispatch import CANCEL_STEPS, CancelOutcome, QueueEntry, ScancelRate
+from ..adapters.container_api import COMPLETE, RUNNING, MemoryContainerAPI
+from ..adapters.slurm_dispatch import (
+    CANCEL_STEPS,
+    SCANCELS_PER_SECOND,
+    CancelOutcome,
+    QueueEntry,
+    ScancelRate,
+)
 from ..clock import SimulatedClock
 from ..effects import PENDING
 from ..engine import Engine
@@ -68,6 +80,9 @@ class Job:
     """How long it takes to leave once a TERM reached it."""
     leaves_at: float = math.inf
     termed_at: float | None = None
+    due_at: float | None = None
+    """When its first cancel asked for its turn under the rate limit (the machine's)."""
+    first_scancel_at: float | None = None
     cancels: int = 0
     log_lines: int = 0
 
@@ -86,7 +101,7 @@ class SlurmModel:
     order), and the jobs; in the loop's simulated seconds."""
 
     def __init__(self, loop: EventLoop, ctld_rate: float, pool_size: int,
-                 turn: Callable[[str], float] | None = None) -> None:
+                 turn: Callable[[], float] | None = None) -> None:
         self.loop = loop
         self.turn = turn
         """The rate limit's wait before a scancel starts (None: no limit)."""
@@ -114,8 +129,11 @@ class SlurmModel:
         self.most_in_flight = max(self.most_in_flight, self.busy)
         if scancel_of is not None:
             if self.turn is not None:      # waits for its tick in its slot
-                start += self.turn(scancel_of)
+                start += self.turn()
             self.scancel_starts.append(start)
+            job = self.jobs[scancel_of]
+            if job.first_scancel_at is None:
+                job.first_scancel_at = start
         end = max(start, self.ctld_free) + 1.0 / self.ctld_rate
         self.ctld_free = end
 
@@ -128,15 +146,18 @@ class SlurmModel:
 
         self.loop.at(end, ended)
 
-    def cancel(self, name: str, done: Callable[[], None] | None = None) -> None:
-        """The three scancels, one after the other; ``done`` after the last."""
+    def cancel(self, name: str, steps: Sequence[int] = (0, 1, 2),
+               done: Callable[[], None] | None = None, *, begins: bool = True) -> None:
+        """The scancels ``steps`` (indices in CANCEL_STEPS), one after the other, of a cancel
+        that ``begins`` here (or goes on); ``done`` after the last. The one to running jobs
+        sends the TERM."""
         job = self.jobs[name]
-        job.cancels += 1
+        job.cancels += begins
 
         def step(i: int) -> None:
-            if i == RUNNING_STEP + 1:
+            if i > 0 and steps[i - 1] == RUNNING_STEP:
                 job.term(self.loop.elapsed)       # the TERM reached the job's batch shell
-            if i == len(CANCEL_STEPS):
+            if i == len(steps):
                 if done is not None:
                     done()
                 return
@@ -195,7 +216,9 @@ def before(seed: int, options: dict[str, Any]) -> dict[str, Any]:
     waiting: list[str] = []      # goroutines blocked in HasUUID until the next poll
 
     def cancel(name: str) -> None:
-        model.cancel(name, lambda: waiting.append(name))
+        if model.jobs[name].due_at is None:
+            model.jobs[name].due_at = loop.elapsed
+        model.cancel(name, done=lambda: waiting.append(name))
 
     def poll() -> None:
         for name in list(waiting):
@@ -210,14 +233,17 @@ def before(seed: int, options: dict[str, Any]) -> dict[str, Any]:
         loop.at(0.0, functools.partial(cancel, name))
     loop.at(phase, poll)
     loop.run(options["limit"])
-    return model.figures(options["poll_interval"])          # Arvados' delay A is 0
+    figures = model.figures(options["poll_interval"])       # Arvados' delay A is 0
+    figures.update(where_the_time_went(model))
+    return figures
 
 
 # -- after: the machine ----------------------------------------------------------------------
 
 
 class SimulatedSlurm:
-    """The machine's Slurm over the model, on the engine's simulated clock."""
+    """The machine's Slurm over the model, on the engine's simulated clock; squeue shows a
+    lingering job RUNNING (its batch shell has not exited)."""
 
     def __init__(self, model: SlurmModel, loop: EventLoop, rate: ScancelRate) -> None:
         self.model = model
@@ -231,15 +257,31 @@ class SimulatedSlurm:
 
     def queue(self) -> dict[str, QueueEntry]:
         self.model.command(None)
-        return {name: QueueEntry(name, 10000, 1, "COMPLETING", "None")
+        return {name: QueueEntry(name, 10000, 1, "RUNNING", "None")
                 for name in self.model.jobs if self.model.listed(name)}
 
-    def cancel(self, name: str) -> CancelOutcome:
-        self.model.cancel(name)
-        return CancelOutcome(0, len(CANCEL_STEPS))
+    def cancel(self, name: str, steps: Sequence[int] = (0, 1, 2)) -> CancelOutcome:
+        self.model.cancel(name, steps, begins=len(steps) != len(CANCEL_STEPS) - 1)
+        return CancelOutcome(0, len(steps))
 
     def renice(self, name: str, nice: int) -> None:
         self.model.command(None)
+
+
+class _TimedRate(ScancelRate):
+    """The rate limit, noting when each job's first cancel first asked for its turn."""
+
+    def __init__(self, per_second: float | None, clock: SimulatedClock,
+                 loop: EventLoop, jobs: Mapping[str, Job]) -> None:
+        super().__init__(per_second, clock)
+        self.loop = loop
+        self.jobs = jobs
+
+    def reserve(self, key: str, count: int = len(CANCEL_STEPS), *, lead: bool = True) -> float:
+        job = self.jobs.get(key)
+        if job is not None and job.due_at is None:
+            job.due_at = self.loop.elapsed
+        return super().reserve(key, count, lead=lead)
 
 
 class _Counter(logging.Handler):
@@ -260,11 +302,12 @@ def after(seed: int, options: dict[str, Any], store: Store, prefix: str,
     keys = [f"{prefix}c{i:05d}" for i in range(1, options["containers"] + 1)]
     model = draw_world(loop, options, keys, options["max_in_flight"])
     phase = loop.rng.uniform(0, options["poll_interval"])
-    rate = ScancelRate(options["scancels_per_second"], clock)
+    rate = _TimedRate(options["scancels_per_second"], clock, loop, model.jobs)
     model.turn = rate.turn
     slurm = SimulatedSlurm(model, loop, rate)
+    api = MemoryContainerAPI({key: RUNNING for key in keys})
     engine = Engine(store, [machine.SPEC], guards=machine.GUARDS,
-                    effects=machine.effects(slurm), clock=clock)
+                    effects=machine.effects(slurm, api), clock=clock)
     worker = Worker(engine, seed=seed)
     logger = logging.getLogger(f"{__name__}.after")
     logger.propagate = False
@@ -273,7 +316,8 @@ def after(seed: int, options: dict[str, Any], store: Store, prefix: str,
     logger.addHandler(counter)
     settings = machine.Settings(delay_a=options["delay_a"], delay_b=options["delay_b"],
                                 poll_interval=options["poll_interval"],
-                                log_interval=options["log_interval"])
+                                log_interval=options["log_interval"],
+                                quick_poll=options["quick_poll"])
     dispatcher = machine.Dispatcher(engine, slurm, settings, logger=logger)
     woken: set[float] = set()
 
@@ -288,22 +332,27 @@ def after(seed: int, options: dict[str, Any], store: Store, prefix: str,
                 woken.add(due)
                 loop.at(due, work)
 
-    def poll() -> None:
-        report = dispatcher.poll()
-        work()
-        if report.containers:
-            loop.after(options["poll_interval"], poll)
+    def tick(number: int) -> None:
+        """The dispatcher's loop: every quick_poll seconds, a poll if one is due."""
+        report = dispatcher.poll_if_due()
+        if report is not None:
+            work()
+            if not report.containers:
+                return
+        loop.at(phase + (number + 1) * options["quick_poll"],
+                functools.partial(tick, number + 1))
 
     def finish() -> None:
         for key in keys:
             dispatcher.add(key, state="running")
         for key in keys:
+            api.set(key, COMPLETE)
             engine.fire(f"{machine.MACHINE}:{key}", "container_done",
-                        {"container_state": "Complete"}, actor="crunch-run")
+                        {"container_state": COMPLETE}, actor="crunch-run")
         work()
 
     loop.at(0.0, finish)
-    loop.at(phase, poll)
+    loop.at(phase, functools.partial(tick, 0))
     try:
         loop.run(options["limit"], progress)
     finally:
@@ -311,22 +360,38 @@ def after(seed: int, options: dict[str, Any], store: Store, prefix: str,
     for key, lines in counter.lines.items():
         model.jobs[key].log_lines = lines
     figures = model.figures(bound(options))
+    figures.update(where_the_time_went(model))
     figures["log_lines_left_out"] = dispatcher.still_in_squeue.suppressed
     figures["left_in_squeue"] = sum(1 for k in keys if model.listed(k))
     gone = engine.resources(machine.MACHINE, state="gone")
     figures["containers_gone"] = sum(1 for r in gone if r.key in model.jobs)
-    figures["longest_wait_for_a_scancel_slot"] = round(max(
-        (float(r.data.get("throttle_wait", 0.0)) for r in engine.resources(machine.MACHINE)
-         if r.key in model.jobs), default=0.0), 3)
+    figures["api_changes"] = len(api.changes)
     cancelled = [k for k in keys if model.jobs[k].cancels]
-    figures["example"] = cancelled[0] if cancelled else (keys[0] if keys else None)
+    figures["example"] = cancelled[-1] if cancelled else (keys[0] if keys else None)
     return figures
+
+
+def where_the_time_went(model: SlurmModel) -> dict[str, float]:
+    """For the jobs cancelled, the longest of each leg from the container's end to the job
+    leaving: to its first cancel's turn being asked for (delay A and a fresh squeue), from
+    there to the TERM reaching it (the rate limit and the pool), and from the TERM to
+    leaving (its own exit time)."""
+    jobs = [j for j in model.jobs.values() if j.due_at is not None]
+    termed = [j for j in jobs if j.termed_at is not None]
+    return {
+        "longest_to_cancel_due": round(max((j.due_at or 0.0 for j in jobs), default=0.0), 3),
+        "longest_due_to_term": round(max(((j.termed_at or 0.0) - (j.due_at or 0.0)
+                                          for j in termed), default=0.0), 3),
+        "longest_term_to_gone": round(max((j.leaves_at - (j.termed_at or 0.0)
+                                           for j in termed), default=0.0), 3),
+    }
 
 
 DEFAULTS: dict[str, Any] = {
     "containers": 1000, "linger_mean": 8.0, "exit_time": (2.0, 20.0), "ctld_rate": 200.0,
-    "poll_interval": 10.0, "delay_a": 10.0, "delay_b": 10.0, "scancels_per_second": 20.0,
-    "max_in_flight": 3, "log_interval": 60.0, "limit": 3600.0,
+    "poll_interval": 10.0, "delay_a": 10.0, "delay_b": 10.0,
+    "scancels_per_second": SCANCELS_PER_SECOND, "max_in_flight": 3, "log_interval": 60.0,
+    "quick_poll": 1.0, "limit": 3600.0,
 }
 
 
@@ -367,6 +432,15 @@ def simulate(*, seed: int = 1, progress: Progress | None = None, store: Store | 
          "after": new["most_in_flight"]},
         {"what": "longest linger after finishing (s)", "before": _seconds(
             old["longest_linger"]), "after": _seconds(new["longest_linger"])},
+        {"what": "longest: finished to cancel due (s)",
+         "before": _seconds(old["longest_to_cancel_due"]),
+         "after": _seconds(new["longest_to_cancel_due"])},
+        {"what": "longest: cancel due to TERM sent (s)",
+         "before": _seconds(old["longest_due_to_term"]),
+         "after": _seconds(new["longest_due_to_term"])},
+        {"what": "longest: TERM to leaving squeue (s)",
+         "before": _seconds(old["longest_term_to_gone"]),
+         "after": _seconds(new["longest_term_to_gone"])},
         {"what": "jobs lingering past delay A + a poll + their exit time",
          "before": old["lingered_past_bound"], "after": new["lingered_past_bound"]},
         {"what": '"still in squeue" log lines', "before": old["still_in_squeue_lines"],
@@ -402,6 +476,8 @@ SIMULATION = Simulation(
                           "the machine's pool P of Slurm commands in flight"),
         "log_interval": (float, DEFAULTS["log_interval"],
                          "seconds between repeats of a container's \"still in squeue\""),
+        "quick_poll": (float, DEFAULTS["quick_poll"],
+                       "the machine's soonest poll after the last while a scancel is due"),
     },
     demo={"containers": 200},
 )

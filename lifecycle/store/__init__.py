@@ -7,7 +7,7 @@ import json
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, ClassVar
 
 from sqlalchemy import (
     ARRAY,
@@ -21,6 +21,7 @@ from sqlalchemy import (
     literal_column,
     null,
     select,
+    tuple_,
     update,
 )
 from sqlalchemy.dialects import sqlite as sqlite_dialect
@@ -53,11 +54,12 @@ from .schema import (
     resources,
     specs,
     sqlite_time,
+    state_counts,
     timers,
 )
 
 __all__ = ["Store", "journal", "machines", "metadata", "observations", "outbox", "resolve_url",
-           "resources", "specs", "timers"]
+           "resources", "specs", "state_counts", "timers"]
 
 
 class Store:
@@ -145,6 +147,46 @@ class Store:
         except self._connection_errors as exc:
             raise DatabaseError(f"database {self.display_url}: {exc}") from None
 
+    @contextmanager
+    def reading(self) -> Iterator[Any]:
+        """A raw DBAPI cursor for reads of one statement each (``self.sql``'s), on the calling
+        thread's own connection and outside any transaction: each statement reads one
+        consistent snapshot, without a pool checkout, a BEGIN or a rollback."""
+        try:
+            with self._held.reading() as cursor:
+                yield cursor
+        except DBAPIError as exc:  # raised when the pool cannot connect
+            raise DatabaseError(f"database {self.display_url}: {exc.orig}") from None
+        except self._connection_errors as exc:
+            raise DatabaseError(f"database {self.display_url}: {exc}") from None
+
+    @contextmanager
+    def scanning(self) -> Iterator[tuple[Any, Any]]:
+        """Two raw DBAPI cursors in one read transaction on a connection of the pool: the
+        first for one long result read with ``fetchmany`` (on PostgreSQL a server-side
+        cursor, so millions of rows are never held at once), the second for small reads
+        beside it."""
+        try:
+            connection = self.engine.raw_connection()
+        except DBAPIError as exc:
+            raise DatabaseError(f"database {self.display_url}: {exc.orig}") from None
+        dbapi: Any = connection.dbapi_connection
+        try:
+            if self.dialect == "sqlite":
+                dbapi.execute("BEGIN")
+                long, small = dbapi.cursor(), dbapi.cursor()
+            else:
+                long, small = dbapi.cursor(name="lifecycle_scan"), dbapi.cursor()
+                long.itersize = 5000
+            yield long, small
+        except self._connection_errors as exc:
+            raise DatabaseError(f"database {self.display_url}: {exc}") from None
+        finally:
+            try:
+                dbapi.rollback()
+            finally:
+                connection.close()
+
     @staticmethod
     def rollback(cursor: Any) -> None:
         """Undo what the :meth:`write` transaction of ``cursor`` wrote so far; the block then
@@ -223,12 +265,15 @@ class Statements:
     RESOURCE_COLUMNS = ("id", "machine", "key", "state", "version", "seq", "data",
                         "spec_version", "last_transition_at", "created_at")
     OBSERVATION_COLUMNS = ("id", "status", "observed_at", "recorded_at", "source")
+    SHOWN_COLUMNS = ("id", "machine", "key", "state", "version", "seq", "data", "spec_version",
+                     "created_at", "updated_at")
 
     def __init__(self, dialect: Dialect) -> None:
         if dialect.name == "sqlite":
             dialect = sqlite_dialect.dialect(paramstyle="named")
         self.dialect = dialect
         self._reading()
+        self._verifying()
         self._bulk()
         self._moving()
         self._recording()
@@ -248,6 +293,70 @@ class Statements:
         self.resource_by_key = sql(located.where(r.key == bindparam("key")))
         self.resource_by_machine_key = sql(
             located.where(r.machine == bindparam("machine"), r.key == bindparam("key")))
+        # what a reader is shown: get, and the pages of a listing
+        self.shown = (
+            select(*(r[n] for n in self.SHOWN_COLUMNS),
+                   *(o[n] for n in self.OBSERVATION_COLUMNS))
+            .select_from(resources.outerjoin(observations, o.id == r.observation_id)))
+        self.shown_by_key = sql(self.shown.where(r.key == bindparam("key")))
+        self.shown_by_machine_key = sql(
+            self.shown.where(r.machine == bindparam("machine"), r.key == bindparam("key")))
+        self._pages: dict[tuple[bool, bool, bool], str] = {}
+        c = state_counts.c
+        self.counts = {by_machine: sql(
+            select(c.machine, c.state, func.sum(c.n), func.count())
+            .where(*([c.machine == bindparam("machine")] if by_machine else []))
+            .group_by(c.machine, c.state)) for by_machine in (False, True)}
+
+    FOLD_COUNTS: ClassVar[dict[str, list[str]]] = {
+        # one statement, so no row committed meanwhile is deleted without being added up
+        "postgresql": ["WITH gone AS (DELETE FROM lifecycle_state_counts "
+                       "RETURNING machine, state, n) "
+                       "INSERT INTO lifecycle_state_counts (machine, state, n) "
+                       "SELECT machine, state, sum(n) FROM gone GROUP BY machine, state "
+                       "HAVING sum(n) <> 0"],
+        # writers take turns on SQLite: nothing is added while the transaction runs
+        "sqlite": ["INSERT INTO lifecycle_state_counts (machine, state, n) "
+                   "SELECT machine, state, sum(n) FROM lifecycle_state_counts "
+                   "WHERE id <= :upto GROUP BY machine, state HAVING sum(n) <> 0",
+                   "DELETE FROM lifecycle_state_counts WHERE id <= :upto"],
+    }
+    """Folding the count rows: one row per machine and state, the sum of its rows."""
+
+    def _verifying(self) -> None:
+        """Every resource with its journal, in order; a stored spec."""
+        r, j, sql = resources.c, journal.c, self._sql
+        self.journals = sql(
+            select(r.id, r.machine, r.key, r.state, r.version, r.seq, j.seq, j.kind, j.trigger,
+                   j.source, j.dest, j.version, j.spec_version)
+            .select_from(resources.outerjoin(journal, j.resource_id == r.id))
+            .order_by(r.id, j.seq))
+        self.stored_spec = sql(select(specs.c.spec).where(
+            specs.c.machine == bindparam("machine"), specs.c.version == bindparam("version")))
+
+    def page(self, machine: bool, state: bool, after: bool) -> str:
+        """A page of resources in (machine, key) order, with their newest observations: of
+        one ``machine`` or all, in one ``state`` (or a state inside it: a ``LIKE`` prefix,
+        ``/`` its escape) or all, ``after`` a (machine, key) position (with ``machine``, a
+        key of it) or from the start; ``limit`` rows. Compiled on first use."""
+        shape = (machine, state, after)
+        if shape not in self._pages:
+            r = resources.c
+            where = []
+            if machine:
+                where.append(r.machine == bindparam("machine"))
+            if state:
+                where.append((r.state == bindparam("state"))
+                             | r.state.like(bindparam("state_prefix"), escape="/"))
+            if after and machine:  # keyset: past the last key of the page before
+                where.append(r.key > bindparam("after_key"))
+            elif after:  # keyset: (machine, key) past the last row of the page before
+                where.append(tuple_(r.machine, r.key) > tuple_(
+                    bindparam("after_machine"), bindparam("after_key")))
+            limit = ":limit" if self.dialect.name == "sqlite" else "%(limit)s"
+            self._pages[shape] = self._sql(self.shown.where(*where).order_by(
+                r.machine, r.key)) + f" LIMIT {limit}"
+        return self._pages[shape]
 
     def _bulk(self) -> None:
         """Many resources of one machine, with their newest observations, by key: the read

@@ -228,12 +228,44 @@ class HeldConnections:
             if not held:
                 connection.close()
 
+    @contextmanager
+    def reading(self) -> Iterator[Any]:
+        """A DBAPI cursor for reads of one statement each, on the thread's held connection and
+        outside any transaction: each statement reads one consistent snapshot, and a read
+        costs neither a pool checkout nor a BEGIN and a rollback. (SQLite's connection is in
+        autocommit mode already; PostgreSQL's is switched to it for the read, which psycopg
+        does without a round trip.) Inside a write transaction of the same thread, the read
+        is made in that transaction."""
+        dbapi = self._connection().dbapi_connection
+        switched = not self.sqlite and not dbapi.autocommit and _idle(dbapi)
+        try:
+            if switched:
+                dbapi.autocommit = True
+            cursor = dbapi.cursor()
+            try:
+                yield cursor
+            finally:
+                cursor.close()
+        except self.engine.dialect.dbapi.Error:  # type: ignore[union-attr]
+            if _broken(dbapi):
+                switched = False
+                self._discard()
+            raise
+        finally:
+            if switched:
+                dbapi.autocommit = False
+
     def close(self) -> None:
         with self._lock:
             held = list(self._held)
         for connection in held:
             self._release(connection)
         self._local = threading.local()
+
+
+def _idle(dbapi: Any) -> bool:
+    """Whether a psycopg connection is outside any transaction."""
+    return int(dbapi.info.transaction_status) == 0  # psycopg.pq.TransactionStatus.IDLE
 
 
 def _broken(dbapi: Any) -> bool:

@@ -1,20 +1,23 @@
-"""The schema's history, managed by Alembic. Nothing else creates tables."""
+"""The schema's history, managed by Alembic. Nothing else creates tables.
+
+Alembic is imported only to migrate: which revisions there are, and which one a database is
+at, are read without it (the revision files' own lines, and the version table), so that
+opening a store costs no Alembic import (a third of a command's start-up)."""
 
 from __future__ import annotations
 
-import logging
+import functools
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from alembic.util import CommandError
-from sqlalchemy import Connection
+from sqlalchemy import Connection, inspect, text
 from sqlalchemy.engine import Engine as SAEngine
 from sqlalchemy.exc import DBAPIError
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 from .. import redact
 from ..errors import DatabaseError
@@ -32,6 +35,8 @@ def migrations_dir() -> Path:
 
 
 def _config(connection: Connection | None = None) -> Config:
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(migrations_dir()))
     config.attributes["connection"] = connection
@@ -39,37 +44,65 @@ def _config(connection: Connection | None = None) -> Config:
 
 
 def head_revision() -> str:
-    head = ScriptDirectory.from_config(_config()).get_current_head()
-    assert head is not None, "no migrations found"
-    return head
+    return revisions()[-1][0]
 
 
 def current_revision(connection: Connection) -> str | None:
-    # Alembic says at INFO which dialect it found ("Context impl SQLiteImpl."): news at an
-    # upgrade, noise on every start of a program that only checks the revision
-    chatty = logging.getLogger("alembic.runtime.migration")
-    level = chatty.level
-    chatty.setLevel(max(level, logging.WARNING))
-    try:
-        context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
-        return context.get_current_revision()
-    finally:
-        chatty.setLevel(level)
+    """The revision in the database's version table (None when it has none)."""
+    if not inspect(connection).has_table(VERSION_TABLE):
+        return None
+    found = [row[0] for row in connection.execute(text(
+        f"SELECT version_num FROM {VERSION_TABLE}"))]
+    if len(found) > 1:
+        raise DatabaseError(f"the database is at several schema revisions at once: "
+                            f"{', '.join(sorted(found))}")
+    return found[0] if found else None
+
+
+_REVISION = re.compile(r'^revision: str = "([^"]+)"$', re.MULTILINE)
+_DOWN = re.compile(r'^down_revision: str \| None = (?:None|"([^"]+)")$', re.MULTILINE)
+_DOC = re.compile(r'\A\s*"""(.*?)(?:\n\s*\n|""")', re.DOTALL)
 
 
 def revisions() -> list[tuple[str, str | None, str]]:
-    """(revision, down revision, message) from base to head."""
-    script = ScriptDirectory.from_config(_config())
-    out = [(r.revision, r.down_revision if isinstance(r.down_revision, str) else None,
-            r.doc or "") for r in script.walk_revisions()]
-    return list(reversed(out))
+    """(revision, down revision, message) from base to head, read from the revision files'
+    own lines (each declares ``revision: str = "..."`` and ``down_revision: str | None =
+    ...``; a test checks that Alembic reads the same)."""
+    return list(_revisions(migrations_dir()))
+
+
+@functools.cache
+def _revisions(directory: Path) -> tuple[tuple[str, str | None, str], ...]:
+    found: dict[str | None, tuple[str, str | None, str]] = {}
+    for path in sorted((directory / "versions").glob("*.py")):
+        source = path.read_text(encoding="utf-8")
+        revision, down = _REVISION.search(source), _DOWN.search(source)
+        if revision is None or down is None:
+            raise DatabaseError(f"migration {path.name} does not declare its revision and "
+                                "down_revision as lifecycle's revisions do")
+        doc = _DOC.search(source)
+        message = doc.group(1).strip() if doc else ""
+        found[down.group(1)] = (revision.group(1), down.group(1), message)
+    chain: list[tuple[str, str | None, str]] = []
+    below: str | None = None
+    while below in found:
+        chain.append(found.pop(below))
+        below = chain[-1][0]
+    if found or not chain:
+        raise DatabaseError(f"lifecycle's migrations do not form one chain (left over: "
+                            f"{sorted(r for r, _, _ in found.values())})")
+    return tuple(chain)
 
 
 def upgrade(engine: SAEngine, revision: str = "head") -> None:
+    from alembic import command
+
     _run(engine, lambda config: command.upgrade(config, known(revision)))
 
 
 def downgrade(engine: SAEngine, revision: str) -> None:
+    from alembic import command
+
     _run(engine, lambda config: command.downgrade(config, known(revision)))
 
 
@@ -94,6 +127,8 @@ def _run(engine: SAEngine, step: Callable[[Config], None]) -> None:
     copying it and dropping the original, and dropping a table with foreign keys enforced
     would cascade into the rows that point at it: enforcement is off while migrating (it can
     only be switched outside a transaction), and the keys are checked before the commit."""
+    from alembic.util import CommandError
+
     try:
         _migrate(engine, step)
     except CommandError as exc:  # the database's revision is not one of the code's

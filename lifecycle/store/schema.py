@@ -22,6 +22,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    event,
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
@@ -217,3 +218,62 @@ timers = Table(
     Index(None, "resource_id", "status"),
     comment="timeouts of states: fired only while the resource is in the visit that set them",
 )
+
+state_counts = Table(
+    "lifecycle_state_counts",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("machine", Name, nullable=False),
+    Column("state", Name, nullable=False),
+    Column("n", Integer, nullable=False, comment="resources gained (or, negative, lost)"),
+    comment="how many resources each machine has in each state, as rows to add up: triggers "
+            "on lifecycle_resources append +1 and -1 in the writing transaction, and reading "
+            "the counts folds them now and then (no row every writer updates)",
+)
+
+_COUNTED = "INSERT INTO lifecycle_state_counts (machine, state, n) VALUES "
+COUNT_TRIGGERS: dict[str, tuple[list[str], list[str]]] = {
+    # dialect: (statements that create the triggers, statements that drop them)
+    "sqlite": ([
+        "CREATE TRIGGER lifecycle_count_insert AFTER INSERT ON lifecycle_resources BEGIN "
+        f"{_COUNTED}(NEW.machine, NEW.state, 1); END",
+        "CREATE TRIGGER lifecycle_count_delete AFTER DELETE ON lifecycle_resources BEGIN "
+        f"{_COUNTED}(OLD.machine, OLD.state, -1); END",
+        "CREATE TRIGGER lifecycle_count_update AFTER UPDATE OF machine, state ON "
+        "lifecycle_resources WHEN OLD.state IS NOT NEW.state OR OLD.machine IS NOT "
+        f"NEW.machine BEGIN {_COUNTED}(OLD.machine, OLD.state, -1), "
+        "(NEW.machine, NEW.state, 1); END",
+    ], [f"DROP TRIGGER IF EXISTS lifecycle_count_{what}"
+        for what in ("insert", "delete", "update")]),
+    "postgresql": ([
+        "CREATE FUNCTION lifecycle_count() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "IF TG_OP <> 'INSERT' THEN "
+        f"{_COUNTED}(OLD.machine, OLD.state, -1); END IF; "
+        "IF TG_OP <> 'DELETE' THEN "
+        f"{_COUNTED}(NEW.machine, NEW.state, 1); END IF; "
+        "RETURN NULL; END $$",
+        "CREATE TRIGGER lifecycle_count_insert_delete AFTER INSERT OR DELETE ON "
+        "lifecycle_resources FOR EACH ROW EXECUTE FUNCTION lifecycle_count()",
+        "CREATE TRIGGER lifecycle_count_update AFTER UPDATE OF machine, state ON "
+        "lifecycle_resources FOR EACH ROW WHEN (OLD.state IS DISTINCT FROM NEW.state OR "
+        "OLD.machine IS DISTINCT FROM NEW.machine) EXECUTE FUNCTION lifecycle_count()",
+    ], ["DROP TRIGGER IF EXISTS lifecycle_count_update ON lifecycle_resources",
+        "DROP TRIGGER IF EXISTS lifecycle_count_insert_delete ON lifecycle_resources",
+        "DROP FUNCTION IF EXISTS lifecycle_count()"]),
+}
+"""The triggers that keep ``lifecycle_state_counts``, per dialect: in the database rather
+than in the engine, so every write (the engine's, a bulk one, a DELETE by hand, a cascade)
+counts."""
+COUNTS_SEED = ("INSERT INTO lifecycle_state_counts (machine, state, n) "
+               "SELECT machine, state, count(*) FROM lifecycle_resources GROUP BY machine, state")
+"""The counts of the resources there are, when the counting starts."""
+
+
+def _count_triggers(target: Any, connection: Any, **_kw: Any) -> None:
+    """``metadata.create_all`` creates the counting triggers too (Alembic creates them in
+    its revision)."""
+    for statement in COUNT_TRIGGERS.get(connection.dialect.name, ([], []))[0]:
+        connection.exec_driver_sql(statement)
+
+
+event.listen(metadata, "after_create", _count_triggers)

@@ -8,6 +8,7 @@ import logging
 import os
 import random
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -168,18 +169,30 @@ def crash_engine(url: str, crash_log: Path, seed: int, probability: float,
     job_exit.atomic_write = half_then_whole  # type: ignore[assignment]  # this process only
 
     class LostClaims(logging.Handler):
-        """A mail whose completion this worker could not record (its claim was taken over)
-        may be sent again: note it as a window hit."""
+        """A mail whose completion this worker could not record (its claim was taken over),
+        or whose send failed (the server may have accepted it all the same), may be sent
+        again: note it as a possible window hit."""
 
         def emit(self, record: logging.LogRecord) -> None:
-            if "the claim was lost" in record.msg and record.args and isinstance(
-                    record.args, tuple) and record.args[0] == "send_job_notification":
-                with open(crash_log, "a") as notes:
-                    notes.write(f"email:claim_lost {record.args[2]}\n")
+            args = record.args if isinstance(record.args, tuple) else ()
+            if not args or args[0] != "send_job_notification":
+                return
+            if "the claim was lost" in record.msg:
+                point = "email:claim_lost"
+            elif "failed (attempt" in record.msg or "failed for good" in record.msg:
+                point = "email:failed"
+            else:
+                return
+            with open(crash_log, "a") as notes:
+                notes.write(f"{point} {args[2]}\n")
 
-    effects_log = logging.getLogger("lifecycle.effects")
-    effects_log.setLevel(logging.WARNING)
-    effects_log.addHandler(LostClaims())
+    worker_log = logging.getLogger("lifecycle.worker")  # the worker logs effects' outcomes
+    worker_log.setLevel(logging.INFO)
+    worker_log.propagate = False
+    warnings = logging.StreamHandler(sys.stderr)  # the run's stderr keeps to what went wrong
+    warnings.setLevel(logging.WARNING)
+    worker_log.addHandler(warnings)
+    worker_log.addHandler(LostClaims())
 
     builtin = job_exit.make(queue=CrashingQueue(), mailer=CrashingMailer(), retry=FAST,
                             timeout=30)

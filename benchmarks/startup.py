@@ -1,0 +1,60 @@
+"""Case 7: the command line's start-up, against ``python -c pass``.
+
+Each operation starts a fresh interpreter and waits for it: ``python -c pass`` (what any
+Python command costs), ``lifecycle --help``, and ``lifecycle show KEY`` of a batch job in a
+SQLite file (opening the database, reading the resource, its machine's triggers, timers
+and effects, printing the table). The interpreter is the one running the benchmarks, the
+command the ``lifecycle`` module of it (``python -m lifecycle``, what the installed
+``lifecycle`` script runs).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from .harness import Bench, BenchError, Case, Workspace
+
+_PREPARED: dict[int, str] = {}
+
+
+def _environment() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("LIFECYCLE_")}
+
+
+def _run(*args: str) -> None:
+    done = subprocess.run([sys.executable, *args], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, env=_environment(), check=False)
+    if done.returncode != 0:
+        raise BenchError(f"{' '.join(args)} exited {done.returncode}: "
+                         f"{done.stderr.decode(errors='replace').strip()[-300:]}")
+
+
+def _database(workspace: Workspace) -> str:
+    """A SQLite file with one batch job in it (made once per workspace, untimed)."""
+    if id(workspace) not in _PREPARED:
+        url = f"sqlite:///{workspace.sqlite_path('startup')}"
+        _run("-m", "lifecycle", "db", "upgrade", "--db", url)
+        _run("-m", "lifecycle", "create", "batch_job", "job-1", "--db", url)
+        _PREPARED[id(workspace)] = url
+    return _PREPARED[id(workspace)]
+
+
+def _case(name: str, label: str, *args: str) -> Case:
+    @contextmanager
+    def open_(workspace: Workspace) -> Iterator[Bench]:
+        url = _database(workspace)
+        command = [arg.replace("{db}", url) for arg in args]
+        yield Bench(lambda: _run(*command))
+
+    return Case(f"startup.{name}", label, open_)
+
+
+CASES = [
+    _case("pass", "python -c pass", "-c", "pass"),
+    _case("help", "lifecycle --help", "-m", "lifecycle", "--help"),
+    _case("show", "lifecycle show KEY", "-m", "lifecycle", "show", "job-1", "--db", "{db}"),
+]

@@ -1,0 +1,320 @@
+"""TARDIS's own site and batch-system adapters as the drone machine's site and batch system.
+
+TARDIS (the ``cobald-tardis`` package) reaches each site through a *site adapter* (Slurm,
+HTCondor, OpenStack, Kubernetes, ...: ``deploy_resource``, ``resource_status``,
+``stop_resource``, ``terminate_resource``) and the overlay pool through a *batch-system
+adapter* (``integrate_machine``, ``drain_machine``, ``disintegrate_machine``,
+``get_machine_status``, ``get_allocation``, ``get_utilisation``), all coroutines.
+:class:`TardisSite` and :class:`TardisBatchSystem` wrap such adapter objects, unchanged, as
+the :class:`~lifecycle.adapters.sites.Site` and ``BatchSystem`` of the ``drone`` machine, with
+coroutine methods: the drone's effects and probe await them (on an
+:class:`~lifecycle.aio.AsyncEngine` and :class:`~lifecycle.aio.AsyncWorker`, or run to their end
+in the sync engine's probe and handler threads).
+
+What TARDIS answers becomes lifecycle's: a ``ResourceStatus`` or ``MachineStatus`` by its
+name; ``TardisDroneCrashed`` on deploy becomes :class:`DroneCrashed` (the drone goes to
+cleanup), and as a status, ``Error`` (cleanup, as TARDIS goes); ``TardisAuthError``,
+``TardisTimeout``, ``TardisQuotaExceeded``, ``TardisResourceStatusUpdateFailed`` and
+``TardisError`` become :class:`TardisSiteError`, a :class:`SiteError` (a deploy is retried,
+then the drone goes down; a status that cannot be had is no observation, so no risky edge
+fires on an old one).
+
+The terminate cannot be fenced: a TARDIS site adapter has no conditional terminate. Where
+the drone asks for a fenced terminate (``expect``), :meth:`TardisSite.terminate` asks the
+site for the status again right before it terminates, and leaves a job that moved on alone;
+a job that starts in the moment between that answer and the terminate is still removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from importlib import import_module
+from pathlib import Path
+from typing import Any
+
+from tardis.configuration.configuration import Configuration  # type: ignore[import-untyped]
+from tardis.exceptions.tardisexceptions import (  # type: ignore[import-untyped]
+    TardisAuthError,
+    TardisDroneCrashed,
+    TardisError,
+    TardisQuotaExceeded,
+    TardisResourceStatusUpdateFailed,
+    TardisTimeout,
+)
+from tardis.interfaces.siteadapter import ResourceStatus  # type: ignore[import-untyped]
+from tardis.utilities.attributedict import AttributeDict  # type: ignore[import-untyped]
+
+from ..errors import SiteError
+from .sites import BOOTING, ERROR, NOT_AVAILABLE, Drone, DroneCrashed, Terminated
+
+FAILURES = (TardisAuthError, TardisTimeout, TardisQuotaExceeded,
+            TardisResourceStatusUpdateFailed, TardisError)
+"""What TARDIS's adapters raise when the site cannot be asked or refused (besides a crash)."""
+
+HTCONDOR_TRANSLATION = {"Cores": 1, "Memory": 1024, "Disk": 1024 * 1024}
+"""TARDIS's HTCondor batch system's units (Memory in MB, Disk in KB): the translation of a
+machine's meta data a site adapter puts in the drone's environment, when no batch system
+says its own."""
+
+
+class TardisSiteError(SiteError):
+    """A TARDIS adapter failed (its exception's name is in the message)."""
+
+
+@contextmanager
+def _translated(adapter: Any, what: str) -> Iterator[None]:
+    """Run a call as TARDIS does (in the adapter's ``handle_exceptions``), with TARDIS's
+    failures as lifecycle's."""
+    handle = getattr(adapter, "handle_exceptions", None)
+    try:
+        if handle is None:
+            yield
+        else:
+            with handle():
+                yield
+    except TardisDroneCrashed:
+        raise
+    except FAILURES as exc:
+        cause = f": {exc.__cause__}" if exc.__cause__ is not None else ""
+        raise TardisSiteError(f"{what}: {type(exc).__name__}{exc and f' {exc}'}{cause}"
+                              ) from exc
+
+
+class TardisSite:
+    """A TARDIS site adapter (``SlurmAdapter``, ``FakeSiteAdapter``, ...) as a drone's site.
+
+    TARDIS keeps each drone's *resource attributes* (its job id, status, creation time) and
+    hands them to every call; this keeps them per drone name, rebuilt from the drone's data
+    (``remote_id``, ``deployed_at``) after a restart. ``translation`` is the batch system's
+    ``machine_meta_data_translation_mapping`` (a :class:`TardisBatchSystem` gives it)."""
+
+    def __init__(self, site_adapter: Any, *,
+                 translation: Mapping[str, float] | None = None) -> None:
+        self.adapter = site_adapter
+        self.translation = dict(translation or HTCONDOR_TRANSLATION)
+        self.attributes: dict[str, Any] = {}
+
+    @property
+    def name(self) -> str:
+        return str(getattr(self.adapter, "site_name", type(self.adapter).__name__))
+
+    @property
+    def drone_minimum_lifetime(self) -> float | None:
+        """The site's ``drone_minimum_lifetime`` setting (the deploy copies it)."""
+        try:
+            value = self.adapter.drone_minimum_lifetime
+        except (AttributeError, KeyError):
+            return None
+        return None if value is None else float(value)
+
+    def _attributes(self, drone: Drone) -> Any:
+        """The drone's TARDIS resource attributes, as its last call left them."""
+        attributes = self.attributes.get(drone.name)
+        if attributes is None:
+            deployed = drone.data.get("deployed_at")
+            # TARDIS's adapters compare it with datetime.now(): local time, naive
+            created = (dt.datetime.fromisoformat(deployed).astimezone().replace(tzinfo=None)
+                       if isinstance(deployed, str) else dt.datetime.now())
+            attributes = AttributeDict(
+                drone_uuid=drone.name, site_name=self.name, created=created, updated=created,
+                obs_machine_meta_data_translation_mapping=AttributeDict(self.translation),
+                resource_status=ResourceStatus.Booting)
+            self.attributes[drone.name] = attributes
+        if drone.remote_id is not None:
+            attributes.remote_resource_uuid = _remote(drone.remote_id)
+        return attributes
+
+    async def deploy(self, drone: Drone) -> str:
+        """``deploy_resource``; the job's id at the site (``remote_resource_uuid``)."""
+        self.attributes.pop(drone.name, None)
+        attributes = self._attributes(drone)
+        try:
+            with _translated(self.adapter, f"deploy {drone.name} at {self.name}"):
+                attributes.update(await self.adapter.deploy_resource(attributes))
+        except TardisDroneCrashed as exc:
+            remote = attributes.get("remote_resource_uuid")
+            raise DroneCrashed(f"{type(exc).__name__} {exc}".strip(),
+                               None if remote is None else str(remote)) from exc
+        remote = attributes.get("remote_resource_uuid")
+        if remote is None:
+            raise TardisSiteError(f"deploy {drone.name} at {self.name}: the site adapter "
+                                  "answered no remote_resource_uuid")
+        return str(remote)
+
+    async def status(self, drones: Sequence[Drone]) -> dict[str, str]:
+        """``resource_status`` of each drone, at once (TARDIS's adapters bundle the calls
+        themselves: Slurm's squeue asks for many jobs in one command)."""
+        answers = await asyncio.gather(*(self._status(d) for d in drones))
+        return dict(zip((d.name for d in drones), answers, strict=True))
+
+    async def _status(self, drone: Drone) -> str:
+        attributes = self._attributes(drone)
+        try:
+            with _translated(self.adapter, f"status of {drone.name} at {self.name}"):
+                # an answer without a status means unchanged (TARDIS's FakeSiteAdapter)
+                attributes.update(await self.adapter.resource_status(attributes))
+        except TardisDroneCrashed:
+            return ERROR  # TARDIS: cleanup
+        return _named(attributes.get("resource_status"), BOOTING)
+
+    async def stop(self, drone: Drone) -> None:
+        with _translated(self.adapter, f"stop {drone.name} at {self.name}"):
+            await self.adapter.stop_resource(self._attributes(drone))
+
+    async def terminate(self, drone: Drone, expect: str | None) -> Terminated:
+        """``terminate_resource``, after a fresh status when ``expect`` is given (a TARDIS
+        adapter cannot terminate conditionally: see the module's docstring)."""
+        if expect is not None:
+            now = await self._status(drone)
+            if now != expect:
+                return Terminated(False, f"the job is {now} now, not {expect}: left alone")
+        attributes = self._attributes(drone)
+        try:
+            with _translated(self.adapter, f"terminate {drone.name} at {self.name}"):
+                await self.adapter.terminate_resource(attributes)
+        except TardisDroneCrashed:
+            return Terminated(False, "the site says the drone crashed: nothing to terminate")
+        checked = " (checked, not fenced)" if expect is not None else ""
+        return Terminated(True, f"terminated{checked}")
+
+
+class TardisBatchSystem:
+    """A TARDIS batch-system adapter (``HTCondorAdapter``, ``FakeBatchSystemAdapter``, ...)
+    as the drone's overlay pool (and its allocation and utilisation, for a ``DronePool``).
+    The drone's name is TARDIS's ``drone_uuid``. TARDIS's integrate has no gate: the
+    drone machine's ``open_gate`` is not passed on."""
+
+    def __init__(self, batch_system_adapter: Any) -> None:
+        self.adapter = batch_system_adapter
+
+    @property
+    def translation(self) -> dict[str, float]:
+        mapping = getattr(self.adapter, "machine_meta_data_translation_mapping", None)
+        return dict(mapping) if mapping else dict(HTCONDOR_TRANSLATION)
+
+    async def _call(self, what: str, method: Callable[[str], Any], drone: Drone) -> Any:
+        with _translated(self.adapter, f"{what} {drone.name}"):
+            try:
+                return await method(drone.name)
+            except TardisDroneCrashed as exc:
+                raise TardisSiteError(f"{what} {drone.name}: {type(exc).__name__}") from exc
+
+    async def integrate(self, drone: Drone, *, open_gate: bool) -> None:
+        await self._call("integrate", self.adapter.integrate_machine, drone)
+
+    async def drain(self, drone: Drone) -> None:
+        await self._call("drain", self.adapter.drain_machine, drone)
+
+    async def disintegrate(self, drone: Drone) -> None:
+        await self._call("disintegrate", self.adapter.disintegrate_machine, drone)
+
+    async def machine_status(self, drones: Sequence[Drone]) -> dict[str, str]:
+        answers = await asyncio.gather(*(self._call(
+            "machine status of", self.adapter.get_machine_status, d) for d in drones))
+        return {d.name: _named(a, NOT_AVAILABLE) for d, a in zip(drones, answers, strict=True)}
+
+    async def allocation(self, drones: Sequence[Drone]) -> dict[str, float]:
+        answers = await asyncio.gather(*(self._call(
+            "allocation of", self.adapter.get_allocation, d) for d in drones))
+        return {d.name: float(a or 0.0) for d, a in zip(drones, answers, strict=True)}
+
+    async def utilisation(self, drones: Sequence[Drone]) -> dict[str, float]:
+        answers = await asyncio.gather(*(self._call(
+            "utilisation of", self.adapter.get_utilisation, d) for d in drones))
+        return {d.name: float(a or 0.0) for d, a in zip(drones, answers, strict=True)}
+
+
+class TardisSites:
+    """The sites and machine types of a TARDIS configuration as one drone site: a drone
+    goes to the site and machine type its key starts with, ``<site>-<machine type>-``
+    (the site's name in lower case, as TARDIS begins its drone names)."""
+
+    def __init__(self, sites: Mapping[str, TardisSite]) -> None:
+        if not sites:
+            raise ValueError("a TARDIS configuration with no site")
+        self.sites = dict(sites)
+
+    @property
+    def prefixes(self) -> list[str]:
+        return sorted(self.sites)
+
+    def site_of(self, drone: Drone) -> TardisSite:
+        for prefix in sorted(self.sites, key=len, reverse=True):
+            if drone.name.startswith(prefix):
+                return self.sites[prefix]
+        raise TardisSiteError(f"drone {drone.name}: its name starts with none of the "
+                              f"configured sites' prefixes ({', '.join(self.prefixes)})")
+
+    @property
+    def drone_minimum_lifetime(self) -> float | None:
+        """The sites' ``drone_minimum_lifetime`` when they all say the same (the drone's
+        deploy copies one value; give sites that differ a configuration each)."""
+        values = {site.drone_minimum_lifetime for site in self.sites.values()}
+        return values.pop() if len(values) == 1 else None
+
+    async def deploy(self, drone: Drone) -> str:
+        return await self.site_of(drone).deploy(drone)
+
+    async def status(self, drones: Sequence[Drone]) -> dict[str, str]:
+        groups: dict[int, tuple[TardisSite, list[Drone]]] = {}
+        for d in drones:
+            site = self.site_of(d)
+            groups.setdefault(id(site), (site, []))[1].append(d)
+        answers = await asyncio.gather(*(site.status(ds) for site, ds in groups.values()))
+        return {name: status for answer in answers for name, status in answer.items()}
+
+    async def stop(self, drone: Drone) -> None:
+        await self.site_of(drone).stop(drone)
+
+    async def terminate(self, drone: Drone, expect: str | None) -> Terminated:
+        return await self.site_of(drone).terminate(drone, expect)
+
+
+def from_configuration(path: str | Path) -> tuple[TardisSites, TardisBatchSystem]:
+    """The sites and the batch system of a TARDIS YAML configuration (its ``Sites``, each
+    site's ``MachineTypes``, its ``BatchSystem``), built as TARDIS builds them: adapter
+    ``X`` is class ``XAdapter`` of module ``tardis.adapters.sites.x`` (batch systems:
+    ``tardis.adapters.batchsystems.x``). The configuration is loaded into TARDIS's own
+    (process-wide) ``Configuration``, from which its adapters read their settings."""
+    configuration = Configuration(str(path))
+    try:
+        batch_settings, sites = configuration.BatchSystem, configuration.Sites
+    except AttributeError as exc:
+        raise TardisSiteError(f"{path}: a TARDIS configuration has `Sites` and "
+                              f"`BatchSystem`: {exc}") from None
+    batch = TardisBatchSystem(_adapter("batchsystems", batch_settings.adapter)())
+    routes: dict[str, TardisSite] = {}
+    for site in sites:
+        adapter_class = _adapter("sites", site.adapter)
+        for machine_type in getattr(configuration, site.name).MachineTypes:
+            routes[f"{site.name.lower()}-{machine_type}-"] = TardisSite(
+                adapter_class(machine_type=machine_type, site_name=site.name),
+                translation=batch.translation)
+    return TardisSites(routes), batch
+
+
+def _adapter(kind: str, name: str) -> Any:
+    try:
+        return getattr(import_module(f"tardis.adapters.{kind}.{name.lower()}"),
+                       f"{name}Adapter")
+    except (ImportError, AttributeError) as exc:
+        raise TardisSiteError(f"TARDIS has no {kind[:-1]} adapter {name!r}: {exc}") from None
+
+
+def _named(status: Any, default: str) -> str:
+    """A TARDIS ResourceStatus or MachineStatus (an Enum) by its name, which is lifecycle's."""
+    if status is None:
+        return default
+    return str(getattr(status, "name", status))
+
+
+def _remote(remote_id: str) -> Any:
+    """A job id as the adapter made it (Slurm's are ints; others strings)."""
+    return int(remote_id) if remote_id.isdigit() else remote_id
+
+
+__all__ = ["FAILURES", "HTCONDOR_TRANSLATION", "TardisBatchSystem", "TardisSite",
+           "TardisSiteError", "TardisSites", "from_configuration"]

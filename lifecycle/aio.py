@@ -1,0 +1,351 @@
+"""asyncio: the engine's operations as coroutines, and the outbox worker on an event loop.
+
+:class:`AsyncEngine` is not a second engine. It holds an :class:`Engine` and runs the same
+decision and transaction code: a fire is the engine's sans-IO generator
+(:meth:`Engine.firing`), which yields the probe calls it needs; the async engine awaits each
+probe on its event loop (a coroutine probe under ``asyncio.timeout``, never a thread each)
+and sends the answer back. Same store, schema, journal, guarantees.
+
+The database work between two probe calls is a few statements in one transaction. By
+default (``database="inline"``) it runs on the event loop's own thread and connection,
+blocking the loop for that long (tens of microseconds on SQLite; a loopback round trip per
+statement on PostgreSQL); ``database="threads"`` runs it on a small thread pool instead, each
+thread with its connection, for a loop that must never wait on a slow database.
+benchmarks/aio.py measures both against the sync engine; ARCHITECTURE.md says why inline is
+the default.
+
+:class:`AsyncWorker` is the :class:`~lifecycle.worker.Worker` with its handlers run as
+tasks on the event loop instead of threads: the same claims, leases, heartbeat, outcomes and
+shutdown (its claim and record steps are the worker's own), so sync and async workers may
+share one outbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import signal
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Literal, ParamSpec, TypeVar
+
+from .clock import Clock
+from .effects import Effect, EffectCall, Handler
+from .engine import Deciding, Engine, Guard, OnStale, SpecFor
+from .errors import RetryableError
+from .fresh import Probe, ProbeOutcome, await_probe, is_async
+from .records import FireResult, JournalEntry, Mismatch, Observation, Resource
+from .spec import MachineSpec, SpecSource
+from .store import Store
+from .transaction import Within
+from .worker import DEFAULT_LEASE, Worker, WorkerStats
+
+P = ParamSpec("P")
+T = TypeVar("T")
+DatabaseMode = Literal["inline", "threads"]
+
+
+class AsyncEngine:
+    """The :class:`Engine`'s operations as coroutines, over the same store.
+
+    Takes the engine's arguments (``probes`` and ``effects`` may be coroutine functions), or
+    wraps an existing engine with :meth:`over`. ``database`` says where the database work
+    runs: ``"inline"`` on the event loop's thread, ``"threads"`` on a pool of ``threads``
+    threads (:meth:`aclose` or ``async with`` shuts it down)."""
+
+    def __init__(
+        self,
+        store: Store,
+        machines: Iterable[SpecSource] = (),
+        *,
+        guards: Mapping[str, Guard] | None = None,
+        effects: Mapping[str, Handler | Effect] | None = None,
+        probes: Mapping[str, Probe] | None = None,
+        clock: Clock | None = None,
+        probe_timeout: float = 10.0,
+        max_attempts: int = 50,
+        spec_for: SpecFor | None = None,
+        strict: bool = True,
+        database: DatabaseMode = "inline",
+        threads: int = 4,
+    ) -> None:
+        engine = Engine(store, machines, guards=guards, effects=effects, probes=probes,
+                        clock=clock, probe_timeout=probe_timeout, max_attempts=max_attempts,
+                        spec_for=spec_for, strict=strict)
+        self._setup(engine, database, threads)
+
+    @classmethod
+    def over(cls, engine: Engine, *, database: DatabaseMode = "inline",
+             threads: int = 4) -> AsyncEngine:
+        """An async engine running ``engine``'s machines, guards, probes and handlers."""
+        self = cls.__new__(cls)
+        self._setup(engine, database, threads)
+        return self
+
+    def _setup(self, engine: Engine, database: DatabaseMode, threads: int) -> None:
+        if database not in ("inline", "threads"):
+            raise ValueError(f"database must be 'inline' or 'threads', not {database!r}")
+        self.engine = engine
+        self.store = engine.store
+        self.clock = engine.clock
+        self.database = database
+        self._pool = (ThreadPoolExecutor(threads, thread_name_prefix="lifecycle-db")
+                      if database == "threads" else None)
+
+    async def aclose(self) -> None:
+        """Shut the database thread pool down (its threads' connections stay the store's,
+        closed by ``store.dispose()``)."""
+        if self._pool is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._pool.shutdown)
+            self._pool = None
+
+    async def __aenter__(self) -> AsyncEngine:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.aclose()
+
+    # -- where the database work runs ----------------------------------------------------
+
+    async def _db(self, work: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        if self._pool is None:
+            return work(*args, **kwargs)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, lambda: work(*args, **kwargs))
+
+    async def drive(self, deciding: Deciding[T]) -> T:
+        """Run a sans-IO decision of the engine to its end, awaiting each probe it asks."""
+        engine = self.engine
+        outcome: ProbeOutcome | None = None
+        while True:
+            done, value = await self._db(_advance, deciding, outcome)
+            if done:
+                return value  # type: ignore[no-any-return]
+            outcome = await await_probe(value.name, engine.probes[value.name], value.request,
+                                        engine.probe_timeout)
+
+    # -- the engine's operations -----------------------------------------------------------
+
+    async def fire(self, key: str, trigger: str, payload: Mapping[str, Any] | None = None, *,
+                   actor: str | None = None, on_stale: OnStale = "raise",
+                   within: Within | None = None) -> FireResult:
+        """:meth:`Engine.fire`, awaiting the probe a risky edge asks."""
+        return await self.drive(self.engine.firing(key, trigger, payload, actor=actor,
+                                                   on_stale=on_stale, within=within))
+
+    async def step(self, key: str, *, actor: str | None = None,
+                   on_stale: OnStale = "raise") -> FireResult:
+        """:meth:`Engine.step`, awaiting the probe a risky edge asks."""
+        return await self.drive(self.engine.stepping(key, actor=actor, on_stale=on_stale))
+
+    async def fire_timer(self, timer_id: int, key: str, trigger: str) -> FireResult | None:
+        """:meth:`Engine.fire_timer`, awaiting the probe a risky edge asks."""
+        return await self.drive(self.engine.timer_firing(timer_id, key, trigger))
+
+    async def create(self, machine: str, key: str, data: Mapping[str, Any] | None = None, *,
+                     state: str | None = None, actor: str | None = None) -> Resource:
+        return await self._db(self.engine.create, machine, key, data, state=state, actor=actor)
+
+    async def update(self, key: str, data: Mapping[str, Any], *,
+                     actor: str | None = None) -> Resource:
+        return await self._db(self.engine.update, key, data, actor=actor)
+
+    async def observe(self, key: str, status: Mapping[str, Any],
+                      observed_at: dt.datetime | None = None, *,
+                      source: str = "api") -> Observation:
+        return await self._db(self.engine.observe, key, status, observed_at, source=source)
+
+    async def register(self, source: SpecSource) -> MachineSpec:
+        return await self._db(self.engine.register, source)
+
+    async def get(self, key: str) -> Resource:
+        return await self._db(self.engine.get, key)
+
+    async def history(self, key: str) -> list[JournalEntry]:
+        return await self._db(self.engine.history, key)
+
+    async def observations(self, key: str) -> list[Observation]:
+        return await self._db(self.engine.observations, key)
+
+    async def available_triggers(self, key: str) -> list[str]:
+        return await self._db(self.engine.available_triggers, key)
+
+    async def resources(self, machine: str | None = None,
+                        state: str | None = None) -> list[Resource]:
+        return await self._db(self.engine.resources, machine, state)
+
+    async def counts(self, machine: str | None = None) -> dict[str, dict[str, int]]:
+        return await self._db(self.engine.counts, machine)
+
+    async def verify(self) -> list[Mismatch]:
+        return await self._db(self.engine.verify)
+
+    @property
+    def machines(self) -> dict[str, MachineSpec]:
+        return self.engine.machines
+
+    @property
+    def handlers(self) -> dict[str, Effect]:
+        return self.engine.handlers
+
+    @property
+    def probes(self) -> dict[str, Probe]:
+        return self.engine.probes
+
+
+def _advance(deciding: Deciding[T], outcome: ProbeOutcome | None) -> tuple[bool, Any]:
+    """One step of a decision: (True, its result) or (False, the probe call it asks)."""
+    try:
+        return False, deciding.send(outcome)  # type: ignore[arg-type]  # None starts it
+    except StopIteration as done:
+        return True, done.value
+
+
+class AsyncWorker(Worker):
+    """The outbox :class:`Worker` on an event loop: ``concurrency`` handlers run at once as
+    tasks (a coroutine handler is awaited, under ``asyncio.timeout`` of its effect's
+    timeout, and cancelled when it runs out; a plain one runs in a thread of the loop's
+    default pool). Claims, leases and their heartbeat, outcomes, retries and timers are the
+    worker's own code; the database work runs on the loop's thread. ``await run()`` until
+    :meth:`stop` (graceful: the running handlers finish; ``fast=True``: they are cancelled
+    and their claims given back at once), or ``await run_until_idle()``."""
+
+    def __init__(self, engine: Engine | AsyncEngine, *, concurrency: int = 1,
+                 lease: float = DEFAULT_LEASE, poll: float = 0.5, name: str | None = None,
+                 seed: int | None = None, batch: int | None = None,
+                 heartbeat: float | None = None) -> None:
+        super().__init__(engine.engine if isinstance(engine, AsyncEngine) else engine,
+                         concurrency=concurrency, lease=lease, poll=poll, name=name,
+                         seed=seed, batch=batch, heartbeat=heartbeat)
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._woken: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._paused = 0.0
+
+    # -- the worker's hooks, on the loop -------------------------------------------------
+
+    def _deadline(self, effect: Effect) -> float:
+        return float("inf")  # the task times itself out (and is cancelled)
+
+    def _launch(self, call: EffectCall) -> None:
+        task = asyncio.get_running_loop().create_task(self._handle(call))
+        self._tasks[call.id] = task
+        task.add_done_callback(lambda _t: self._tasks.pop(call.id, None))
+
+    def _pause(self, seconds: float) -> None:
+        self._paused = seconds  # awaited by the loop that called
+
+    async def _handle(self, call: EffectCall) -> None:
+        effect = self.engine.handlers[call.name]
+        timeout = effect.timeout
+        outcome: tuple[str, Any]
+        try:
+            async with asyncio.timeout(timeout) as limit:
+                if is_async(effect.handler):
+                    answer = await effect.handler(call)  # type: ignore[misc]
+                else:
+                    answer = await asyncio.to_thread(effect.handler, call)
+            outcome = ("ok", answer)
+        except TimeoutError as exc:
+            outcome = ("error", RetryableError(f"handler timed out after {timeout or 0:g} s")
+                       if limit.expired() else exc)
+        except Exception as exc:  # the handler's failure is recorded, not raised
+            outcome = ("error", exc)
+        with self._lock:
+            self._results[call.id] = outcome
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._woken is not None:
+            self._woken.set()
+
+    def stop(self, *, fast: bool = False) -> None:
+        super().stop(fast=fast)
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._wake)
+
+    # -- running ---------------------------------------------------------------------
+
+    async def _round(self) -> bool | None:
+        """One round of the worker (claim, timers, start, record); None when the database
+        failed (after waiting out the backoff)."""
+        self._paused = 0.0
+        busy: bool | None = self._guarded(self._cycle)
+        if busy is None and self._paused:
+            await self._sleep(self._paused)
+        return busy
+
+    async def _sleep(self, limit: float) -> None:
+        """Until a handler finishes, a stop, or ``limit`` seconds."""
+        woken = self._woken
+        assert woken is not None
+        if self._results or (self._stop.is_set() and not self._running):
+            return
+        woken.clear()
+        try:
+            async with asyncio.timeout(limit):
+                await woken.wait()
+        except TimeoutError:
+            pass
+
+    def _started(self, handle_signals: bool) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._woken = asyncio.Event()
+        if handle_signals:
+            for signum in (signal.SIGTERM, signal.SIGQUIT, signal.SIGINT):
+                self._loop.add_signal_handler(signum, self._on_signal, signum, None)
+
+    async def run(  # type: ignore[override]
+            self, *, handle_signals: bool = False) -> WorkerStats:
+        """Work until :meth:`stop` (or a signal, as :meth:`Worker.run` says)."""
+        self._started(handle_signals)
+        while not self._stop.is_set():
+            busy = await self._round()
+            if busy is not None and not busy:
+                await self._sleep(self.poll)
+        self._give_back(list(self._queue))  # claimed, never started: another worker's now
+        self._queue.clear()
+        while (self._running or self._unrecorded) and not self._fast.is_set():
+            self._paused = 0.0
+            if self._guarded(self._reap) is None and self._paused:
+                await self._sleep(self._paused)
+            elif self._running:
+                await self._sleep(self.poll)
+        if self._fast.is_set():
+            await self._cancel_all()
+        self._heartbeat_stopped()
+        if handle_signals:
+            for signum in (signal.SIGTERM, signal.SIGQUIT, signal.SIGINT):
+                asyncio.get_running_loop().remove_signal_handler(signum)
+        return self.stats
+
+    async def _cancel_all(self) -> None:
+        """A fast stop: cancel the running handlers and give their claims back now."""
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._give_back([call for call, _, _ in self._running.values()])
+        self._running.clear()
+
+    async def run_until_idle(self) -> WorkerStats:  # type: ignore[override]
+        """:meth:`Worker.run_until_idle`, on the loop: every effect and timer due now, and
+        those their completion makes due."""
+        self._started(False)
+        while not self._stop.is_set():
+            busy = await self._round()
+            if busy is None:
+                continue
+            if not (self._running or self._queue or self._unrecorded):
+                if not busy and not self._guarded(self._idle_chores):
+                    break
+            elif not busy:
+                await self._sleep(self.poll)
+        if self._fast.is_set():
+            await self._cancel_all()
+        self._heartbeat_stopped()
+        return self.stats
+
+
+__all__ = ["AsyncEngine", "AsyncWorker", "DatabaseMode"]
