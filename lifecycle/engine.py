@@ -417,7 +417,8 @@ class Engine:
         with self.store.write() as cursor:
             row = self._locate(cursor, key)
             [observation] = self._record_observations(
-                cursor, [(row, document, observed_at, recorded_at)], source)
+                cursor, [((row.id, row.machine, row.key), document, observed_at, recorded_at)],
+                source)
         if isinstance(observation, LifecycleError):
             raise observation
         return observation
@@ -446,23 +447,24 @@ class Engine:
 
     def _record_observations(
             self, cursor: Any,
-            items: list[tuple[_Row, dict[str, Any], dt.datetime, dt.datetime]],
+            items: list[tuple[tuple[int, str, str], dict[str, Any], dt.datetime, dt.datetime]],
             source: str) -> list[Observation | LifecycleError]:
-        """Write observations (of the resource of each row: status, observed at, recorded
-        at), each the newest of its resource if it is; all of them in a few statements. A
-        status that JSON cannot hold is refused alone, before anything is written."""
+        """Write observations (of a resource (id, machine, key): status, observed at,
+        recorded at), each the newest of its resource if it is; all of them in a few
+        statements. A status that JSON cannot hold is refused alone, before anything is
+        written."""
         store = self.store
         out: list[Observation | LifecycleError] = []
         rows: list[dict[str, Any]] = []
-        for row, document, observed_at, recorded_at in items:
+        for (resource_id, machine, key), document, observed_at, recorded_at in items:
             try:
                 status = store.json_param(document)
             except (TypeError, ValueError) as exc:
-                out.append(InvalidData(row.machine, row.key, f"status is not JSON: {exc}"))
+                out.append(InvalidData(machine, key, f"status is not JSON: {exc}"))
                 continue
             out.append(Observation(id=0, status=document, observed_at=observed_at,
                                    recorded_at=recorded_at, source=source))
-            rows.append({"resource_id": row.id, "status": status,
+            rows.append({"resource_id": resource_id, "status": status,
                          "observed_at": store.time_param(observed_at),
                          "recorded_at": store.time_param(recorded_at), "source": source})
         ids = iter(store.insert_many(cursor, store.sql.insert_observation, rows))
@@ -575,7 +577,7 @@ class Engine:
         for start in range(0, len(todo), batch):
             chunk = todo[start:start + batch]
             with self.store.write() as cursor:
-                rows = self._rows(cursor, [items[i][0] for i in chunk])
+                rows = self._rows(cursor, [items[i][0] for i in chunk], whole=False)
                 found = []
                 for i in chunk:
                     row = rows[items[i][0]]
@@ -584,7 +586,7 @@ class Engine:
                     else:
                         found.append(i)
                 written = self._record_observations(
-                    cursor, [(cast(_Row, rows[items[i][0]]), *checked[i]) for i in found],
+                    cursor, [(rows[items[i][0]], *checked[i]) for i in found],
                     source)
             results.update(zip(found, written, strict=True))
         return [results[i] for i in range(len(items))]
@@ -937,10 +939,12 @@ class Engine:
         return _Row(rid, rmachine, rkey, state, version, seq, store.json_value(data),
                     store.time_value(last_transition_at), created_at, observation)
 
-    def _rows(self, cursor: Any, keys: list[str]) -> dict[str, _Row | LifecycleError]:
-        """The resources of ``keys`` read in the transaction of ``cursor``: one statement per
-        machine named (``MACHINE:KEY``), one per plain key."""
-        found: dict[str, _Row | LifecycleError] = {}
+    def _rows(self, cursor: Any, keys: list[str], *,
+              whole: bool = True) -> dict[str, Any]:
+        """The resources of ``keys`` read in the transaction of ``cursor`` (``_Row``s; with
+        ``whole=False`` only ``(id, machine, key)``), or why not (a ``LifecycleError``): one
+        statement per machine named (``MACHINE:KEY``), one per plain key."""
+        found: dict[str, Any] = {}
         by_machine: dict[str, dict[str, str]] = {}
         for key in dict.fromkeys(keys):
             machine, plain = queries.split_key(key)
@@ -948,15 +952,17 @@ class Engine:
                 by_machine.setdefault(machine, {})[plain] = key
                 continue
             try:
-                found[key] = self._locate(cursor, key)
+                row = self._locate(cursor, key)
+                found[key] = row if whole else (row.id, row.machine, row.key)
             except LifecycleError as exc:
                 found[key] = exc
         sql = self.store.sql
+        statement = (sql.resources_by_machine_keys if whole
+                     else sql.resource_ids_by_machine_keys)
         for machine, named in by_machine.items():
-            cursor.execute(sql.resources_by_machine_keys, {
-                "machine": machine, "keys": sql.keys_param(list(named))})
+            cursor.execute(statement, {"machine": machine, "keys": sql.keys_param(list(named))})
             for fetched in cursor.fetchall():
-                found[named[fetched[2]]] = self._row(fetched)
+                found[named[fetched[2]]] = self._row(fetched) if whole else tuple(fetched[:3])
             for plain, key in named.items():
                 found.setdefault(key, UnknownResource(plain, machine))
         return found

@@ -373,9 +373,13 @@ class Statements:
                    *(o[n] for n in self.OBSERVATION_COLUMNS))
             .select_from(resources.outerjoin(observations, o.id == r.observation_id))
             .where(r.machine == bindparam("machine"), keys))
+        # what an observation needs of its resource
+        self.resource_ids_by_machine_keys = sql(
+            select(r.id, r.machine, r.key).where(r.machine == bindparam("machine"), keys))
 
     def keys_param(self, keys: list[str]) -> Any:
-        """The ``keys`` parameter of :attr:`resources_by_machine_keys`."""
+        """The ``keys`` parameter of :attr:`resources_by_machine_keys` and
+        :attr:`resource_ids_by_machine_keys`."""
         return keys if self.dialect.name == "postgresql" else json.dumps(keys)
 
     def _moving(self) -> None:
