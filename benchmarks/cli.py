@@ -29,6 +29,7 @@ from rich.text import Text
 from . import (
     aio,
     backlog,
+    dashboard,
     effects,
     fleet,
     heartbeat,
@@ -55,6 +56,7 @@ GROUPS: dict[str, list[Case]] = {
     "aio": aio.CASES,
     "drones": aio.DRONES_GROUP,
     "heartbeat": heartbeat.CASES,
+    "dashboard": [*dashboard.CASES["sqlite"], *dashboard.CASES["postgresql"]],
 }
 CASES: dict[str, Case] = {case.id: case for cases in GROUPS.values() for case in cases}
 
@@ -64,7 +66,8 @@ class Goal:
     limit: float
     strict: bool = False  # "<" instead of "<="
     unit: str = "x"
-    """``x``: a ratio to the reference; ``ms``: milliseconds per operation (no reference)."""
+    """``x``: a ratio to the reference; ``ms``: the subject's own milliseconds per operation
+    (a reference, if any, is shown beside it)."""
 
     def met(self, ratio: float) -> bool:
         return ratio < self.limit if self.strict else ratio <= self.limit
@@ -152,7 +155,13 @@ SECTIONS: list[tuple[str, list[Comparison]]] = [
         Comparison("aio.drones.async", "aio.drones.sync", None),
         Comparison("aio.drones.async", "aio.drones.instant", None),
     ]),
-    (f"10 · a drone pool's heartbeat on PostgreSQL, µs per heartbeat (goal: 100,000 drones "
+    *[(f"10 · the dashboard, {title}: µs per request with {dashboard.LARGE:,} resources and "
+       f"{dashboard.LARGE * dashboard.JOURNAL_ROWS:,} journal rows, vs {dashboard.SMALL:,}", [
+        Comparison(f"dashboard.{db}.{page}.{dashboard.LARGE}",
+                   f"dashboard.{db}.{page}.{dashboard.SMALL}", Goal(budget, unit="ms"))
+        for page, (_label, _path, budget) in dashboard.PAGES.items()
+    ]) for db, title in (("sqlite", "SQLite"), ("postgresql", "PostgreSQL"))],
+    (f"11 · a drone pool's heartbeat on PostgreSQL, µs per heartbeat (goal: 100,000 drones "
      f"within {heartbeat.GOAL_SECONDS:g} s)", [
         Comparison(f"heartbeat.lifecycle.{size}", f"heartbeat.floor.{size}", None)
         for size in heartbeat.SIZES
@@ -402,6 +411,15 @@ def _comparisons(results: dict[str, Measurement], skipped: dict[str, str]
     return out
 
 
+def _met(c: Comparison, ratio: float | None, results: dict[str, Measurement]) -> bool | None:
+    """Whether the goal was met; None when there is no goal or nothing to judge."""
+    if c.goal is not None and c.goal.unit == "ms":
+        return c.goal.met(results[c.subject].median / 1000) if c.subject in results else None
+    if ratio is None or c.goal is None:
+        return None
+    return c.goal.met(ratio)
+
+
 def _cell(results: dict[str, Measurement], skipped: dict[str, str], case_id: str) -> Text:
     if case_id in results:
         m = results[case_id]
@@ -436,13 +454,13 @@ def _table(results: dict[str, Measurement], skipped: dict[str, str], settings: S
             section = title
         shown = "" if ratio is None else (
             f"{ratio:,.1f} ms" if c.reference is None else f"{ratio:.2f}x")
-        if ratio is None:
-            ratio_cell, met = Text("—", style="dim"), Text("—", style="dim")
-        elif c.goal is None:
-            ratio_cell, met = Text(shown), Text("—", style="dim")
+        ok = _met(c, ratio, results)
+        judged = c.goal is not None and (c.goal.unit == "x" or c.reference is None)
+        ratio_cell = Text("—", style="dim") if ratio is None else Text(
+            shown, style=("green" if ok else "red") if judged and ok is not None else "")
+        if ok is None:
+            met = Text("—", style="dim")
         else:
-            ok = c.goal.met(ratio)
-            ratio_cell = Text(shown, style="green" if ok else "red")
             met = Text("✓", style="green") if ok else Text("✗ missed", style="bold red")
         table.add_row(
             "  " + CASES[c.subject].label.removeprefix("lifecycle ")
@@ -529,7 +547,8 @@ def _to_json(results: dict[str, Measurement], skipped: dict[str, str], settings:
              "goal": str(c.goal) if c.goal else None,
              "goal_limit": c.goal.limit if c.goal else None,
              "goal_strict": c.goal.strict if c.goal else None,
-             "met": None if ratio is None or c.goal is None else c.goal.met(ratio)}
+             "goal_unit": c.goal.unit if c.goal else None,
+             "met": _met(c, ratio, results)}
             for title, c, ratio in _comparisons(results, skipped)
         ],
         "effects": summary.to_json() if summary and summary.throughput else None,

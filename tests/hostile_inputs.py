@@ -47,6 +47,12 @@ RISKY: dict[str, Any] = {
                     {"trigger": "back", "source": "gone", "dest": "up"}]}
 """Two small machines the hostile-input tests drive: a plain one, and one with a risky edge."""
 
+MARKUP = ['<script>alert("key")</script>', '"><img src=x onerror=alert(1)>', "a&amp;b<br>",
+          "[red]x[/]", "../../etc/passwd", "a/b?c=d&e=f#g", "%2e%2e%2F", "ключ 🙂 '\"",
+          "{{ 7*7 }}{% raw %}", "line\nbreak\ttab"]
+"""Keys and values that mean something to a browser, a template, a URL or a terminal: shown
+anywhere, each must read as itself."""
+
 
 def cli(*args: str, db: str | None = None, env: dict[str, str] | None = None) -> Ran:
     """``lifecycle ARGS`` in this process, on ``db`` (as --db); exceptions are not caught by

@@ -408,16 +408,6 @@ def test_renice_only_the_jobs_whose_niceness_must_change(sqlite_store: Store) ->
 # -- the limits ---------------------------------------------------------------------------
 
 
-def _most_in_one_second(starts: Sequence[float]) -> int:
-    ordered = sorted(round(s * 1_000_000) for s in starts)
-    most = first = 0
-    for last, at in enumerate(ordered):
-        while ordered[first] + 1_000_000 <= at:
-            first += 1
-        most = max(most, last - first + 1)
-    return most
-
-
 def test_rate_limit_serves_every_lead_first_in_order_at_most_r_a_second() -> None:
     """A thousand cancels fall due at once: each one's lead (the scancel that reaches its
     job) comes one tick after the one before, in the order they asked; the rests of the
@@ -453,7 +443,7 @@ def test_rate_limit_serves_every_lead_first_in_order_at_most_r_a_second() -> Non
     assert leads == keys                                 # in the order they asked
     assert all(lead for _, _, lead in starts[:1000])     # every lead before any rest
     assert starts[999][0] == pytest.approx(999 / 20)
-    assert _most_in_one_second([at for at, _, _ in starts]) == 20
+    assert scancel_flood.most_in_a_second([at for at, _, _ in starts]) == 20
     assert rate.waiting() == 0
 
 

@@ -9,6 +9,7 @@
 | ``tardis`` | tardis (a drone pool on asyncio, from a TARDIS configuration) |
 | ``db`` | db upgrade, downgrade, current, history |
 | ``queue`` | queue show, list (the job queue of ``job_exit``) |
+| ``serve`` | serve (the read-only web dashboard) |
 
 ``common`` holds what they share (consoles, options, errors as one line); ``context`` makes
 the engine and resolves a machine named on the command line.
@@ -86,6 +87,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
              'site and batch-system adapters: the worker\'s effects (deploy, integrate, drain, '
              'stop, terminate) as tasks, then each site\'s status of every live drone, recorded '
              'as observations, then one step of every drone at once.'),
+    'serve': ('serve', 'serve',
+             'Serve a read-only web dashboard of the database: machines with their diagrams '
+             "and counts per state, each machine's resources, a resource's history, stuck "
+             'effects, refused risky edges, a live page, each also as ?format=json, and '
+             '/metrics for Prometheus.'),
     'db': ('db', 'db',
              'Create and migrate the database schema (Alembic).'),
     'queue': ('queue', 'queue',

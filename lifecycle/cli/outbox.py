@@ -15,6 +15,7 @@ from ..outbox import effect_records, outbox_counts, retry_failed
 from ..worker import DEFAULT_LEASE, HeldClaims, Worker, WorkerStats
 from .common import db_option, err, escape, json_option, out, plural, time_text
 from .context import make_engine
+from .serve import needs_serve_extra
 
 
 @click.command()
@@ -30,9 +31,16 @@ from .context import make_engine
                    "that died on another host wait to be taken over.")
 @click.option("--poll", default=0.5, show_default=True, type=click.FloatRange(0.01),
               help="Seconds between looks for new work when idle.")
+@click.option("--metrics-port", type=click.IntRange(1, 65535), metavar="PORT",
+              help="Serve /metrics for Prometheus on this port while working: what "
+                   "`lifecycle serve` reads from the database, and this worker's probe calls "
+                   "and failures (needs the serve extra).")
+@click.option("--metrics-host", default="127.0.0.1", show_default=True,
+              help="The address /metrics listens on.")
 @db_option
 @json_option
-def worker(until_idle: bool, concurrency: int, lease: float, poll: float, db_url: str | None,
+def worker(until_idle: bool, concurrency: int, lease: float, poll: float,
+           metrics_port: int | None, metrics_host: str, db_url: str | None,
            as_json: bool) -> None:
     """Carry out the effects of committed transitions, and fire due timers. SIGTERM stops
     it gracefully (running handlers finish); a second SIGTERM or SIGQUIT stops it at once,
@@ -49,8 +57,20 @@ def worker(until_idle: bool, concurrency: int, lease: float, poll: float, db_url
                 "not serving %s: no %s here (LIFECYCLE_PLUGINS)", name, ", ".join(missing))
             continue
         engine.register(spec)
+    stop_metrics = None
+    if metrics_port is not None:
+        try:
+            from ..dashboard.metrics import serve_metrics
+        except ModuleNotFoundError as exc:
+            raise needs_serve_extra(exc) from None
+        engine.probes, stop_metrics = serve_metrics(engine.store.url, metrics_port,
+                                                    metrics_host, engine.probes)
     worker = Worker(engine, concurrency=concurrency, lease=lease, poll=poll)
-    stats = _until_idle(worker) if until_idle else worker.run(handle_signals=True)
+    try:
+        stats = _until_idle(worker) if until_idle else worker.run(handle_signals=True)
+    finally:
+        if stop_metrics is not None:
+            stop_metrics()
     left = outbox_counts(engine)
     if as_json:
         print(json.dumps({**stats.to_json(), "outbox": left}, indent=2))

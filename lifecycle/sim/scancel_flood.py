@@ -173,7 +173,7 @@ class SlurmModel:
         return {
             "scancel_invocations": len(self.scancel_starts),
             "most_in_flight": self.most_in_flight,
-            "most_scancels_in_one_second": _most_in_a_second(self.scancel_starts),
+            "most_scancels_in_one_second": most_in_a_second(self.scancel_starts),
             "longest_linger": round(max((j.leaves_at for j in jobs), default=0.0), 3),
             "lingered_past_bound": sum(1 for j in jobs
                                        if j.leaves_at > bound + j.exit_time + 1e-9),
@@ -183,7 +183,7 @@ class SlurmModel:
         }
 
 
-def _most_in_a_second(starts: Sequence[float]) -> int:
+def most_in_a_second(starts: Sequence[float]) -> int:
     """The most starts in any window [t, t + 1 s) (in whole microseconds, as the clock)."""
     ordered = sorted(round(at * 1_000_000) for at in starts)
     most = first = 0

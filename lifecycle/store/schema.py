@@ -115,8 +115,14 @@ resources = Table(
     Column("observed_at", UtcDateTime(), comment="observed_at of that observation"),
     UniqueConstraint("machine", "key"),
     Index(None, "key"),
-    Index(None, "machine", "state"),
+    # counts per state, and a state's resources in key order a page at a time (the dashboard)
+    Index(None, "machine", "state", "key"),
 )
+
+FENCED_WHERE = "fence IS NOT NULL"
+REFUSALS_WHERE = "kind = 'refusal'"
+"""The journal rows of risky edges, each kind with a partial index of its own: transitions
+that kept a fence, and refusals. A query repeats these terms word for word to use them."""
 
 journal = Table(
     "lifecycle_journal",
@@ -137,6 +143,12 @@ journal = Table(
     Column("observation_id", Id, comment="the observation the decision rested on"),
     Column("fence", Document(), comment="what the effects may still assume of the world"),
     PrimaryKeyConstraint("resource_id", "seq"),
+    # risky edges' transitions and refusals counted by edge (/metrics), and refusals listed
+    # (the dashboard), read only these rows however long the journal, in the order grouped
+    Index("ix_lifecycle_journal_fenced", "spec_version", "trigger", "source", "dest",
+          sqlite_where=text(FENCED_WHERE), postgresql_where=text(FENCED_WHERE)),
+    Index("ix_lifecycle_journal_refusals", "spec_version", "trigger", "source", "dest", "at",
+          sqlite_where=text(REFUSALS_WHERE), postgresql_where=text(REFUSALS_WHERE)),
 )
 
 observations = Table(
@@ -150,6 +162,7 @@ observations = Table(
     Column("recorded_at", UtcDateTime(), nullable=False),
     Column("source", Name, nullable=False),
     Index(None, "resource_id", "observed_at"),
+    Index(None, "source"),  # each probe's answers counted (/metrics)
     comment="status reports from outside, append-only",
 )
 
