@@ -32,6 +32,7 @@ from . import (
     dashboard,
     effects,
     fleet,
+    heartbeat,
     in_memory,
     persisted,
     postgres,
@@ -54,6 +55,7 @@ GROUPS: dict[str, list[Case]] = {
     "startup": startup.CASES,
     "aio": aio.CASES,
     "drones": aio.DRONES_GROUP,
+    "heartbeat": heartbeat.CASES,
     "dashboard": [*dashboard.CASES["sqlite"], *dashboard.CASES["postgresql"]],
 }
 CASES: dict[str, Case] = {case.id: case for cases in GROUPS.values() for case in cases}
@@ -159,6 +161,11 @@ SECTIONS: list[tuple[str, list[Comparison]]] = [
                    f"dashboard.{db}.{page}.{dashboard.SMALL}", Goal(budget, unit="ms"))
         for page, (_label, _path, budget) in dashboard.PAGES.items()
     ]) for db, title in (("sqlite", "SQLite"), ("postgresql", "PostgreSQL"))],
+    (f"11 · a drone pool's heartbeat on PostgreSQL, µs per heartbeat (goal: 100,000 drones "
+     f"within {heartbeat.GOAL_SECONDS:g} s)", [
+        Comparison(f"heartbeat.lifecycle.{size}", f"heartbeat.floor.{size}", None)
+        for size in heartbeat.SIZES
+    ]),
 ]
 
 PACKAGES = ["lifecycle-fsm", "transitions", "SQLAlchemy", "psycopg", "django", "django-fsm-2",
@@ -338,8 +345,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         count=count, resources=resources)
                     results.update(measured)
                     continue
-                results.update(run_group(runnable, workspace, settings, skipped,
-                                         lambda message: status.update(message)))
+                results.update(run_group(
+                    runnable, workspace,
+                    heartbeat.settings(args.rounds, args.quick)
+                    if group == "heartbeat" else settings,
+                    skipped, lambda message: status.update(message)))
             verified = [db for db in ("sqlite", "postgresql") if f"fleet.{db}.fire" in results]
             if verified:
                 status.update("verify of each fleet, in a process of its own")

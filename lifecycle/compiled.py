@@ -153,7 +153,7 @@ class CompiledMachine:
             if all(c.func(event) == c.target for c in entry.conditions):
                 return Decision(True, entry.dest, entry.edge, context.guards)
         return Decision(False, None, None, context.guards,
-                        _Why(context.guards, self.spec, state, trigger))
+                        _Why(context.guards, self, state, trigger))
 
     def _learn(self, state: str, trigger: str) -> tuple[_Entry, ...]:
         assert self._order is not None
@@ -397,33 +397,26 @@ class _Unknown:
 class _Why:
     """Why nothing fired: which guard held each candidate edge back."""
 
-    __slots__ = ("spec", "state", "trigger", "verdicts")
+    __slots__ = ("compiled", "state", "trigger", "verdicts")
 
-    def __init__(self, verdicts: dict[str, bool], spec: MachineSpec, state: str,
+    def __init__(self, verdicts: dict[str, bool], compiled: CompiledMachine, state: str,
                  trigger: str) -> None:
-        self.verdicts, self.spec, self.state, self.trigger = verdicts, spec, state, trigger
+        self.verdicts, self.compiled, self.state, self.trigger = (
+            verdicts, compiled, state, trigger)
 
     def __call__(self) -> str:
-        return _why(self.verdicts, self.spec, self.state, self.trigger)
-
-
-def _why(verdicts: dict[str, bool], spec: MachineSpec, state: str, trigger: str) -> str:
-    reasons = []
-    edges = spec.eventless if trigger == EVENTLESS else [
-        t for t in spec.transitions if t.trigger == trigger]
-    for edge in edges:
-        if state not in spec.graph.covered_leaves(edge.sources):
-            continue
-        if edge.fresh and verdicts.get("fresh") is False:
-            reasons.append("the observation is not fresh")
-            continue
-        for name in edge.guards:
-            if verdicts.get(name) is False:
-                reasons.append(f"guard {name!r} is false")
-                break
-        else:
-            for name in edge.unless:
-                if verdicts.get(name) is True:
-                    reasons.append(f"unless guard {name!r} is true")
+        verdicts, reasons = self.verdicts, []
+        for edge in self.compiled.candidates(self.state, self.trigger):
+            if edge.fresh and verdicts.get("fresh") is False:
+                reasons.append("the observation is not fresh")
+                continue
+            for name in edge.guards:
+                if verdicts.get(name) is False:
+                    reasons.append(f"guard {name!r} is false")
                     break
-    return "; ".join(dict.fromkeys(reasons)) or "no transition's guards held"
+            else:
+                for name in edge.unless:
+                    if verdicts.get(name) is True:
+                        reasons.append(f"unless guard {name!r} is true")
+                        break
+        return "; ".join(dict.fromkeys(reasons)) or "no transition's guards held"

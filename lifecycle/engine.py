@@ -20,7 +20,7 @@ import datetime as dt
 import logging
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypeVar, cast
 
 from pydantic import ValidationError
@@ -416,8 +416,12 @@ class Engine:
             key, status, observed_at, source)
         with self.store.write() as cursor:
             row = self._locate(cursor, key)
-            return self._record_observation(cursor, row, document, observed_at, recorded_at,
-                                            source)
+            [observation] = self._record_observations(
+                cursor, [((row.id, row.machine, row.key), document, observed_at, recorded_at)],
+                source)
+        if isinstance(observation, LifecycleError):
+            raise observation
+        return observation
 
     def _checked_observation(self, key: str, status: Mapping[str, Any],
                              observed_at: dt.datetime | None,
@@ -441,24 +445,36 @@ class Engine:
             observed_at = recorded_at
         return document, observed_at, recorded_at
 
-    def _record_observation(self, cursor: Any, row: _Row, document: dict[str, Any],
-                            observed_at: dt.datetime, recorded_at: dt.datetime,
-                            source: str) -> Observation:
-        """Write an observation of ``row``'s resource, the newest one if it is."""
+    def _record_observations(
+            self, cursor: Any,
+            items: list[tuple[tuple[int, str, str], dict[str, Any], dt.datetime, dt.datetime]],
+            source: str) -> list[Observation | LifecycleError]:
+        """Write observations (of a resource (id, machine, key): status, observed at,
+        recorded at), each the newest of its resource if it is; all of them in a few
+        statements. A status that JSON cannot hold is refused alone, before anything is
+        written."""
         store = self.store
-        when = store.time_param(observed_at)
-        try:
-            status = store.json_param(document)
-        except (TypeError, ValueError) as exc:
-            raise InvalidData(row.machine, row.key, f"status is not JSON: {exc}") from None
-        cursor.execute(store.sql.insert_observation, {
-            "resource_id": row.id, "status": status, "observed_at": when,
-            "recorded_at": store.time_param(recorded_at), "source": source})
-        observation_id = int(cursor.fetchone()[0])
-        cursor.execute(store.sql.newest_observation, {
-            "id_": row.id, "observation_id": observation_id, "observed_at_": when})
-        return Observation(id=observation_id, status=document, observed_at=observed_at,
-                           recorded_at=recorded_at, source=source)
+        out: list[Observation | LifecycleError] = []
+        rows: list[dict[str, Any]] = []
+        for (resource_id, machine, key), document, observed_at, recorded_at in items:
+            try:
+                status = store.json_param(document)
+            except (TypeError, ValueError) as exc:
+                out.append(InvalidData(machine, key, f"status is not JSON: {exc}"))
+                continue
+            out.append(Observation(id=0, status=document, observed_at=observed_at,
+                                   recorded_at=recorded_at, source=source))
+            rows.append({"resource_id": resource_id, "status": status,
+                         "observed_at": store.time_param(observed_at),
+                         "recorded_at": store.time_param(recorded_at), "source": source})
+        ids = iter(store.insert_many(cursor, store.sql.insert_observation, rows))
+        out = [replace(o, id=next(ids)) if isinstance(o, Observation) else o for o in out]
+        cursor.executemany(store.sql.newest_observation, [
+            {"id_": row["resource_id"], "observation_id": o.id,
+             "observed_at_": row["observed_at"]}
+            for row, o in zip(rows, (o for o in out if isinstance(o, Observation)),
+                              strict=True)])
+        return out
 
     # -- firing ------------------------------------------------------------------------
 
@@ -554,11 +570,26 @@ class Engine:
             except LifecycleError as exc:
                 refused[i] = exc
 
-        def attempt(cursor: Any, row: _Row, i: int, _tries: _Tries) -> Observation:
-            return self._record_observation(cursor, row, *checked[i], source)
-
-        done = self._many([key for key, _ in items], "observe", attempt, batch, skip=refused)
-        return [refused[i] if i in refused else done[i] for i in range(len(items))]
+        if batch < 1:
+            raise ValueError("batch: at least 1")
+        results: dict[int, Observation | LifecycleError] = dict(refused)
+        todo = [i for i in range(len(items)) if i not in refused]
+        for start in range(0, len(todo), batch):
+            chunk = todo[start:start + batch]
+            with self.store.write() as cursor:
+                rows = self._rows(cursor, [items[i][0] for i in chunk], whole=False)
+                found = []
+                for i in chunk:
+                    row = rows[items[i][0]]
+                    if isinstance(row, LifecycleError):
+                        results[i] = row
+                    else:
+                        found.append(i)
+                written = self._record_observations(
+                    cursor, [(rows[items[i][0]], *checked[i]) for i in found],
+                    source)
+            results.update(zip(found, written, strict=True))
+        return [results[i] for i in range(len(items))]
 
     def step_many(self, keys: Iterable[str], *, actor: str | None = None,
                   on_stale: OnStale = "return", batch: int = 500, probes: int = 8,
@@ -908,10 +939,12 @@ class Engine:
         return _Row(rid, rmachine, rkey, state, version, seq, store.json_value(data),
                     store.time_value(last_transition_at), created_at, observation)
 
-    def _rows(self, cursor: Any, keys: list[str]) -> dict[str, _Row | LifecycleError]:
-        """The resources of ``keys`` read in the transaction of ``cursor``: one statement per
-        machine named (``MACHINE:KEY``), one per plain key."""
-        found: dict[str, _Row | LifecycleError] = {}
+    def _rows(self, cursor: Any, keys: list[str], *,
+              whole: bool = True) -> dict[str, Any]:
+        """The resources of ``keys`` read in the transaction of ``cursor`` (``_Row``s; with
+        ``whole=False`` only ``(id, machine, key)``), or why not (a ``LifecycleError``): one
+        statement per machine named (``MACHINE:KEY``), one per plain key."""
+        found: dict[str, Any] = {}
         by_machine: dict[str, dict[str, str]] = {}
         for key in dict.fromkeys(keys):
             machine, plain = queries.split_key(key)
@@ -919,15 +952,17 @@ class Engine:
                 by_machine.setdefault(machine, {})[plain] = key
                 continue
             try:
-                found[key] = self._locate(cursor, key)
+                row = self._locate(cursor, key)
+                found[key] = row if whole else (row.id, row.machine, row.key)
             except LifecycleError as exc:
                 found[key] = exc
         sql = self.store.sql
+        statement = (sql.resources_by_machine_keys if whole
+                     else sql.resource_ids_by_machine_keys)
         for machine, named in by_machine.items():
-            cursor.execute(sql.resources_by_machine_keys, {
-                "machine": machine, "keys": sql.keys_param(list(named))})
+            cursor.execute(statement, {"machine": machine, "keys": sql.keys_param(list(named))})
             for fetched in cursor.fetchall():
-                found[named[fetched[2]]] = self._row(fetched)
+                found[named[fetched[2]]] = self._row(fetched) if whole else tuple(fetched[:3])
             for plain, key in named.items():
                 found.setdefault(key, UnknownResource(plain, machine))
         return found

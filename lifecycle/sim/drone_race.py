@@ -297,9 +297,11 @@ def run_variant(*, seed: int, race_guard: bool, options: dict[str, Any], store: 
         low, high = options["demand"]
         target = round(options["drones"] * loop.rng.uniform(low, high))
         # the pool: drones on their way up or up, still wanted (draining ones are leaving)
-        wanted = [r for r in engine.resources(machine)
-                  if r.key in mine and r.state in drone_machine.POOL_STATES
-                  and r.data.get("demand", 1) == 1]
+        # (read by state: the drones gone down, most of those ever made, are not read)
+        wanted = sorted((r for state in drone_machine.POOL_STATES
+                         for r in engine.resources(machine, state)
+                         if r.key in mine and r.data.get("demand", 1) == 1),
+                        key=lambda r: r.key)
         if target > len(wanted):
             for _ in range(target - len(wanted)):
                 new_drone()

@@ -209,6 +209,24 @@ class Store:
     def __exit__(self, *_exc: object) -> None:
         self.dispose()
 
+    # -- many rows on the raw path ----------------------------------------------------
+
+    def insert_many(self, cursor: Any, statement: str, rows: list[dict[str, Any]]) -> list[int]:
+        """Run ``statement`` (an ``INSERT ... RETURNING id``) once per row, in the transaction
+        of ``cursor``; the ids, in order. On PostgreSQL the rows go in one round trip
+        (psycopg pipelines ``executemany``); SQLite runs in this process anyway."""
+        if self.dialect == "postgresql" and len(rows) > 1:
+            cursor.executemany(statement, rows, returning=True)
+            ids = [cursor.fetchone()[0]]
+            while cursor.nextset():
+                ids.append(cursor.fetchone()[0])
+            return ids
+        ids = []
+        for row in rows:
+            cursor.execute(statement, row)
+            ids.append(cursor.fetchone()[0])
+        return ids
+
     # -- values on the raw path --------------------------------------------------------
 
     def time_param(self, value: dt.datetime) -> Any:
@@ -371,9 +389,13 @@ class Statements:
                    *(o[n] for n in self.OBSERVATION_COLUMNS))
             .select_from(resources.outerjoin(observations, o.id == r.observation_id))
             .where(r.machine == bindparam("machine"), keys))
+        # what an observation needs of its resource
+        self.resource_ids_by_machine_keys = sql(
+            select(r.id, r.machine, r.key).where(r.machine == bindparam("machine"), keys))
 
     def keys_param(self, keys: list[str]) -> Any:
-        """The ``keys`` parameter of :attr:`resources_by_machine_keys`."""
+        """The ``keys`` parameter of :attr:`resources_by_machine_keys` and
+        :attr:`resource_ids_by_machine_keys`."""
         return keys if self.dialect.name == "postgresql" else json.dumps(keys)
 
     def _moving(self) -> None:
