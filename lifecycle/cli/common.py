@@ -21,6 +21,7 @@ markup where a command interpolates it without :func:`escape`: pass data through
 from __future__ import annotations
 
 import io
+import json
 import math
 import os
 import re
@@ -340,3 +341,19 @@ def time_text(value: Any, clock_only: bool = False) -> str:
 def plural(count: int, noun: str, many: str | None = None) -> str:
     """``1 resource``, ``2 resources``."""
     return f"{count:,} {noun if count == 1 else (many or noun + 's')}"
+
+
+def print_heartbeat(report: dict[str, Any], as_json: bool) -> None:
+    """A drone pool's heartbeat report (``reconcile``, ``tardis``): JSON, or one line."""
+    if as_json:
+        print(json.dumps(report), flush=True)
+    elif report["site_error"]:
+        out.print(f"[yellow]site unreachable[/]: {escape(report['site_error'])}; "
+                  f"{plural(report['drones'], 'drone')} keep their state")
+    else:
+        moved = ", ".join(f"{n} {m}" for m, n in sorted(report["moved"].items()))
+        out.print(f"{plural(report['drones'], 'drone')}: {moved or 'none moved'}"
+                  + (f"; {plural(report['refused'], 'risky edge')} refused"
+                     if report["refused"] else "")
+                  + (f"; {plural(report['errors'], 'drone')} not observed or stepped "
+                     "(see the log)" if report.get("errors") else ""))

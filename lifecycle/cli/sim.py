@@ -23,7 +23,7 @@ from ..scenario import replay as replay_one
 from ..sim import simulations
 from ..worker import Worker
 from . import layout
-from .common import db_option, err, escape, json_option, out, plural
+from .common import db_option, err, escape, json_option, out, plural, print_heartbeat
 from .context import make_engine, plugins
 
 
@@ -93,16 +93,7 @@ def reconcile(machine: str, every: float | None, db_url: str | None, as_json: bo
 
             report = drone.reconcile(engine, site, batch, machine=machine, progress=advance)
         worker.run_until_idle()
-        if as_json:
-            print(json.dumps(report), flush=True)
-        elif report["site_error"]:
-            out.print(f"[yellow]site unreachable[/]: {escape(report['site_error'])}; "
-                      f"{plural(report['drones'], 'drone')} keep their state")
-        else:
-            moved = ", ".join(f"{n} {m}" for m, n in sorted(report["moved"].items()))
-            out.print(f"{plural(report['drones'], 'drone')}: {moved or 'none moved'}"
-                      + (f"; {plural(report['refused'], 'risky edge')} refused" if report["refused"]
-                         else ""))
+        print_heartbeat(report, as_json)
         if every is None or stop:
             return
         try:

@@ -4,7 +4,6 @@ TARDIS YAML configuration (TARDIS's own adapters, through ``lifecycle.adapters.t
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ from ..aio import AsyncEngine, AsyncWorker
 from ..effects import as_effect
 from ..errors import LifecycleError
 from ..machines import drone
-from .common import db_option, escape, json_option, out, plural
+from .common import db_option, json_option, print_heartbeat
 from .context import make_engine
 
 
@@ -69,7 +68,7 @@ async def _heartbeats(engine: AsyncEngine, sites: Any, batch: Any, machine: str,
         report = await drone.reconcile_async(engine, sites, batch, machine=machine,
                                              only=only)
         await worker.run_until_idle()
-        _print(report, as_json)
+        print_heartbeat(report, as_json)
         if every is None or stop.is_set():
             return
         try:
@@ -77,16 +76,3 @@ async def _heartbeats(engine: AsyncEngine, sites: Any, batch: Any, machine: str,
             return
         except TimeoutError:
             continue
-
-
-def _print(report: dict[str, Any], as_json: bool) -> None:
-    if as_json:
-        print(json.dumps(report), flush=True)
-    elif report["site_error"]:
-        out.print(f"[yellow]site unreachable[/]: {escape(report['site_error'])}; "
-                  f"{plural(report['drones'], 'drone')} keep their state")
-    else:
-        moved = ", ".join(f"{n} {m}" for m, n in sorted(report["moved"].items()))
-        out.print(f"{plural(report['drones'], 'drone')}: {moved or 'none moved'}"
-                  + (f"; {plural(report['refused'], 'risky edge')} refused"
-                     if report["refused"] else ""))
