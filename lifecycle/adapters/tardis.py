@@ -50,6 +50,7 @@ with warnings.catch_warnings():  # its configuration model is pydantic 1 style: 
     from tardis.interfaces.siteadapter import ResourceStatus  # type: ignore[import-untyped]
     from tardis.utilities.attributedict import AttributeDict  # type: ignore[import-untyped]
 
+from ..clock import Clock, SystemClock
 from ..errors import SiteError
 from .sites import BOOTING, ERROR, NOT_AVAILABLE, Drone, DroneCrashed, Terminated
 
@@ -95,8 +96,10 @@ class TardisSite:
     ``machine_meta_data_translation_mapping`` (a :class:`TardisBatchSystem` gives it)."""
 
     def __init__(self, site_adapter: Any, *,
-                 translation: Mapping[str, float] | None = None) -> None:
+                 translation: Mapping[str, float] | None = None,
+                 clock: Clock | None = None) -> None:
         self.adapter = site_adapter
+        self.clock: Clock = clock or SystemClock()
         self.translation = dict(translation or HTCONDOR_TRANSLATION)
         self.attributes: dict[str, Any] = {}
 
@@ -119,8 +122,9 @@ class TardisSite:
         if attributes is None:
             deployed = drone.data.get("deployed_at")
             # TARDIS's adapters compare it with datetime.now(): local time, naive
-            created = (dt.datetime.fromisoformat(deployed).astimezone().replace(tzinfo=None)
-                       if isinstance(deployed, str) else dt.datetime.now())
+            moment = (dt.datetime.fromisoformat(deployed) if isinstance(deployed, str)
+                      else self.clock.now())
+            created = moment.astimezone().replace(tzinfo=None)
             attributes = AttributeDict(
                 drone_uuid=drone.name, site_name=self.name, created=created, updated=created,
                 obs_machine_meta_data_translation_mapping=AttributeDict(self.translation),
@@ -276,7 +280,8 @@ class TardisSites:
         return await self.site_of(drone).terminate(drone, expect)
 
 
-def from_configuration(path: str | Path) -> tuple[TardisSites, TardisBatchSystem]:
+def from_configuration(path: str | Path, *, clock: Clock | None = None
+                       ) -> tuple[TardisSites, TardisBatchSystem]:
     """The sites and the batch system of a TARDIS YAML configuration (its ``Sites``, each
     site's ``MachineTypes``, its ``BatchSystem``), built as TARDIS builds them: adapter
     ``X`` is class ``XAdapter`` of module ``tardis.adapters.sites.x`` (batch systems:
@@ -295,7 +300,7 @@ def from_configuration(path: str | Path) -> tuple[TardisSites, TardisBatchSystem
         for machine_type in getattr(configuration, site.name).MachineTypes:
             routes[f"{site.name.lower()}-{machine_type}-"] = TardisSite(
                 adapter_class(machine_type=machine_type, site_name=site.name),
-                translation=batch.translation)
+                translation=batch.translation, clock=clock)
     return TardisSites(routes), batch
 
 

@@ -44,8 +44,8 @@ def tardis(configuration: str, machine: str, every: float | None, db_url: str | 
     # (asyncio's sites: their calls are coroutines, which the drone's handlers await)
     sites: Any
     batch: Any
-    sites, batch = from_configuration(Path(configuration))
     engine = make_engine(db_url)
+    sites, batch = from_configuration(Path(configuration), clock=engine.clock)
     engine.handlers.update({name: as_effect(handler)
                             for name, handler in drone.effects(sites, batch).items()})
     engine.probes["site"] = drone.probe(sites, batch)
