@@ -145,22 +145,22 @@ class Store:
         """A raw DBAPI cursor inside one write transaction, for ``self.sql`` statements, on
         the calling thread's own connection (``held=False``: one from the pool, given back
         after)."""
-        try:
-            with self._held.transaction(held=held) as cursor:
-                yield cursor
-        except DBAPIError as exc:  # raised when the pool cannot connect
-            raise DatabaseError(f"database {self.display_url}: {exc.orig}") from None
-        except self._connection_errors as exc:
-            raise DatabaseError(f"database {self.display_url}: {exc}") from None
+        with self._lost_database(), self._held.transaction(held=held) as cursor:
+            yield cursor
 
     @contextmanager
     def reading(self) -> Iterator[Any]:
         """A raw DBAPI cursor for reads of one statement each (``self.sql``'s), on the calling
         thread's own connection and outside any transaction: each statement reads one
         consistent snapshot, without a pool checkout, a BEGIN or a rollback."""
+        with self._lost_database(), self._held.reading() as cursor:
+            yield cursor
+
+    @contextmanager
+    def _lost_database(self) -> Iterator[None]:
+        """A pool that cannot connect, or a connection that broke, as :class:`DatabaseError`."""
         try:
-            with self._held.reading() as cursor:
-                yield cursor
+            yield
         except DBAPIError as exc:  # raised when the pool cannot connect
             raise DatabaseError(f"database {self.display_url}: {exc.orig}") from None
         except self._connection_errors as exc:
