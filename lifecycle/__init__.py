@@ -47,7 +47,7 @@ if TYPE_CHECKING:
         UnknownState,
         UnknownTrigger,
     )
-    from .fresh import Probe, ProbeCall, ProbeRequest
+    from .fresh import Probe, ProbeBatch, ProbeCall, ProbeRequest
     from .outbox import (
         EffectRecord,
         TimerRecord,
@@ -105,6 +105,7 @@ _WHERE: dict[str, str] = {
     "OnStale": "engine",
     "PermanentError": "errors",
     "Probe": "fresh",
+    "ProbeBatch": "fresh",
     "ProbeCall": "fresh",
     "ProbeFailed": "errors",
     "ProbeRequest": "fresh",
@@ -194,6 +195,7 @@ __all__ = [
     "OnStale",
     "PermanentError",
     "Probe",
+    "ProbeBatch",
     "ProbeCall",
     "ProbeFailed",
     "ProbeRequest",
