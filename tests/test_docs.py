@@ -47,3 +47,16 @@ def test_nothing_points_outside_the_repository() -> None:
                for n, line in enumerate(p.read_text().splitlines(), 1)
                if "../shared" in line or "shared/seeds" in line or "shared/domain" in line]
     assert not outside, outside
+
+
+def test_no_merge_conflict_is_left_in_the_sources() -> None:
+    """A conflict resolved in a hurry leaves its markers where no parser looks (a page)."""
+    sources = [*PAGES, *sorted((REPO / "lifecycle").rglob("*.py")),
+               *sorted((REPO / "tests").rglob("*.py")), *sorted((REPO / "benchmarks").glob("*.py")),
+               *sorted((REPO / "migrations").rglob("*.py")), REPO / "pyproject.toml",
+               REPO / "Makefile"]
+    markers = ("<<<<<<< ", ">>>>>>> ", "||||||| ")
+    left = [f"{p.relative_to(REPO)}:{n}" for p in sources
+            for n, line in enumerate(p.read_text().splitlines(), 1)
+            if line.startswith(markers) or line == "======="]
+    assert not left, left
