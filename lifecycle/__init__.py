@@ -48,15 +48,16 @@ if TYPE_CHECKING:
         UnknownTrigger,
     )
     from .fresh import Probe, ProbeCall, ProbeRequest
-    from .outbox import (
+    from .outbox import effect_records, outbox_counts, retry_failed, timer_records
+    from .records import (
         EffectRecord,
+        FireResult,
+        JournalEntry,
+        Mismatch,
+        Observation,
+        Resource,
         TimerRecord,
-        effect_records,
-        outbox_counts,
-        retry_failed,
-        timer_records,
     )
-    from .records import FireResult, JournalEntry, Mismatch, Observation, Resource
     from .spec import (
         Edge,
         EffectSpec,
@@ -83,7 +84,7 @@ _WHERE: dict[str, str] = {
     "Effect": "effects",
     "EffectCall": "effects",
     "EffectError": "errors",
-    "EffectRecord": "outbox",
+    "EffectRecord": "records",
     "EffectSpec": "spec",
     "Engine": "engine",
     "EventlessSpec": "spec",
@@ -127,7 +128,7 @@ _WHERE: dict[str, str] = {
     "StrandedResources": "errors",
     "SystemClock": "clock",
     "Timeout": "spec",
-    "TimerRecord": "outbox",
+    "TimerRecord": "records",
     "TransitionSpec": "spec",
     "UnknownMachine": "errors",
     "UnknownResource": "errors",

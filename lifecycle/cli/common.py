@@ -41,6 +41,14 @@ from ..values import string_problem
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+PLUGINS_VARIABLE = "LIFECYCLE_PLUGINS"
+
+
+def plugin_names() -> list[str]:
+    """The modules named in $LIFECYCLE_PLUGINS (comma-separated)."""
+    return [n.strip() for n in os.environ.get(PLUGINS_VARIABLE, "").split(",") if n.strip()]
+
+
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_REFUSED = 3
