@@ -20,10 +20,11 @@ import functools
 import json
 import math
 import re
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # imported when a YAML document is read (JSON and text need no YAML)
+if TYPE_CHECKING:  # (PyYAML is imported when a YAML document is read: JSON needs none)
+    from pathlib import Path
+
     import yaml
 
 MAX_BYTES = 4 * 1024 * 1024

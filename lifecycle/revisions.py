@@ -6,19 +6,20 @@ which imports Alembic or SQLAlchemy to know it."""
 from __future__ import annotations
 
 import functools
+import os
 import re
-from pathlib import Path
 
 from .errors import DatabaseError
 
 VERSION_TABLE = "lifecycle_alembic_version"
 
 
-def migrations_dir() -> Path:
+def migrations_dir() -> str:
     """``migrations/`` of a source checkout, or its copy inside an installed wheel."""
-    package = Path(__file__).resolve().parent
-    for candidate in (package / "_migrations", package.parent / "migrations"):
-        if (candidate / "env.py").is_file():
+    package = os.path.dirname(os.path.realpath(__file__))
+    for candidate in (os.path.join(package, "_migrations"),
+                      os.path.join(os.path.dirname(package), "migrations")):
+        if os.path.isfile(os.path.join(candidate, "env.py")):
             return candidate
     raise FileNotFoundError(f"lifecycle's migrations are missing (looked beside {package})")
 
@@ -40,13 +41,15 @@ def revisions() -> list[tuple[str, str | None, str]]:
 
 
 @functools.cache
-def _revisions(directory: Path) -> tuple[tuple[str, str | None, str], ...]:
+def _revisions(directory: str) -> tuple[tuple[str, str | None, str], ...]:
     found: dict[str | None, tuple[str, str | None, str]] = {}
-    for path in sorted((directory / "versions").glob("*.py")):
-        source = path.read_text(encoding="utf-8")
+    versions = os.path.join(directory, "versions")
+    for name in sorted(n for n in os.listdir(versions) if n.endswith(".py")):
+        with open(os.path.join(versions, name), encoding="utf-8") as file:
+            source = file.read()
         revision, down = _REVISION.search(source), _DOWN.search(source)
         if revision is None or down is None:
-            raise DatabaseError(f"migration {path.name} does not declare its revision and "
+            raise DatabaseError(f"migration {name} does not declare its revision and "
                                 "down_revision as lifecycle's revisions do")
         doc = _DOC.search(source)
         message = doc.group(1).strip() if doc else ""
