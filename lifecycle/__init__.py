@@ -10,7 +10,6 @@ pydantic until a name that needs them is asked for.
 """
 
 import importlib
-import logging
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -144,9 +143,6 @@ _WHERE: dict[str, str] = {
     "timer_records": "outbox",
 }
 """The module of each public name."""
-
-# a library logs, the application decides where to: nothing is printed unless it configures
-logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 
 def __getattr__(name: str) -> Any:

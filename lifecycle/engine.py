@@ -17,7 +17,6 @@ event loop. Both run the one decision and transaction code below (``Engine.firin
 from __future__ import annotations
 
 import datetime as dt
-import logging
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -52,13 +51,14 @@ from .fresh import (
     rule_text,
 )
 from .graph import EVENTLESS
+from .logs import logger
 from .records import FireResult, JournalEntry, Mismatch, Observation, Resource
 from .spec import Edge, EffectSpec, MachineSpec, SpecSource, load_spec
 from .store import Store
 from .transaction import Within
 from .verify import verify
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 Guard = Callable[[GuardContext], bool]
 OnStale = Literal["raise", "return"]

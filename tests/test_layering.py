@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "lifecycle"
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("records", "errors", "clock", "transaction", "documents", "values",
-                    "redact")),
+                    "redact", "logs")),
     ("spec", ("graph", "spec")),
     ("store", ("store", "store.schema", "store.database", "store.migrate", "revisions", "urls")),
     ("pieces", ("fresh", "compiled", "effects", "files", "registry", "queries", "verify",

@@ -60,9 +60,10 @@ except SystemExit as exit:
 print("\\n" + __import__("json").dumps({"code": code, "modules": sorted(
     name for name in sys.modules if name.split(".")[0] in (
         "alembic", "sqlalchemy", "lifecycle", "rich", "pydantic", "transitions", "yaml",
-        "psycopg"))}))
+        "psycopg", "logging"))}))
 """
-LIBRARIES = ("alembic", "sqlalchemy", "pydantic", "transitions", "yaml", "psycopg")
+LIBRARIES = ("alembic", "sqlalchemy", "pydantic", "transitions", "yaml", "psycopg",
+             "logging")
 """What a command that reads one resource, or prints help, does not import."""
 
 
@@ -121,3 +122,13 @@ def test_show_through_the_engine_loads_its_machine_alone(sqlite_url: str, tmp_pa
     assert not {"lifecycle.machines.startd", "lifecycle.machines.job_exit",
                 "lifecycle.machines.drone", "lifecycle.cli.sim", "lifecycle.worker",
                 "lifecycle.scenario"} & modules
+
+
+def test_lifecycle_logs_nowhere_unless_the_application_says_where() -> None:
+    """A module's logger comes with the NullHandler on lifecycle's top logger (added with
+    the first one, not on import: a command that never logs imports no logging)."""
+    done = subprocess.run([sys.executable, "-c", (
+        "import logging, lifecycle.engine\n"
+        "print([type(h).__name__ for h in logging.getLogger('lifecycle').handlers])")],
+        capture_output=True, text=True, timeout=300, check=True)
+    assert done.stdout.strip() == "['NullHandler']"

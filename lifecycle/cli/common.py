@@ -26,7 +26,6 @@ import math
 import os
 import re
 import sys
-import traceback
 from collections.abc import Callable
 from typing import IO, Any, TypeVar
 
@@ -281,6 +280,8 @@ class OneLineErrors(click.Group):
                 KeyboardInterrupt):
             raise
         except Exception as exc:
+            import traceback  # (a failure's cost, not every command's)
+
             if os.environ.get(TRACEBACK_VARIABLE) == "1":
                 traceback.print_exc()
             where = traceback.extract_tb(exc.__traceback__)[-1]

@@ -3,7 +3,6 @@ helpers the engine uses."""
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import urllib.parse
@@ -19,10 +18,11 @@ from sqlalchemy.engine import Engine as SAEngine
 from sqlalchemy.exc import ArgumentError
 
 from ..errors import DatabaseError
+from ..logs import logger
 from ..urls import display_url
 from ..values import text_problem
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 SQLITE_SYNCHRONOUS_VARIABLE = "LIFECYCLE_SQLITE_SYNCHRONOUS"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
