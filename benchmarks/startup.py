@@ -54,14 +54,36 @@ def _case(name: str, label: str, *args: str) -> Case:
     @contextmanager
     def open_(workspace: Workspace) -> Iterator[Bench]:
         url = _database(workspace)
-        command = [arg.replace("{db}", url) for arg in args]
+        path = url.removeprefix("sqlite:///")
+        command = [arg.replace("{db}", url).replace("{path}", path) for arg in args]
         yield Bench(lambda: _run(*command))
 
     return Case(f"startup.{name}", label, open_)
 
 
+FLOOR = """
+import json, sqlite3, sys
+import click
+from rich.console import Console
+from rich.table import Table
+db = sqlite3.connect(f"file:{sys.argv[1]}?mode=ro", uri=True)
+row = db.execute('SELECT machine, "key", state, version, spec_version, data FROM '
+                 'lifecycle_resources WHERE "key" = ?', (sys.argv[2],)).fetchone()
+table = Table(show_header=False, box=None)
+table.add_column(no_wrap=True)
+table.add_column(overflow="fold")
+for name, value in zip(("machine", "key", "state", "version", "spec version"), row):
+    table.add_row(name, str(value))
+for name, value in sorted(json.loads(row[5]).items()):
+    table.add_row(name, json.dumps(value))
+Console().print(table)
+"""
+"""The floor of ``show`` on the libraries the command is built on: click (imported, as a
+command line needs it), rich, and one row read read-only through sqlite3, printed."""
+
 CASES = [
     _case("pass", "python -c pass", "-c", "pass"),
+    _case("floor", "click + rich + sqlite3: one row", "-c", FLOOR, "{path}", "job-1"),
     _case("help", "lifecycle --help", "-m", "lifecycle", "--help"),
     _case("show", "lifecycle show KEY", "-m", "lifecycle", "show", "job-1", "--db", "{db}"),
 ]
