@@ -36,6 +36,7 @@ from . import (
     in_memory,
     persisted,
     postgres,
+    simulations,
     startup,
     vs_django,
     vs_sqlalchemy,
@@ -56,6 +57,7 @@ GROUPS: dict[str, list[Case]] = {
     "aio": aio.CASES,
     "drones": aio.DRONES_GROUP,
     "heartbeat": heartbeat.CASES,
+    "simulations": simulations.CASES,
     "dashboard": [*dashboard.CASES["sqlite"], *dashboard.CASES["postgresql"]],
 }
 CASES: dict[str, Case] = {case.id: case for cases in GROUPS.values() for case in cases}
@@ -164,8 +166,16 @@ SECTIONS: list[tuple[str, list[Comparison]]] = [
     ]) for db, title in (("sqlite", "SQLite"), ("postgresql", "PostgreSQL"))],
     (f"11 · a drone pool's heartbeat on PostgreSQL, µs per heartbeat (goal: 100,000 drones "
      f"within {heartbeat.GOAL_SECONDS:g} s)", [
-        Comparison(f"heartbeat.lifecycle.{size}", f"heartbeat.floor.{size}", None)
-        for size in heartbeat.SIZES
+        *[Comparison(f"heartbeat.lifecycle.{size}", f"heartbeat.floor.{size}", None)
+          for size in heartbeat.SIZES],
+        Comparison(f"heartbeat.lifecycle.{heartbeat.SIZES[-1]}", None,
+                   Goal(heartbeat.GOAL_SECONDS * 1000, unit="ms")),
+    ]),
+    (f"12 · a simulation as it grows (drone-race): {simulations.GROWTH}x the simulated hours, "
+     f"{simulations.GROWTH}x the drones (linear: about {simulations.GROWTH}x), in this "
+     "process's CPU time", [
+        Comparison(f"sim.drone_race.{grown}", "sim.drone_race.base",
+                   Goal(simulations.GROWTH * 1.1), cpu=True) for grown in ("hours", "drones")
     ]),
 ]
 
@@ -348,8 +358,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     continue
                 results.update(run_group(
                     runnable, workspace,
-                    heartbeat.settings(args.rounds, args.quick)
-                    if group == "heartbeat" else settings,
+                    heartbeat.settings(args.rounds, args.quick) if group == "heartbeat"
+                    else simulations.settings(args.rounds, args.quick)
+                    if group == "simulations" else settings,
                     skipped, lambda message: status.update(message)))
             verified = [db for db in ("sqlite", "postgresql") if f"fleet.{db}.fire" in results]
             if verified:
@@ -480,18 +491,25 @@ def _table(results: dict[str, Measurement], skipped: dict[str, str], settings: S
         notes.append(f"Noisy: rounds differed by more than ±{NOISY:.0%} ({', '.join(noisy)}). "
                      "Was the machine busy? Per-round ratios absorb some of it; rerun on a "
                      "quiet machine for firm numbers.")
+    whole = ("heartbeat.", "sim.")  # one whole heartbeat or simulation per round
     counts = sorted({m.ops_per_round for m in results.values()
-                     if m.case.id not in effects.SPECS and m.case.id not in aio.DRONE_CASES}
-                    ) or [0]
+                     if m.case.id not in effects.SPECS and m.case.id not in aio.DRONE_CASES
+                     and not m.case.id.startswith(whole)}) or [0]
     span = f"{counts[0]:,}" if len(counts) == 1 else f"{counts[0]:,} to {counts[-1]:,}"
     ops = (f"{settings.ops:,} ops per round" if settings.ops else
            f"~{settings.round_seconds:g} s per case and round ({span} ops, calibrated in "
            "warm-up)")
     timed = [m for m in results.values() if m.case.id not in effects.SPECS]
+    rounds = sorted({len(m.samples_us) for m in timed}) or [settings.rounds]
+    rounds_text = "/".join(str(r) for r in rounds)
+    if any(m.case.id.startswith(whole) for m in timed):
+        ops += "; sections 11 and 12: one heartbeat or simulation per round"
+        if counts == [0]:
+            ops = "one heartbeat or simulation per round"
     versions = ", ".join(f"{k} {v}" for k, v in environment.items() if k != "machine")
     table.caption = Text("\n".join([
         "ratio = lifecycle / reference, the median of the per-round ratios; "
-        + (f"µs/op: median of {settings.rounds} interleaved rounds, {ops}; " if timed else "")
+        + (f"µs/op: median of {rounds_text} interleaved rounds, {ops}; " if timed else "")
         + f"± is half the range of the rounds. Whole run {elapsed:.1f} s.",
         *([_effects_note(summary, results)] if summary and summary.throughput else []),
         *([drones] if (drones := aio.note(results, quick)) else []),

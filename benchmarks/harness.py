@@ -158,7 +158,7 @@ def warm_up(bench: Bench, settings: Settings) -> tuple[int, float]:
         batches.append(per_op)
         # a batch takes at most a quarter of the warm-up, so the estimate is recent
         batch = max(1, min(batch * 2, int(settings.warmup_seconds / 4 / per_op)))
-    return n, min(batches[len(batches) // 2:])
+    return n, min(batches[len(batches) // 2:]) if batches else 0.0
 
 
 def run_group(
@@ -186,7 +186,7 @@ def run_group(
         for case in cases:
             progress(f"warming up {case.label}")
             warm, per_op = warm_up(benches[case.id], settings)
-            ops = settings.ops or max(5, round(settings.round_seconds / per_op))
+            ops = settings.ops or max(5, round(settings.round_seconds / max(per_op, 1e-9)))
             results[case.id] = Measurement(case, ops, warmup_ops=warm)
         for r in range(settings.rounds):
             # rotate the order so no case always runs first or last

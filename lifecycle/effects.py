@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .records import DONE, FAILED, PENDING, RUNNING
+from .records import DONE, FAILED, GAVE_UP, PENDING, RUNNING
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,5 +98,5 @@ class EffectCall:
             self.saver(self)
 
 
-__all__ = ["DONE", "FAILED", "PENDING", "RUNNING", "Effect", "EffectCall", "FollowUp",
+__all__ = ["DONE", "FAILED", "GAVE_UP", "PENDING", "RUNNING", "Effect", "EffectCall", "FollowUp",
            "Handler", "Retry", "as_effect"]

@@ -12,6 +12,11 @@ from typing import Any
 
 # The statuses of an effect's row (the outbox) and of a timer's: the one place they are named.
 PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
+GAVE_UP = "gave_up"
+"""An effect that failed for good whose ``on_failure`` transition asked for effects of its
+own: the machine went another way, so, like a done one, it holds up nothing and is not
+retried. (One whose ``on_failure`` asked for nothing, or was refused, is ``failed``: it holds
+its resource's queue until retried.)"""
 OPEN = (PENDING, RUNNING, FAILED)
 """The statuses of an effect that holds up the effects after it on its resource."""
 FIRED, REFUSED, CANCELLED = "fired", "refused", "cancelled"

@@ -50,7 +50,7 @@ from sqlalchemy import (
 )
 
 from . import redact
-from .effects import DONE, FAILED, PENDING, RUNNING, Effect, EffectCall, FollowUp, Retry
+from .effects import DONE, FAILED, GAVE_UP, PENDING, RUNNING, Effect, EffectCall, FollowUp, Retry
 from .engine import Engine
 from .errors import DatabaseError, LostClaim, PermanentError, RetryableError, UnknownResource
 from .logs import logger
@@ -549,12 +549,12 @@ class Worker:
 
     def _mark(self, cursor: Any, call: EffectCall, status: str, error: str | None) -> None:
         """Record the effect's outcome, if this worker still holds its claim; a done effect
-        passes its resource's queue head to the next (a failed one keeps it: the effects
-        behind it wait for ``retry``)."""
+        (or one given up on) passes its resource's queue head to the next (a failed one
+        keeps it: the effects behind it wait for ``retry``)."""
         sql = self.store.sql
         self._held(cursor, sql.finish_effect, call, new_status=status,
                    now=self.store.time_param(self.engine.clock.now()), error=error)
-        if status == DONE:
+        if status in (DONE, GAVE_UP):
             if sql.lock_resource_of_effect is not None:
                 cursor.execute(sql.lock_resource_of_effect, {"id_": call.id})
             cursor.execute(sql.pass_head, {"id_": call.id})
@@ -594,9 +594,19 @@ class Worker:
                       call.key, call.attempt, message, call.machine, call.key)
         else:
             payload = {"effect": call.name, "error": message}
-            self._fire_with(call, on_failure, payload, FAILED, message[:2000])
-            log.error("effect %s of %s:%s failed for good: %s; fired %s", call.name,
-                      call.machine, call.key, message, on_failure)
+            result = self.engine.fire(f"{call.machine}:{call.key}", on_failure, payload,
+                                      actor=f"effect:{call.name}", on_stale="return",
+                                      within=_GivingUp(self, call, message[:2000]))
+            if result.fired and result.effects:
+                log.error("effect %s of %s:%s failed for good: %s; fired %s, which asked for "
+                          "%d effects: they run next", call.name, call.machine, call.key,
+                          message, on_failure, result.effects)
+            else:
+                log.error("effect %s of %s:%s failed for good: %s; %s; the resource is stuck "
+                          "until `lifecycle retry %s:%s`", call.name, call.machine, call.key,
+                          message, f"fired {on_failure}" if result.fired else
+                          f"its on_failure {on_failure} was refused ({result.reason})",
+                          call.machine, call.key)
         self.stats.failed += 1
 
     def _on_failure(self, call: EffectCall) -> str | None:
@@ -687,6 +697,21 @@ class _Outcome(Within):
         if self.writes is not None:
             self.writes(cursor)
         return None
+
+
+class _GivingUp(Within):
+    """Records an effect that failed for good in the transaction of its ``on_failure``
+    trigger, once that is decided: given up on, its queue going on, if the transition fired
+    and asked for effects (the machine went another way); failed, holding its resource's
+    queue until retried, if it asked for none (the state records where it stopped) or was
+    refused."""
+
+    def __init__(self, worker: Worker, call: EffectCall, error: str) -> None:
+        self.worker, self.call, self.error = worker, call, error
+
+    def after(self, cursor: Any, result: FireResult) -> None:
+        status = GAVE_UP if result.fired and result.effects else FAILED
+        self.worker._mark(cursor, self.call, status, self.error)
 
 
 # -- the worker's statements, built once (building them per call cost more than running them)

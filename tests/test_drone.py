@@ -12,7 +12,15 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from lifecycle import Engine, SimulatedClock, SiteError, Store, Worker
+from lifecycle import (
+    Engine,
+    PermanentError,
+    SimulatedClock,
+    SiteError,
+    Store,
+    Worker,
+    effect_records,
+)
 from lifecycle.adapters.sites import Drone, Terminated
 from lifecycle.cli import main
 from lifecycle.machines import drone
@@ -457,3 +465,27 @@ def test_the_deploy_brings_the_sites_minimum_lifetime_along(store: Store) -> Non
     assert engine.get("d1").data["minimum_lifetime"] == 3600.0
     with pytest.raises(ValueError, match="drone_minimum_lifetime is a positive number"):
         SlurmSite(wrap="x", drone_minimum_lifetime=0)
+
+
+def test_a_deploy_that_fails_for_good_by_surprise_still_releases_the_demand(
+        store: Store) -> None:
+    """A site that breaks in a way it does not say (not a SiteError) fails the deploy for
+    good after its attempts; ``deploy_failed`` takes the drone down, and down's ``release``
+    runs behind the failed deploy instead of waiting for a retry that would deploy again."""
+    class Broken:
+        def deploy(self, drone_: Drone) -> str:
+            raise PermanentError("the site's client crashed")
+
+    clock = SimulatedClock("2026-01-01T00:00:00Z")
+    pool = ScenarioBatch(World())
+    engine = Engine(store, [drone.SPEC], guards=drone.GUARDS,
+                    effects=drone.effects(Broken(), pool),  # type: ignore[arg-type]
+                    probes={"site": drone.probe(Broken(), pool)},  # type: ignore[arg-type]
+                    clock=clock)
+    engine.create("drone", "d1", {"demand": 1})
+    Worker(engine).run_until_idle()
+    assert engine.get("d1").state == "down"
+    assert engine.get("d1").data["demand"] == 0
+    assert [e.trigger for e in engine.history("d1")][1:] == ["deploy_failed", "released"]
+    assert [(e.name, e.status) for e in effect_records(engine)] == [
+        ("deploy", "gave_up"), ("release", "done")]

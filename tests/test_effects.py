@@ -209,6 +209,78 @@ def test_failed_for_good_without_on_failure_is_stuck_until_retried(
     assert [c[0] for c in recorder.calls] == ["a", "b", "b", "c"]
 
 
+RESCUE: dict[str, Any] = {
+    "name": "rescue",
+    "initial": "new",
+    "final": ["broken"],
+    "states": ["new", "working", "broken"],
+    "transitions": [
+        {"trigger": "go", "source": "new", "dest": "working",
+         "effects": [{"name": "flaky", "on_failure": "give_up"}, "tidy"]},
+        {"trigger": "give_up", "source": "working", "dest": "broken", "effects": ["report"]},
+    ],
+}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_on_failure_that_asks_for_effects_lets_the_queue_go_on(
+        store: Store, clock: SimulatedClock, kind: str) -> None:
+    """The machine went another way (a drone whose deploy failed for good goes down and
+    releases its demand): the failed effect is given up on, the effects behind it and those
+    its ``on_failure`` transition asked for run, and nothing is left stuck or to retry."""
+    ran: list[str] = []
+
+    def flaky(call: EffectCall) -> None:
+        ran.append("flaky")
+        raise PermanentError("the site said no")
+
+    engine = engine_of(kind, store, [RESCUE], clock=clock, effects={
+        "flaky": flaky, "tidy": lambda call: ran.append("tidy"),
+        "report": lambda call: ran.append("report")})
+    try:
+        engine.create("rescue", "r1")
+        engine.fire("r1", "go")
+        worker_of(engine).run_until_idle()
+        assert engine.get("r1").state == "broken"
+        assert ran == ["flaky", "tidy", "report"]
+        assert [(e.name, e.status, e.last_error) for e in effect_records(engine)] == [
+            ("flaky", "gave_up", "PermanentError: the site said no"), ("tidy", "done", None),
+            ("report", "done", None)]
+        assert effect_records(engine, statuses=("failed",)) == []
+        assert retry_failed(engine, "r1") == 0
+    finally:
+        closing(engine)()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_refused_on_failure_is_logged_as_refused_and_the_resource_is_stuck(
+        store: Store, clock: SimulatedClock, recorder: Recorder, kind: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    spec = {**CHAIN, "transitions": [
+        *CHAIN["transitions"][:-1],
+        {"trigger": "give_up", "source": "second", "dest": "broken"}]}
+    engine = engine_of(kind, store, [spec], clock=clock, effects={
+        name: recorder.handler(name, follow)
+        for name, follow in (("a", "a_done"), ("b", None), ("c", "c_done"))})
+    try:
+        recorder.failures["c"] = [PermanentError("smtp refused")]
+        engine.create("chain", "r1")
+        engine.fire("r1", "go")
+        worker = worker_of(engine)
+        worker.run_until_idle()  # a, then b; c fails for good, give_up fires
+        assert engine.get("r1").state == "broken"
+        assert "fired give_up" in caplog.text
+        caplog.clear()
+        recorder.failures["c"] = [PermanentError("smtp refused")]
+        assert retry_failed(engine, "r1") == 1
+        worker.run_until_idle()  # c fails again; give_up does not leave broken
+        assert "its on_failure give_up was refused" in caplog.text
+        assert "stuck until `lifecycle retry chain:r1`" in caplog.text
+        assert [e.status for e in effect_records(engine)] == ["done", "done", "failed"]
+    finally:
+        closing(engine)()
+
+
 def test_a_worker_claims_only_what_it_has_handlers_for(store: Store,
                                                        clock: SimulatedClock) -> None:
     calls: list[str] = []

@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 from sqlalchemy import select
 
-from ..effects import DONE, FAILED, PENDING
+from ..effects import DONE, FAILED, GAVE_UP, PENDING
 from ..engine import Engine
 from ..queries import resource_id
 from ..records import FireResult, JournalEntry, Observation
@@ -316,9 +316,9 @@ def _entry_text(entry: JournalEntry, effects: list[Any], one_day: bool,
 
 def _effect_text(effect: Any, one_day: bool) -> Text:
     text = Text(f"effect {effect.name}: ")
-    style = {DONE: "green", FAILED: "red"}.get(effect.status, "yellow")
+    style = {DONE: "green", FAILED: "red", GAVE_UP: "red"}.get(effect.status, "yellow")
     text.append(effect.status, style=style)
-    if effect.status == DONE and effect.finished_at is not None:
+    if effect.status in (DONE, GAVE_UP) and effect.finished_at is not None:
         text.append(f" at {time_text(effect.finished_at, one_day)}")
     elif effect.status == PENDING:
         text.append(f", due {time_text(effect.next_attempt_at, one_day)}")
