@@ -64,11 +64,12 @@ def read_text(path: Path) -> str:
 
 # -- YAML 1.2 core schema -------------------------------------------------------------------
 
-_BOOL = re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$")
-_NULL = re.compile(r"^(?:~|null|Null|NULL|)$")
-_INT = re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$")
-_FLOAT = re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
-                    r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")
+_BOOL = r"^(?:true|True|TRUE|false|False|FALSE)$"
+_NULL = r"^(?:~|null|Null|NULL|)$"
+_INT = r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$"
+_FLOAT = (r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+          r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")
+"""The implicit types of YAML 1.2's core schema (compiled with the loader, on first use)."""
 
 
 @functools.cache
@@ -102,7 +103,7 @@ def core_loader() -> type[yaml.SafeLoader]:
             ("tag:yaml.org,2002:null", _NULL, ["~", "n", "N", ""]),
             ("tag:yaml.org,2002:int", _INT, "-+0123456789"),
             ("tag:yaml.org,2002:float", _FLOAT, "-+0123456789.")):
-        CoreLoader.add_implicit_resolver(tag, pattern, list(first))
+        CoreLoader.add_implicit_resolver(tag, re.compile(pattern), list(first))
     CoreLoader.add_implicit_resolver(
         "tag:yaml.org,2002:merge", re.compile(r"^(?:<<)$"), ["<"])
     CoreLoader.add_constructor("tag:yaml.org,2002:bool", _core_bool)

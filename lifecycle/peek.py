@@ -149,9 +149,6 @@ def _sqlite(path: str) -> Iterator[Run]:
         connection.close()
 
 
-_PARAMETER = re.compile(r":([a-z_]+)")
-
-
 @contextmanager
 def _postgresql(conninfo: str) -> Iterator[Run]:
     import psycopg
@@ -166,7 +163,7 @@ def _postgresql(conninfo: str) -> Iterator[Run]:
 
         def run(statement: str, params: Mapping[str, Any]) -> list[Any]:
             with connection.cursor() as cursor:
-                cursor.execute(_PARAMETER.sub(r"%(\1)s", statement), params)
+                cursor.execute(re.sub(r":([a-z_]+)", r"%(\1)s", statement), params)
                 return cursor.fetchall()
 
         yield run
