@@ -84,11 +84,11 @@ def peek(url: str | None, key: str, timer_statuses: Sequence[str],
     """Resource ``key`` (or ``MACHINE:KEY``) of the database at ``url`` (resolved as the
     store resolves it), its machine's current spec, and its timers and effects of these
     statuses (timers by due time, effects in the order they run)."""
-    machine, plain = asked_key(key)
     with _reading(resolve_url(url)) as run:
         found = run("SELECT version_num FROM " + VERSION_TABLE, {})
         if [row[0] for row in found] != [head_revision()]:
             raise Unsure("the database is not at the code's schema revision")
+        machine, plain = asked_key(key)  # (after the database: the store's order)
         if machine is None:
             rows = run(_SHOWN, {"key": plain})
         else:
