@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 import pytest
 
-from lifecycle import machines
+from lifecycle import machines, revisions
 from lifecycle.cli import COMMANDS, main
 from lifecycle.store import migrate
 
@@ -46,8 +46,9 @@ def test_revisions_are_read_as_alembic_reads_them() -> None:
     script = ScriptDirectory.from_config(migrate._config())
     alembic_says = [(r.revision, r.down_revision, r.doc)
                     for r in reversed(list(script.walk_revisions()))]
-    assert migrate.revisions() == alembic_says
-    assert migrate.head_revision() == script.get_current_head()
+    assert revisions.revisions() == alembic_says  # the one reader (the store's and show's)
+    assert revisions.head_revision() == script.get_current_head()
+    assert migrate.head_revision is revisions.head_revision
 
 
 _LOADED = """
