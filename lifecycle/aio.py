@@ -33,7 +33,7 @@ from .clock import Clock
 from .effects import Effect, EffectCall, Handler
 from .engine import Deciding, Engine, Guard, OnStale, SpecFor
 from .errors import LifecycleError, RetryableError
-from .fresh import Probe, ProbeOutcome, await_probe, is_async
+from .fresh import Probe, ProbeCall, ProbeOutcome, await_probe, is_async
 from .records import FireResult, JournalEntry, Mismatch, Observation, Resource
 from .spec import MachineSpec, SpecSource
 from .store import Store
@@ -115,14 +115,29 @@ class AsyncEngine:
 
     async def drive(self, deciding: Deciding[T]) -> T:
         """Run a sans-IO decision of the engine to its end, awaiting each probe it asks."""
-        engine = self.engine
-        outcome: ProbeOutcome | None = None
+        outcome: Any = None
         while True:
             done, value = await self._db(_advance, deciding, outcome)
             if done:
                 return value  # type: ignore[no-any-return]
-            outcome = await await_probe(value.name, engine.probes[value.name], value.request,
-                                        engine.probe_timeout)
+            if isinstance(value, ProbeCall):
+                outcome = await self._ask(value)
+            elif not value.calls:  # a batch's transaction ended: let the loop breathe
+                outcome = []
+                await asyncio.sleep(0)
+            else:
+                room = asyncio.Semaphore(value.at_once)
+                outcome = await asyncio.gather(*(self._ask(call, room)
+                                                 for call in value.calls))
+
+    async def _ask(self, call: ProbeCall,
+                   room: asyncio.Semaphore | None = None) -> ProbeOutcome:
+        engine = self.engine
+        if room is None:
+            return await await_probe(call.name, engine.probes[call.name], call.request,
+                                     engine.probe_timeout)
+        async with room:
+            return await self._ask(call)
 
     # -- the engine's operations -----------------------------------------------------------
 
@@ -165,13 +180,12 @@ class AsyncEngine:
     async def step_many(self, keys: Iterable[str], *, actor: str | None = None,
                         on_stale: OnStale = "return", batch: int = 500, probes: int = 8,
                         retry_conflicts: bool = True) -> list[FireResult | LifecycleError]:
-        """:meth:`Engine.step_many`, in a thread of the loop's default pool: a batch asks its
-        probes between its transactions, ``probes`` at a time in threads, as the engine does
-        (to await each probe on the loop instead, :meth:`step` the resources together, as
-        ``reconcile_async`` does)."""
-        return await asyncio.to_thread(
-            self.engine.step_many, list(keys), actor=actor, on_stale=on_stale, batch=batch,
-            probes=probes, retry_conflicts=retry_conflicts)
+        """:meth:`Engine.step_many`: the same batches and transactions, the probes its risky
+        edges ask between them awaited on the loop, ``probes`` at a time; after each
+        transaction other tasks run before the next."""
+        return await self.drive(self.engine.stepping_many(
+            list(keys), actor=actor, on_stale=on_stale, batch=batch, probes=probes,
+            retry_conflicts=retry_conflicts))
 
     async def register(self, source: SpecSource) -> MachineSpec:
         return await self._db(self.engine.register, source)
@@ -227,10 +241,10 @@ class AsyncEngine:
         return self.engine.probes
 
 
-def _advance(deciding: Deciding[T], outcome: ProbeOutcome | None) -> tuple[bool, Any]:
+def _advance(deciding: Deciding[T], outcome: Any) -> tuple[bool, Any]:
     """One step of a decision: (True, its result) or (False, the probe call it asks)."""
     try:
-        return False, deciding.send(outcome)  # type: ignore[arg-type]  # None starts it
+        return False, deciding.send(outcome)
     except StopIteration as done:
         return True, done.value
 

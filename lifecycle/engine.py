@@ -9,9 +9,11 @@ loaded first, or when a risky edge needs a fresh observation, which a probe is a
 outside any transaction.
 
 The retry loop is sans-IO about probes: it is a generator that yields the :class:`ProbeCall`
-it needs and is sent the answer. :meth:`Engine.drive` answers by calling the probe (in a
-thread, with its timeout); :class:`lifecycle.aio.AsyncEngine` answers by awaiting it on its
-event loop. Both run the one decision and transaction code below (``Engine.firing``).
+it needs (a batch of resources, a :class:`ProbeBatch`) and is sent the answer.
+:meth:`Engine.drive` answers by calling the probe (in a thread, with its timeout; a batch's
+calls in up to ``at_once`` threads); :class:`lifecycle.aio.AsyncEngine` answers by awaiting
+it on its event loop. Both run the one decision and transaction code below
+(``Engine.firing``, ``Engine.stepping_many``).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from .errors import (
 )
 from .fresh import (
     Probe,
+    ProbeBatch,
     ProbeCall,
     ProbeOutcome,
     ProbeRequest,
@@ -66,8 +69,9 @@ SpecFor = Callable[[str], MachineSpec | None]
 """Given a machine's name, the spec to register for it, or None to run the stored one."""
 
 T = TypeVar("T")
-Deciding = Generator[ProbeCall, ProbeOutcome, T]
-"""A write decided sans-IO: it yields the probe calls it needs, is sent their outcomes, and
+Deciding = Generator[ProbeCall | ProbeBatch, Any, T]
+"""A write decided sans-IO: it yields the probe calls it needs (a :class:`ProbeCall`, sent
+back its :data:`ProbeOutcome`; a :class:`ProbeBatch`, sent back the list of theirs), and
 returns its result (see :meth:`Engine.drive`)."""
 
 _KEY_MAX = 255
@@ -244,18 +248,29 @@ class Engine:
 
     def drive(self, deciding: Deciding[T]) -> T:
         """Run a sans-IO decision to its end, answering each probe call it yields by calling
-        the probe (:func:`~lifecycle.fresh.call_probe`: a thread, with ``probe_timeout``)."""
-        outcome: ProbeOutcome | None = None
+        the probe (:func:`~lifecycle.fresh.call_probe`: a thread, with ``probe_timeout``;
+        a batch's calls ``at_once`` at a time)."""
+        outcome: Any = None
         try:
             while True:
-                call = deciding.send(outcome)  # type: ignore[arg-type]  # None starts it
-                try:
-                    outcome = call_probe(call.name, self.probes[call.name], call.request,
-                                         self.probe_timeout)
-                except ProbeFailed as failure:
-                    outcome = failure
+                asked = deciding.send(outcome)
+                if isinstance(asked, ProbeCall):
+                    outcome = self._ask(asked)
+                elif len(asked.calls) > 1 and asked.at_once > 1:
+                    with ThreadPoolExecutor(min(asked.at_once, len(asked.calls)),
+                                            thread_name_prefix="lifecycle-probe") as pool:
+                        outcome = list(pool.map(self._ask, asked.calls))
+                else:
+                    outcome = [self._ask(call) for call in asked.calls]
         except StopIteration as done:
             return cast(T, done.value)
+
+    def _ask(self, call: ProbeCall) -> ProbeOutcome:
+        try:
+            return call_probe(call.name, self.probes[call.name], call.request,
+                              self.probe_timeout)
+        except ProbeFailed as failure:
+            return failure
 
     def _retrying(self, key: str, what: str,
                   attempt: Callable[[Any, _Tries], T | _Again]) -> T:
@@ -288,18 +303,6 @@ class Engine:
         raise ConcurrencyError(
             f"{key}: {what} lost the race {self.max_attempts} times in a row; nothing was "
             "written. Try again, or look for a process that moves it in a loop")
-
-    def _probe(self, tries: _Tries, name: str, request: ProbeRequest) -> None:
-        """Ask the probe here and now (a batch's, between its transactions)."""
-        if not _asking(tries, request):
-            return
-        asked_at = self.clock.now()
-        answer: ProbeOutcome
-        try:
-            answer = call_probe(name, self.probes[name], request, self.probe_timeout)
-        except ProbeFailed as failure:
-            answer = failure
-        self._observed(tries, name, request, answer, asked_at)
 
     def _observed(self, tries: _Tries, name: str, request: ProbeRequest,
                   answer: ProbeOutcome, asked_at: dt.datetime) -> None:
@@ -606,6 +609,17 @@ class Engine:
         :class:`ConcurrencyError` instead, and nothing was written for it. A risky edge that
         needs a fresh observation has its probe asked outside any transaction, up to
         ``probes`` probes at once (threads), and its resource decided again."""
+        return self.drive(self.stepping_many(keys, actor=actor, on_stale=on_stale,
+                                             batch=batch, probes=probes,
+                                             retry_conflicts=retry_conflicts))
+
+    def stepping_many(self, keys: Iterable[str], *, actor: str | None = None,
+                      on_stale: OnStale = "return", batch: int = 500, probes: int = 8,
+                      retry_conflicts: bool = True
+                      ) -> Deciding[list[FireResult | LifecycleError]]:
+        """:meth:`step_many`, sans-IO (see :meth:`firing`): it yields a :class:`ProbeBatch`
+        of the probe calls its risky edges need between its transactions, and an empty one
+        after each transaction."""
         order = list(keys)
         refused: dict[int, LifecycleError] = {}
         for i, key in enumerate(order):
@@ -627,17 +641,19 @@ class Engine:
                         if on_stale == "raise" else outcome.result)
             return outcome
 
-        done = self._many(order, "step", attempt, batch, skip=refused, probes=probes)
+        done = yield from self._many(order, "step", attempt, batch, skip=refused,
+                                     probes=probes)
         return [refused[i] if i in refused else cast(FireResult | LifecycleError, done[i])
                 for i in range(len(order))]
 
     def _many(self, keys: list[str], what: str,
               attempt: Callable[[Any, _Row, int, _Tries], T | _Again], batch: int, *,
               skip: Mapping[int, Any] | None = None,
-              probes: int = 1) -> dict[int, T | LifecycleError]:
-        """The retry loop of many resources: ``attempt`` each (by index into ``keys``) in
-        transactions of ``batch``; those that must go again (see :class:`_Again`) go again
-        together after the machines were loaded and the probes asked."""
+              probes: int = 1) -> Deciding[dict[int, T | LifecycleError]]:
+        """The retry loop of many resources, sans-IO: ``attempt`` each (by index into
+        ``keys``) in transactions of ``batch``, yielding an empty :class:`ProbeBatch` after
+        each; those that must go again (see :class:`_Again`) go again together after the
+        machines were loaded and the probes asked (one batch of calls)."""
         if batch < 1 or probes < 1:
             raise ValueError("batch and probes: at least 1")
         results: dict[int, T | LifecycleError] = {}
@@ -648,10 +664,20 @@ class Engine:
             for start in range(0, len(pending), batch):
                 again += self._one_batch(keys, pending[start:start + batch], attempt, tries,
                                          results)
+                yield ProbeBatch(())
             pending = [i for i, _ in again]
             if not pending:
                 return results
-            self._between(again, tries, probes)
+            for machine in {a.machine for _, a in again if a.machine is not None}:
+                self.compiled(machine)
+            asked = [(tries[i], *a.probe) for i, a in again
+                     if a.probe is not None and _asking(tries[i], a.probe[1])]
+            if asked:
+                asked_at = self.clock.now()
+                answers = yield ProbeBatch(tuple(ProbeCall(name, request)
+                                                 for _, name, request in asked), probes)
+                for (tried, name, request), answer in zip(asked, answers, strict=True):
+                    self._observed(tried, name, request, answer, asked_at)
         for i in pending:
             results[i] = ConcurrencyError(
                 f"{keys[i]}: {what} lost the race {self.max_attempts} times in a row; "
@@ -690,22 +716,6 @@ class Engine:
                 return again
             results[failed[0]] = failed[1]
             chunk = [i for i in chunk if i != failed[0]]
-
-    def _between(self, again: list[tuple[int, _Again]], tries: dict[int, _Tries],
-                 probes: int) -> None:
-        """Outside any transaction: load the machines asked for, and ask the probes asked
-        for, ``probes`` at a time."""
-        for machine in {a.machine for _, a in again if a.machine is not None}:
-            self.compiled(machine)
-        asked = [(tries[i], *a.probe) for i, a in again if a.probe is not None]
-        if len(asked) == 1 or probes == 1:
-            for args in asked:
-                self._probe(*args)
-        elif asked:
-            with ThreadPoolExecutor(min(probes, len(asked)),
-                                    thread_name_prefix="lifecycle-probe") as pool:
-                for future in [pool.submit(self._probe, *args) for args in asked]:
-                    future.result()
 
     def _attempt(self, cursor: Any, key: str, trigger: str, payload: dict[str, Any],
                  actor: str | None, within: Within | None, tries: _Tries,

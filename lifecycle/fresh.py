@@ -60,6 +60,17 @@ class ProbeCall:
     request: ProbeRequest
 
 
+@dataclass(frozen=True, slots=True)
+class ProbeBatch:
+    """The probe calls a batch of decisions (``Engine.stepping_many``) needs before it can go
+    on, to be asked up to ``at_once`` at a time; its driver sends back their outcomes, in
+    order. An empty batch asks nothing: it marks the end of a transaction, where an event
+    loop's driver lets other tasks run before the next."""
+
+    calls: tuple[ProbeCall, ...]
+    at_once: int = 1
+
+
 ProbeOutcome = tuple[dict[str, Any], dt.datetime | None] | ProbeFailed
 """A probe's checked answer (status, and when it was true if it said), or why it failed."""
 

@@ -130,8 +130,9 @@ def test_the_database_work_on_a_thread_pool(store: Store, clock: SimulatedClock)
 
 
 def test_many_at_once_as_the_engine_does(store: Store, clock: SimulatedClock) -> None:
-    """observe_many and step_many: the engine's bulk calls (step_many's probes asked as the
-    engine asks them, a coroutine probe run to its end in the probe's thread)."""
+    """observe_many and step_many: the engine's bulk calls, the same batches and
+    transactions; step_many's probes are awaited together on the loop itself (an adapter
+    bound to its event loop, as TARDIS's are, can be one), not in threads."""
     fresh = {"max_age": 30, "probe": "site"}
     auto = {"name": "auto", "initial": "booting", "final": ["running", "cleanup"],
             "states": ["booting", "running", "cleanup"], "eventless": [
@@ -139,19 +140,29 @@ def test_many_at_once_as_the_engine_does(store: Store, clock: SimulatedClock) ->
                 {"source": "booting", "dest": "running", "guards": ["running"], "fresh": fresh},
             ]}
 
+    loops: list[asyncio.AbstractEventLoop] = []
+    both_asked = asyncio.Event()
+
     async def site(request: ProbeRequest) -> dict[str, Any]:
+        loops.append(asyncio.get_running_loop())
+        if len(loops) == 2:
+            both_asked.set()
+        await asyncio.wait_for(both_asked.wait(), 60)  # each waits for the other: at once
         return {"state": "Running" if request.key == "a1" else "Booting"}
 
     engine = AsyncEngine(store, [auto], guards=GUARDS, probes={"site": site}, clock=clock)
 
     async def main() -> list[Any]:
+        loops.clear()
         for key in ("a1", "a2"):
             await engine.create("auto", key)
         observed = await engine.observe_many([("a2", {"state": "Running"}),
                                               ("nope", {"state": "Booting"})])
         assert isinstance(observed[1], UnknownResource)
         clock.advance(60)  # a2's observation is too old now: the probe is asked for both
-        return await engine.step_many(["a1", "a2"])
+        stepped = await engine.step_many(["a1", "a2"])
+        assert loops == [asyncio.get_running_loop()] * 2
+        return stepped
 
     stepped = asyncio.run(main())
     assert [(r.dest, r.probed) for r in stepped] == [("running", True), ("cleanup", True)]

@@ -397,10 +397,31 @@ def test_number_options_are_finite_and_refused_at_start(tmp_path: Path, value: s
         ran = cli("worker", "--until-idle", option, value, db=db)
         assert_clean(ran, 2)
         assert f"Invalid value for '{option}'" in ran.stderr
-    if value in ("nan", "inf", "-inf"):  # (a finite one would run the simulation)
+    if value in ("nan", "inf", "-inf", "0"):  # (1e308 is a max_age; it would run)
         ran = cli("simulate", "drone-race", "--set", f"max_age={value}")
         assert_clean(ran, 2)
-        assert "max_age takes a finite float" in ran.stderr
+        assert "max_age takes a finite float, more than 0" in ran.stderr
+
+
+@pytest.mark.parametrize(("setting", "says"), [
+    ("drone-race drones=-5", "drones takes an int, 1 or more"),
+    ("drone-race drones=0", "drones takes an int, 1 or more"),
+    ("drone-race hours=-1", "hours takes a finite float, more than 0"),
+    ("drone-race policy=random", "policy takes one of newest_first, established_first"),
+    ("drone-race start_gate=maybe", "start_gate takes true or false"),
+    ("job-exit-crash crashes=7", "crashes takes a finite float, from 0 to 1"),
+    ("scancel-flood poll_interval=0", "poll_interval takes a finite float, more than 0"),
+    ("scancel-flood delay_a=-1", "delay_a takes a finite float, 0 or more"),
+    ("startd-fetch schedds=0", "schedds takes an int, 1 or more"),
+])
+def test_simulation_options_out_of_range_are_refused_before_anything_runs(
+        setting: str, says: str) -> None:
+    """A negative count or a zero interval would give an empty report, or a simulated loop
+    that never ends, instead of an error."""
+    name, option = setting.split()
+    ran = cli("simulate", name, "--set", option)
+    assert_clean(ran, 2)
+    assert says in ran.stderr
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "1e308", "-1"])

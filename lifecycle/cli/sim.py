@@ -4,7 +4,6 @@ and a drone pool's heartbeat."""
 from __future__ import annotations
 
 import json
-import math
 import signal as signals
 import sys
 import time as timing
@@ -21,6 +20,7 @@ from ..errors import LifecycleError
 from ..machines import builtins, drone
 from ..scenario import replay as replay_one
 from ..sim import simulations
+from ..sim.simulation import RANGES
 from ..worker import Worker
 from . import layout
 from .common import db_option, err, escape, json_option, out, plural, print_heartbeat
@@ -128,9 +128,10 @@ def simulate(name: str | None, seed: int, settings: tuple[str, ...], timing: boo
             out.print(layout.block(Text.assemble((simulation.name, "bold"), ": ",
                                                  simulation.summary), [], indent=0),
                       soft_wrap=False)
-            for option, (kind, default, help_text) in simulation.options.items():
-                out.print(layout.block(f"  --set {option}={default} ({kind.__name__})",
-                                       [help_text], indent=6), soft_wrap=False)
+            for option, spec in simulation.options.items():
+                kind = spec.kind.__name__ + (f", {RANGES[spec.range]}" if spec.range else "")
+                out.print(layout.block(f"  --set {option}={spec.default} ({kind})",
+                                       [spec.help], indent=6), soft_wrap=False)
         return
     if name not in known:
         raise LifecycleError(f"unknown simulation {name!r}; known: {', '.join(known)}")
@@ -141,14 +142,10 @@ def simulate(name: str | None, seed: int, settings: tuple[str, ...], timing: boo
         if not sep or key not in simulation.options:
             raise click.BadParameter(f"{setting!r}: options of {name} are "
                                      f"{', '.join(simulation.options)}", param_hint="--set")
-        kind = simulation.options[key][0]
         try:
-            options[key] = (raw.lower() in ("1", "true", "yes")) if kind is bool else kind(raw)
-            if kind is float and not math.isfinite(options[key]):
-                raise ValueError(raw)
-        except ValueError:
-            raise click.BadParameter(f"{setting!r}: {key} takes a "
-                                     f"{'finite ' if kind is float else ''}{kind.__name__}",
+            options[key] = simulation.options[key].parse(raw)
+        except ValueError as exc:
+            raise click.BadParameter(f"{setting!r}: {key} takes {exc}",
                                      param_hint="--set") from None
     with Bar(console=err, transient=True, disable=not err.is_terminal) as bar:
         task = bar.add_task(name, total=1.0)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -471,28 +471,23 @@ def reconcile(engine: Any, site: Site, batch: BatchSystem, *, machine: str = "dr
         except SiteError as exc:
             report["site_error"] = str(exc)
             return report
-    for start in range(0, len(drones), HEARTBEAT_BATCH):
-        keys = [f"{machine}:{d.key}" for d in drones[start:start + HEARTBEAT_BATCH]]
-        observed = engine.observe_many(
-            [(key, _status(site_status, pool_status, d.key))
-             for key, d in zip(keys, drones[start:start + HEARTBEAT_BATCH], strict=True)],
-            asked_at, source="reconcile")
-        report["errors"] += sum(isinstance(o, LifecycleError) for o in observed)
-        for result in engine.step_many(keys, actor="reconcile", on_stale="return",
-                                       probes=probes):
-            _count(report, result)
+    for done, keys, statuses in _batches(drones, site_status, pool_status, machine):
+        observed = engine.observe_many(statuses, asked_at, source="reconcile")
+        stepped = engine.step_many(keys, actor="reconcile", on_stale="return", probes=probes)
+        _tally(report, observed, stepped)
         if progress is not None:
-            progress(start + len(keys), len(drones))
+            progress(done, len(drones))
     return report
 
 
 async def reconcile_async(engine: Any, site: Any, batch: Any, *, machine: str = "drone",
                           progress: Callable[[int, int], None] | None = None,
-                          only: Callable[[str], bool] | None = None) -> dict[str, Any]:
+                          only: Callable[[str], bool] | None = None,
+                          probes: int = 64) -> dict[str, Any]:
     """:func:`reconcile` on an event loop, with an :class:`~lifecycle.aio.AsyncEngine` and a
     site and pool that may be asyncio's (:class:`~lifecycle.adapters.tardis.TardisSite`):
-    the drones are stepped at once, so that the probes their risky edges ask are awaited
-    together. ``only`` picks the drones of this site by key (default: all)."""
+    the same calls and batches, the probes that risky edges ask awaited on the loop, up to
+    ``probes`` at once. ``only`` picks the drones of this site by key (default: all)."""
     drones = [r for state in LIVE_STATES for r in await engine.resources(machine, state)
               if r.data.get("remote_id") and (only is None or only(r.key))]
     drones.sort(key=lambda r: r.key)
@@ -507,25 +502,32 @@ async def reconcile_async(engine: Any, site: Any, batch: Any, *, machine: str = 
     except SiteError as exc:
         report["site_error"] = str(exc)
         return report
-    done = 0
-
-    async def one(key: str) -> None:
-        nonlocal done
-        try:
-            await engine.observe(f"{machine}:{key}", _status(site_status, pool_status, key),
-                                 asked_at, source="reconcile")
-            result = await engine.step(f"{machine}:{key}", actor="reconcile",
-                                       on_stale="return")
-        except LifecycleError:
-            report["errors"] += 1
-        else:
-            _count(report, result)
-        done += 1
+    for done, keys, statuses in _batches(drones, site_status, pool_status, machine):
+        observed = await engine.observe_many(statuses, asked_at, source="reconcile")
+        stepped = await engine.step_many(keys, actor="reconcile", on_stale="return",
+                                         probes=probes)
+        _tally(report, observed, stepped)
         if progress is not None:
             progress(done, len(drones))
-
-    await asyncio.gather(*(one(drone.key) for drone in drones))
     return report
+
+
+def _batches(drones: Sequence[Any], site_status: Mapping[str, str],
+             pool_status: Mapping[str, str], machine: str
+             ) -> Iterator[tuple[int, list[str], list[tuple[str, dict[str, str]]]]]:
+    """A heartbeat's batches: (drones done after it, their keys, their statuses)."""
+    for start in range(0, len(drones), HEARTBEAT_BATCH):
+        chunk = drones[start:start + HEARTBEAT_BATCH]
+        keys = [f"{machine}:{d.key}" for d in chunk]
+        yield start + len(chunk), keys, [
+            (key, _status(site_status, pool_status, d.key))
+            for key, d in zip(keys, chunk, strict=True)]
+
+
+def _tally(report: dict[str, Any], observed: Sequence[Any], stepped: Sequence[Any]) -> None:
+    report["errors"] += sum(isinstance(o, LifecycleError) for o in observed)
+    for result in stepped:
+        _count(report, result)
 
 
 def _report(drones: Sequence[Any]) -> dict[str, Any]:

@@ -39,7 +39,7 @@ from ..machines import drone as drone_machine
 from ..store import Store
 from ..worker import Worker
 from .loop import EventLoop, Progress
-from .simulation import Simulation
+from .simulation import Option, Simulation
 
 START = "2026-01-01T00:00:00Z"
 
@@ -394,16 +394,18 @@ SIMULATION = Simulation(
     summary="TARDIS drones under fluctuating demand: payloads killed by the boot race",
     run=simulate,
     options={
-        "drones": (int, DEFAULTS["drones"], "the pool's largest size"),
-        "hours": (float, DEFAULTS["hours"], "simulated hours"),
-        "site_lag": (float, DEFAULTS["site_lag"], "seconds the site's status lags reality"),
-        "status_interval": (float, DEFAULTS["status_interval"],
-                            "seconds between status refreshes (the cache's age)"),
-        "max_age": (float, DEFAULTS["max_age"], "the risky edges' max_age, seconds"),
-        "start_gate": (bool, DEFAULTS["start_gate"],
-                       "drones take payload only once integrated"),
-        "policy": (str, DEFAULTS["policy"], "which drones to release: newest_first (COBalD's "
-                   "proposal in the seed's thread, the default here) or established_first"),
+        "drones": Option(int, DEFAULTS["drones"], "the pool's largest size", ">=1"),
+        "hours": Option(float, DEFAULTS["hours"], "simulated hours", ">0"),
+        "site_lag": Option(float, DEFAULTS["site_lag"],
+                           "seconds the site's status lags reality", ">=0"),
+        "status_interval": Option(float, DEFAULTS["status_interval"],
+                                  "seconds between status refreshes (the cache's age)", ">0"),
+        "max_age": Option(float, DEFAULTS["max_age"], "the risky edges' max_age, seconds", ">0"),
+        "start_gate": Option(bool, DEFAULTS["start_gate"],
+                             "drones take payload only once integrated"),
+        "policy": Option(str, DEFAULTS["policy"], "which drones to release: newest_first "
+                         "(COBalD's proposal in the seed's thread, the default here) or "
+                         "established_first", choices=("newest_first", "established_first")),
     },
     demo={"drones": 40, "hours": 1.0},
 )

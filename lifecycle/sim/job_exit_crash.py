@@ -47,7 +47,7 @@ from ..outbox import retry_failed
 from ..store import Store
 from ..worker import Worker
 from .loop import EventLoop, Progress
-from .simulation import Simulation
+from .simulation import Option, Simulation
 
 START = "2026-01-01T00:00:00Z"
 STEPS = ("write_terminated_event", "write_output_ad", "update_job_queue",
@@ -313,10 +313,11 @@ SIMULATION = Simulation(
     summary="HTCondor local-universe job exits, with process deaths and a queue outage",
     run=simulate,
     options={
-        "jobs": (int, DEFAULTS["jobs"], "job exits"),
-        "hours": (float, DEFAULTS["hours"], "simulated hours over which they exit"),
-        "crashes": (float, DEFAULTS["crashes"], "share of jobs whose process dies once"),
-        "outage": (float, DEFAULTS["outage"], "seconds the job queue is down"),
+        "jobs": Option(int, DEFAULTS["jobs"], "job exits", ">=1"),
+        "hours": Option(float, DEFAULTS["hours"], "simulated hours over which they exit", ">0"),
+        "crashes": Option(float, DEFAULTS["crashes"], "share of jobs whose process dies once",
+                          "0..1"),
+        "outage": Option(float, DEFAULTS["outage"], "seconds the job queue is down", ">=0"),
     },
     demo={"jobs": 60},
 )

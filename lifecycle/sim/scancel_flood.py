@@ -64,7 +64,7 @@ from ..machines import slurm_dispatch as machine
 from ..store import Store, timers
 from ..worker import Worker
 from .loop import EventLoop, Progress
-from .simulation import Simulation
+from .simulation import Option, Simulation
 
 START = "2026-01-01T00:00:00Z"
 RUNNING_STEP = 1
@@ -463,21 +463,25 @@ SIMULATION = Simulation(
     summary="Arvados dispatching containers that finish together: the scancel loop",
     run=simulate,
     options={
-        "containers": (int, DEFAULTS["containers"], "containers finishing at once"),
-        "linger_mean": (float, DEFAULTS["linger_mean"],
-                        "mean seconds a job lingers in squeue by itself"),
-        "ctld_rate": (float, DEFAULTS["ctld_rate"], "commands slurmctld answers a second"),
-        "poll_interval": (float, DEFAULTS["poll_interval"], "seconds between squeue polls"),
-        "delay_a": (float, DEFAULTS["delay_a"], "the machine's delay A, seconds"),
-        "delay_b": (float, DEFAULTS["delay_b"], "the machine's delay B, seconds"),
-        "scancels_per_second": (float, DEFAULTS["scancels_per_second"],
-                                "the machine's scancel rate limit R"),
-        "max_in_flight": (int, DEFAULTS["max_in_flight"],
-                          "the machine's pool P of Slurm commands in flight"),
-        "log_interval": (float, DEFAULTS["log_interval"],
-                         "seconds between repeats of a container's \"still in squeue\""),
-        "quick_poll": (float, DEFAULTS["quick_poll"],
-                       "the machine's soonest poll after the last while a scancel is due"),
+        "containers": Option(int, DEFAULTS["containers"], "containers finishing at once", ">=1"),
+        "linger_mean": Option(float, DEFAULTS["linger_mean"],
+                              "mean seconds a job lingers in squeue by itself", ">0"),
+        "ctld_rate": Option(float, DEFAULTS["ctld_rate"], "commands slurmctld answers a second",
+                            ">0"),
+        "poll_interval": Option(float, DEFAULTS["poll_interval"], "seconds between squeue polls",
+                                ">0"),
+        "delay_a": Option(float, DEFAULTS["delay_a"], "the machine's delay A, seconds", ">=0"),
+        "delay_b": Option(float, DEFAULTS["delay_b"], "the machine's delay B, seconds", ">=0"),
+        "scancels_per_second": Option(float, DEFAULTS["scancels_per_second"],
+                                      "the machine's scancel rate limit R", ">0"),
+        "max_in_flight": Option(int, DEFAULTS["max_in_flight"],
+                                "the machine's pool P of Slurm commands in flight", ">=1"),
+        "log_interval": Option(float, DEFAULTS["log_interval"],
+                               "seconds between repeats of a container's \"still in squeue\"",
+                               ">0"),
+        "quick_poll": Option(float, DEFAULTS["quick_poll"],
+                             "the machine's soonest poll after the last while a scancel is due",
+                             ">0"),
     },
     demo={"containers": 200},
 )

@@ -35,7 +35,7 @@ from ..machines.startd_claims import ClaimIds
 from ..store import Store
 from ..worker import Worker
 from .loop import EventLoop, Progress
-from .simulation import Simulation
+from .simulation import Option, Simulation
 
 START = "2026-01-01T00:00:00Z"
 ADDRESS = "192.168.1.10:9618"
@@ -318,15 +318,18 @@ SIMULATION = Simulation(
     summary="HTCondor slots busy with fetched work: schedds claiming with the advertised id",
     run=simulate,
     options={
-        "slots": (int, DEFAULTS["slots"], "slots of the startd"),
-        "hours": (float, DEFAULTS["hours"], "simulated hours"),
-        "job_length": (float, DEFAULTS["job_length"], "mean seconds a fetched job runs"),
-        "fetch_delay": (float, DEFAULTS["fetch_delay"],
-                        "seconds between a fetched job's end and the next fetch"),
-        "collector_delay": (float, DEFAULTS["collector_delay"],
-                            "seconds before schedds see a slot ad the startd sent"),
-        "schedds": (int, DEFAULTS["schedds"], "schedds, each ranked above fetched work"),
-        "retry": (float, DEFAULTS["retry"], "seconds between a schedd's claim attempts"),
+        "slots": Option(int, DEFAULTS["slots"], "slots of the startd", ">=1"),
+        "hours": Option(float, DEFAULTS["hours"], "simulated hours", ">0"),
+        "job_length": Option(float, DEFAULTS["job_length"], "mean seconds a fetched job runs",
+                             ">0"),
+        "fetch_delay": Option(float, DEFAULTS["fetch_delay"],
+                              "seconds between a fetched job's end and the next fetch", ">=0"),
+        "collector_delay": Option(float, DEFAULTS["collector_delay"],
+                                  "seconds before schedds see a slot ad the startd sent", ">=0"),
+        "schedds": Option(int, DEFAULTS["schedds"], "schedds, each ranked above fetched work",
+                          ">=1"),
+        "retry": Option(float, DEFAULTS["retry"], "seconds between a schedd's claim attempts",
+                        ">0"),
     },
     demo={"slots": 2, "hours": 0.25},
 )
