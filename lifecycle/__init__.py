@@ -46,7 +46,7 @@ if TYPE_CHECKING:
         UnknownState,
         UnknownTrigger,
     )
-    from .fresh import Probe, ProbeCall, ProbeRequest
+    from .fresh import Probe, ProbeBatch, ProbeCall, ProbeRequest
     from .outbox import effect_records, outbox_counts, retry_failed, timer_records
     from .records import (
         EffectRecord,
@@ -105,6 +105,7 @@ _WHERE: dict[str, str] = {
     "OnStale": "engine",
     "PermanentError": "errors",
     "Probe": "fresh",
+    "ProbeBatch": "fresh",
     "ProbeCall": "fresh",
     "ProbeFailed": "errors",
     "ProbeRequest": "fresh",
@@ -191,6 +192,7 @@ __all__ = [
     "OnStale",
     "PermanentError",
     "Probe",
+    "ProbeBatch",
     "ProbeCall",
     "ProbeFailed",
     "ProbeRequest",
