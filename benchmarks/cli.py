@@ -145,6 +145,7 @@ SECTIONS: list[tuple[str, list[Comparison]]] = [
     ("7 · the command line's start-up, against python -c pass", [
         Comparison("startup.help", "startup.pass", None),
         Comparison("startup.show", "startup.pass", None),
+        Comparison("startup.show", "startup.floor", None),
         Comparison("startup.show", None, Goal(150, strict=True, unit="ms")),
     ]),
     *[(f"8 · AsyncEngine.fire against Engine.fire: {title}", [

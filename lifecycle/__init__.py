@@ -10,7 +10,6 @@ pydantic until a name that needs them is asked for.
 """
 
 import importlib
-import logging
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -48,15 +47,16 @@ if TYPE_CHECKING:
         UnknownTrigger,
     )
     from .fresh import Probe, ProbeBatch, ProbeCall, ProbeRequest
-    from .outbox import (
+    from .outbox import effect_records, outbox_counts, retry_failed, timer_records
+    from .records import (
         EffectRecord,
+        FireResult,
+        JournalEntry,
+        Mismatch,
+        Observation,
+        Resource,
         TimerRecord,
-        effect_records,
-        outbox_counts,
-        retry_failed,
-        timer_records,
     )
-    from .records import FireResult, JournalEntry, Mismatch, Observation, Resource
     from .spec import (
         Edge,
         EffectSpec,
@@ -83,7 +83,7 @@ _WHERE: dict[str, str] = {
     "Effect": "effects",
     "EffectCall": "effects",
     "EffectError": "errors",
-    "EffectRecord": "outbox",
+    "EffectRecord": "records",
     "EffectSpec": "spec",
     "Engine": "engine",
     "EventlessSpec": "spec",
@@ -128,7 +128,7 @@ _WHERE: dict[str, str] = {
     "StrandedResources": "errors",
     "SystemClock": "clock",
     "Timeout": "spec",
-    "TimerRecord": "outbox",
+    "TimerRecord": "records",
     "TransitionSpec": "spec",
     "UnknownMachine": "errors",
     "UnknownResource": "errors",
@@ -144,9 +144,6 @@ _WHERE: dict[str, str] = {
     "timer_records": "outbox",
 }
 """The module of each public name."""
-
-# a library logs, the application decides where to: nothing is printed unless it configures
-logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 
 def __getattr__(name: str) -> Any:

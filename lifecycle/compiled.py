@@ -23,8 +23,9 @@ from transitions.extensions.nesting import HierarchicalMachine, NestedState
 
 from .errors import GuardError
 from .fresh import staleness
+from .graph import ANY, EVENTLESS, SEPARATOR, Candidates
 from .records import Observation
-from .spec import ANY, EVENTLESS, SEPARATOR, Edge, MachineSpec, StateSpec
+from .spec import Edge, MachineSpec, StateSpec
 
 
 @dataclass(slots=True)
@@ -90,15 +91,7 @@ class CompiledMachine:
         self.triggers = frozenset(spec.triggers)
         nested = any(state.states for state in spec.states)
         edges = _edges(spec)
-        self._candidates: dict[tuple[str, str], tuple[Edge, ...]] = {}
-        for trigger, edge in edges:
-            for leaf in graph.covered_leaves(edge.sources):
-                self._candidates[leaf, trigger] = (
-                    *self._candidates.get((leaf, trigger), ()), edge)
-        self._from: dict[str, frozenset[str]] = {
-            leaf: frozenset(t for (state, t) in self._candidates if state == leaf)
-            for leaf in graph.leaves
-        }
+        self._candidates = Candidates(graph, edges, lambda edge: edge.sources)
         self.risky = any(edge.fresh for _, edge in edges)
         self.timeouts = {state: timeout for state, (_, timeout) in graph.timeouts.items()}
         self.entry_effects = dict(graph.entry_effects)
@@ -137,13 +130,13 @@ class CompiledMachine:
 
     def candidates(self, state: str, trigger: str) -> tuple[Edge, ...]:
         """The edges ``trigger`` may take from leaf ``state``, in declaration order."""
-        return self._candidates.get((state, trigger), ())
+        return self._candidates.edges.get((state, trigger), ())
 
     def triggers_from(self, state: str) -> frozenset[str]:
-        return self._from.get(state, frozenset()) - {EVENTLESS}
+        return self._candidates.triggers_from(state)
 
     def decide(self, state: str, trigger: str, context: GuardContext) -> Decision:
-        if trigger not in self._from.get(state, ()):
+        if trigger not in self._candidates.by_leaf.get(state, ()):
             return Decision(False, None, None, {}, _Unknown(self, state, trigger))
         entries = self._table.get((trigger, state))
         if entries is None:

@@ -16,13 +16,16 @@ there is one); spec and scenario loading turn them into their own errors.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import yaml
+if TYPE_CHECKING:  # (PyYAML is imported when a YAML document is read: JSON needs none)
+    from pathlib import Path
+
+    import yaml
 
 MAX_BYTES = 4 * 1024 * 1024
 MAX_DEPTH = 64
@@ -61,37 +64,57 @@ def read_text(path: Path) -> str:
 
 # -- YAML 1.2 core schema -------------------------------------------------------------------
 
-_BOOL = re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$")
-_NULL = re.compile(r"^(?:~|null|Null|NULL|)$")
-_INT = re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$")
-_FLOAT = re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
-                    r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")
+_BOOL = r"^(?:true|True|TRUE|false|False|FALSE)$"
+_NULL = r"^(?:~|null|Null|NULL|)$"
+_INT = r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$"
+_FLOAT = (r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+          r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")
+"""The implicit types of YAML 1.2's core schema (compiled with the loader, on first use)."""
 
 
-class CoreLoader(yaml.SafeLoader):
-    """PyYAML's safe loader with the core schema of YAML 1.2 and duplicate keys refused."""
+@functools.cache
+def core_loader() -> type[yaml.SafeLoader]:
+    """PyYAML's safe loader with the core schema of YAML 1.2 and duplicate keys refused
+    (made on first use: importing PyYAML costs a command that reads no YAML)."""
+    import yaml
 
-    yaml_implicit_resolvers = {}  # noqa: RUF012  (its own: the core schema only)
+    class CoreLoader(yaml.SafeLoader):
+        yaml_implicit_resolvers = {}  # noqa: RUF012  (its own: the core schema only)
 
-    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
-        if isinstance(node, yaml.MappingNode):
-            seen: dict[Any, yaml.Node] = {}
-            for key_node, _ in node.value:
-                key = self.construct_object(key_node, deep=True)
-                try:
-                    earlier = seen.get(key)
-                except TypeError:  # an unhashable key: PyYAML says so below
-                    continue
-                if earlier is not None and key != "<<":
-                    mark = key_node.start_mark
-                    raise yaml.constructor.ConstructorError(
-                        None, None, f"key {key!r} is given twice (first on line "
-                        f"{earlier.start_mark.line + 1})", mark)
-                seen[key] = key_node
-        return super().construct_mapping(node, deep=deep)  # type: ignore[arg-type]
+        def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
+            if isinstance(node, yaml.MappingNode):
+                seen: dict[Any, yaml.Node] = {}
+                for key_node, _ in node.value:
+                    key = self.construct_object(key_node, deep=True)
+                    try:
+                        earlier = seen.get(key)
+                    except TypeError:  # an unhashable key: PyYAML says so below
+                        continue
+                    if earlier is not None and key != "<<":
+                        mark = key_node.start_mark
+                        raise yaml.constructor.ConstructorError(
+                            None, None, f"key {key!r} is given twice (first on line "
+                            f"{earlier.start_mark.line + 1})", mark)
+                    seen[key] = key_node
+            return super().construct_mapping(node, deep=deep)  # type: ignore[arg-type]
+
+    for tag, pattern, first in (
+            ("tag:yaml.org,2002:bool", _BOOL, "tTfF"),
+            ("tag:yaml.org,2002:null", _NULL, ["~", "n", "N", ""]),
+            ("tag:yaml.org,2002:int", _INT, "-+0123456789"),
+            ("tag:yaml.org,2002:float", _FLOAT, "-+0123456789.")):
+        CoreLoader.add_implicit_resolver(tag, re.compile(pattern), list(first))
+    CoreLoader.add_implicit_resolver(
+        "tag:yaml.org,2002:merge", re.compile(r"^(?:<<)$"), ["<"])
+    CoreLoader.add_constructor("tag:yaml.org,2002:bool", _core_bool)
+    CoreLoader.add_constructor("tag:yaml.org,2002:int", _core_int)
+    CoreLoader.add_constructor("tag:yaml.org,2002:float", _core_float)
+    return CoreLoader
 
 
-def _core_int(loader: CoreLoader, node: yaml.ScalarNode) -> int:
+def _core_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    import yaml
+
     text = str(loader.construct_scalar(node))
     try:
         if text.startswith("0o"):
@@ -104,7 +127,9 @@ def _core_int(loader: CoreLoader, node: yaml.ScalarNode) -> int:
                                                 node.start_mark) from None
 
 
-def _core_float(loader: CoreLoader, node: yaml.ScalarNode) -> float:
+def _core_float(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> float:
+    import yaml
+
     text = str(loader.construct_scalar(node))
     value = float(text.lower().replace(".inf", "inf").replace(".nan", "nan"))
     if not math.isfinite(value):
@@ -114,21 +139,8 @@ def _core_float(loader: CoreLoader, node: yaml.ScalarNode) -> float:
     return value
 
 
-def _core_bool(loader: CoreLoader, node: yaml.ScalarNode) -> bool:
+def _core_bool(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> bool:
     return str(loader.construct_scalar(node)).lower() == "true"
-
-
-for _tag, _pattern, _first in (
-        ("tag:yaml.org,2002:bool", _BOOL, "tTfF"),
-        ("tag:yaml.org,2002:null", _NULL, ["~", "n", "N", ""]),
-        ("tag:yaml.org,2002:int", _INT, "-+0123456789"),
-        ("tag:yaml.org,2002:float", _FLOAT, "-+0123456789.")):
-    CoreLoader.add_implicit_resolver(_tag, _pattern, list(_first))
-CoreLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:merge", re.compile(r"^(?:<<)$"), ["<"])
-CoreLoader.add_constructor("tag:yaml.org,2002:bool", _core_bool)
-CoreLoader.add_constructor("tag:yaml.org,2002:int", _core_int)
-CoreLoader.add_constructor("tag:yaml.org,2002:float", _core_float)
 
 
 def _mark(origin: str, exc: yaml.YAMLError) -> tuple[str, str]:
@@ -140,8 +152,10 @@ def _mark(origin: str, exc: yaml.YAMLError) -> tuple[str, str]:
 
 def compose_yaml(text: str, origin: str) -> yaml.Node | None:
     """The document's node tree (for line numbers), with the same limits as :func:`load_yaml`."""
+    import yaml
+
     try:
-        return yaml.compose(text, Loader=CoreLoader)
+        return yaml.compose(text, Loader=core_loader())
     except yaml.YAMLError as exc:
         raise DocumentError(*_mark(origin, exc)) from None
     except RecursionError:
@@ -150,8 +164,10 @@ def compose_yaml(text: str, origin: str) -> yaml.Node | None:
 
 def load_yaml(text: str, origin: str) -> Any:
     """One YAML document, read with the core schema of YAML 1.2, checked for its shape."""
+    import yaml
+
     try:
-        value = yaml.load(text, Loader=CoreLoader)  # CoreLoader is a SafeLoader
+        value = yaml.load(text, Loader=core_loader())  # a SafeLoader
     except yaml.YAMLError as exc:
         raise DocumentError(*_mark(origin, exc)) from None
     except RecursionError:
@@ -215,5 +231,5 @@ def check_shape(value: Any, origin: str) -> None:
             stack.extend((child, depth + 1, inner) for child in children)
 
 
-__all__ = ["MAX_BYTES", "MAX_DEPTH", "MAX_NODES", "CoreLoader", "DocumentError",
-           "check_shape", "compose_yaml", "load_json", "load_yaml", "read_text"]
+__all__ = ["MAX_BYTES", "MAX_DEPTH", "MAX_NODES", "DocumentError",
+           "check_shape", "compose_yaml", "core_loader", "load_json", "load_yaml", "read_text"]

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .store.schema import DONE, FAILED, GAVE_UP, PENDING, RUNNING
+from .records import DONE, FAILED, GAVE_UP, PENDING, RUNNING
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,6 @@ it on its event loop. Both run the one decision and transaction code below
 from __future__ import annotations
 
 import datetime as dt
-import logging
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -54,13 +53,15 @@ from .fresh import (
     clock_time,
     rule_text,
 )
+from .graph import EVENTLESS
+from .logs import logger
 from .records import FireResult, JournalEntry, Mismatch, Observation, Resource
-from .spec import EVENTLESS, Edge, EffectSpec, MachineSpec, SpecSource, load_spec
+from .spec import Edge, EffectSpec, MachineSpec, SpecSource, load_spec
 from .store import Store
 from .transaction import Within
 from .verify import verify
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 Guard = Callable[[GuardContext], bool]
 OnStale = Literal["raise", "return"]
@@ -369,7 +370,7 @@ class Engine:
     def update(self, key: str, data: Mapping[str, Any], *, actor: str | None = None) -> Resource:
         """Merge ``data`` into the resource's data: a new version and a journal row of kind
         ``update``, no change of state (so no risky edge's observation goes stale by it)."""
-        changes = _document(queries.split_key(_looked_up(key))[0], key, data, "data", actor)
+        changes = _document(values.split_key(_looked_up(key))[0], key, data, "data", actor)
         return self._retrying(key, "update", lambda cursor, _tries: self._update(
             cursor, key, changes, actor))
 
@@ -431,7 +432,7 @@ class Engine:
                              source: str) -> tuple[dict[str, Any], dt.datetime, dt.datetime]:
         """An observation as it is to be recorded (status, observed at, recorded at), or
         :class:`InvalidData`."""
-        document = _document(queries.split_key(_looked_up(key))[0], key, status, "status")
+        document = _document(values.split_key(_looked_up(key))[0], key, status, "status")
         problem = values.text_problem(source, _NAME_MAX)
         if problem is not None:
             raise InvalidData("?", key, f"source {problem}")
@@ -508,9 +509,9 @@ class Engine:
         """:meth:`fire`, sans-IO: its arguments are checked now; the generator decides and
         writes, yielding each probe call it needs (see :meth:`drive`)."""
         if trigger == EVENTLESS:  # not a trigger of any machine: eventless edges need step()
-            machine = queries.split_key(key)[0] or "?"
+            machine = values.split_key(key)[0] or "?"
             raise UnknownTrigger(machine, trigger, [])
-        document = _document(queries.split_key(_looked_up(key))[0], key, payload, "payload",
+        document = _document(values.split_key(_looked_up(key))[0], key, payload, "payload",
                              actor)
         return self._firing(key, trigger, document, actor, on_stale, within)
 
@@ -524,7 +525,7 @@ class Engine:
     def stepping(self, key: str, *, actor: str | None = None,
                  on_stale: OnStale = "raise") -> Deciding[FireResult]:
         """:meth:`step`, sans-IO (see :meth:`firing`)."""
-        _document(queries.split_key(_looked_up(key))[0], key, None, "payload", actor)
+        _document(values.split_key(_looked_up(key))[0], key, None, "payload", actor)
         return self._firing(key, EVENTLESS, {}, actor, on_stale, None)
 
     def fire_timer(self, timer_id: int, key: str, trigger: str) -> FireResult | None:
@@ -623,7 +624,7 @@ class Engine:
         refused: dict[int, LifecycleError] = {}
         for i, key in enumerate(order):
             try:
-                _document(queries.split_key(_looked_up(key))[0], key, None, "payload", actor)
+                _document(values.split_key(_looked_up(key))[0], key, None, "payload", actor)
             except LifecycleError as exc:
                 refused[i] = exc
 
@@ -923,7 +924,7 @@ class Engine:
     # -- reading inside a write --------------------------------------------------------
 
     def _locate(self, cursor: Any, key: str) -> _Row:
-        machine, plain = queries.split_key(key)
+        machine, plain = values.split_key(key)
         store = self.store
         if machine is not None:
             cursor.execute(store.sql.resource_by_machine_key, {"machine": machine, "key": plain})
@@ -957,7 +958,7 @@ class Engine:
         found: dict[str, Any] = {}
         by_machine: dict[str, dict[str, str]] = {}
         for key in dict.fromkeys(keys):
-            machine, plain = queries.split_key(key)
+            machine, plain = values.split_key(key)
             if machine is not None:
                 by_machine.setdefault(machine, {})[plain] = key
                 continue

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from .records import FireResult
+if TYPE_CHECKING:
+    from .records import FireResult
 
 
 class LifecycleError(Exception):

@@ -16,17 +16,17 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import inspect
-import logging
 import threading
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
 from .errors import ProbeFailed
+from .logs import logger
 from .records import Observation
 from .spec import Freshness
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)

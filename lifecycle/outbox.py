@@ -3,8 +3,6 @@ effects put back in the queue, counts by status."""
 
 from __future__ import annotations
 
-import datetime as dt
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import func, select, update
@@ -12,58 +10,15 @@ from sqlalchemy import func, select, update
 from .effects import FAILED, PENDING
 from .engine import Engine
 from .queries import resource_id
+from .records import EffectRecord, TimerRecord
 from .store import outbox, resources, timers
 
 
-@dataclass(frozen=True, slots=True)
-class EffectRecord:
-    id: int
-    machine: str
-    key: str
-    seq: int
-    position: int
-    name: str
-    status: str
-    attempts: int
-    next_attempt_at: dt.datetime
-    last_error: str | None
-    idempotency_key: str
-    claimed_by: str | None = None
-    """The worker that holds (or last held) the claim."""
-    lease_until: dt.datetime | None = None
-    """While the effect runs: when its claim ends unless its worker renews it."""
-
-    def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "machine": self.machine, "key": self.key, "seq": self.seq,
-                "position": self.position, "name": self.name, "status": self.status,
-                "attempts": self.attempts, "next_attempt_at": self.next_attempt_at.isoformat(),
-                "last_error": self.last_error, "idempotency_key": self.idempotency_key,
-                "claimed_by": self.claimed_by,
-                "lease_until": self.lease_until.isoformat() if self.lease_until else None}
-
-
-@dataclass(frozen=True, slots=True)
-class TimerRecord:
-    id: int
-    machine: str
-    key: str
-    seq: int
-    state: str
-    trigger: str
-    due_at: dt.datetime
-    status: str
-    outcome: str | None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "machine": self.machine, "key": self.key, "seq": self.seq,
-                "state": self.state, "trigger": self.trigger, "due_at": self.due_at.isoformat(),
-                "status": self.status, "outcome": self.outcome}
-
-
-def _rows_of(engine: Engine, table: Any, order: tuple[Any, ...], key: str | None,
-             statuses: tuple[str, ...] | None) -> list[Any]:
-    """Rows of the outbox (effects or timers) with their resource's machine and key."""
-    query = (select(table, resources.c.machine, resources.c.key)
+def _rows_of(engine: Engine, table: Any, columns: tuple[str, ...], order: tuple[Any, ...],
+             key: str | None, statuses: tuple[str, ...] | None) -> list[Any]:
+    """Rows of the outbox (effects or timers): its resource's machine and key, then
+    ``columns``."""
+    query = (select(resources.c.machine, resources.c.key, *(table.c[n] for n in columns))
              .join(resources, resources.c.id == table.c.resource_id).order_by(*order))
     if statuses is not None:
         query = query.where(table.c.status.in_(statuses))
@@ -76,18 +31,15 @@ def _rows_of(engine: Engine, table: Any, order: tuple[Any, ...], key: str | None
 
 def effect_records(engine: Engine, key: str | None = None,
                    statuses: tuple[str, ...] | None = None) -> list[EffectRecord]:
-    rows = _rows_of(engine, outbox, (outbox.c.id,), key, statuses)
-    return [EffectRecord(r.id, r.machine, r.key, r.seq, r.position, r.name, r.status,
-                         r.attempts, r.next_attempt_at, r.last_error, r.idempotency_key,
-                         r.claimed_by, r.lease_until)
-            for r in rows]
+    rows = _rows_of(engine, outbox, EffectRecord.COLUMNS, (outbox.c.id,), key, statuses)
+    return [EffectRecord.from_row(r[0], r[1], r[2:]) for r in rows]
 
 
 def timer_records(engine: Engine, key: str | None = None,
                   statuses: tuple[str, ...] | None = None) -> list[TimerRecord]:
-    rows = _rows_of(engine, timers, (timers.c.due_at, timers.c.id), key, statuses)
-    return [TimerRecord(r.id, r.machine, r.key, r.seq, r.state, r.trigger, r.due_at, r.status,
-                        r.outcome) for r in rows]
+    rows = _rows_of(engine, timers, TimerRecord.COLUMNS, (timers.c.due_at, timers.c.id), key,
+                    statuses)
+    return [TimerRecord.from_row(r[0], r[1], r[2:]) for r in rows]
 
 
 def retry_failed(engine: Engine, key: str) -> int:

@@ -8,20 +8,10 @@ from sqlalchemy import select
 
 from . import values
 from .errors import AmbiguousKey, LifecycleError, UnknownResource
-from .records import JournalEntry, Observation, Resource
-from .spec import SEPARATOR
+from .graph import SEPARATOR
+from .records import JournalEntry, Observation, Resource, shown_resource
 from .store import Store, journal, observations, resources
-
-LONGEST_KEY = 510
-"""Characters of a key as asked for (``MACHINE:KEY``: two names of at most 255)."""
-
-
-def split_key(key: str) -> tuple[str | None, str]:
-    """``MACHINE:KEY`` or a plain key."""
-    machine, sep, rest = key.partition(":")
-    if sep and machine and rest:
-        return machine, rest
-    return None, key
+from .values import LONGEST_KEY, split_key
 
 
 def _observation(row: Any, prefix: str = "o_") -> Observation | None:
@@ -47,10 +37,7 @@ def _resource(r: Any) -> Resource:
 
 
 def _row(db: Any, key: str) -> Any:
-    problem = values.text_problem(key, LONGEST_KEY)
-    if problem is not None:  # before a database is asked (PostgreSQL refuses a NUL)
-        raise LifecycleError(f"invalid key {key!r}: it {problem}")
-    machine, plain = split_key(key)
+    machine, plain = values.asked_key(key)
     query = _resource_query().where(resources.c.key == plain)
     if machine is not None:
         query = query.where(resources.c.machine == machine)
@@ -64,10 +51,7 @@ def _row(db: Any, key: str) -> Any:
 
 def get(store: Store, key: str) -> Resource:
     """The resource with its newest observation, read on the raw path (``Store.reading``)."""
-    problem = values.text_problem(key, LONGEST_KEY)
-    if problem is not None:  # before a database is asked (PostgreSQL refuses a NUL)
-        raise LifecycleError(f"invalid key {key!r}: it {problem}")
-    machine, plain = split_key(key)
+    machine, plain = values.asked_key(key)
     sql = store.sql
     with store.reading() as cursor:
         if machine is not None:
@@ -79,18 +63,7 @@ def get(store: Store, key: str) -> Resource:
         raise UnknownResource(plain, machine)
     if len(rows) > 1:
         raise AmbiguousKey(plain, [row[1] for row in rows])
-    return _shown(store, rows[0])
-
-
-def _shown(store: Store, row: Any) -> Resource:
-    """A row of ``Statements.shown`` as a :class:`Resource`."""
-    (_id, machine, key, state, version, seq, data, spec_version, created_at, updated_at,
-     oid, status, observed_at, recorded_at, source) = row
-    time = store.time_value
-    observation = None if oid is None else Observation(
-        oid, store.json_value(status), time(observed_at), time(recorded_at), source)
-    return Resource(machine, key, state, version, seq, store.json_value(data), spec_version,
-                    time(created_at), time(updated_at), observation)
+    return shown_resource(rows[0])
 
 
 def resource_id(db: Any, key: str) -> tuple[int, Resource]:
@@ -158,7 +131,7 @@ def page(store: Store, machine: str | None, state: str | None, limit: int,
     with store.reading() as cursor:
         cursor.execute(statement, params, **store.planned_each_time)
         rows = cursor.fetchall()
-    return [_shown(store, row) for row in rows]
+    return [shown_resource(row) for row in rows]
 
 
 FOLD_AFTER = 1000

@@ -1,14 +1,47 @@
-"""What the engine hands back: resources, journal rows, observations, fire results."""
+"""What the engine hands back: resources, journal rows, observations, fire results, the
+outbox's effects and timers; and how the database's values become them (the same for the
+store's reads and for a read on the bare driver, :mod:`lifecycle.peek`)."""
 
 from __future__ import annotations
 
 import datetime as dt
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+# The statuses of an effect's row (the outbox) and of a timer's: the one place they are named.
+PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
+GAVE_UP = "gave_up"
+"""An effect that failed for good whose ``on_failure`` transition asked for effects of its
+own: the machine went another way, so, like a done one, it holds up nothing and is not
+retried. (One whose ``on_failure`` asked for nothing, or was refused, is ``failed``: it holds
+its resource's queue until retried.)"""
+OPEN = (PENDING, RUNNING, FAILED)
+"""The statuses of an effect that holds up the effects after it on its resource."""
+FIRED, REFUSED, CANCELLED = "fired", "refused", "cancelled"
 
 
 def _iso(value: dt.datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
+
+
+def time_value(value: Any) -> dt.datetime:
+    """A time as the database gives it (SQLite: text in UTC without a zone; PostgreSQL: an
+    aware datetime) as an aware UTC datetime."""
+    if isinstance(value, str):
+        value = dt.datetime.fromisoformat(value)
+    assert isinstance(value, dt.datetime)
+    return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
+
+
+def optional_time(value: Any) -> dt.datetime | None:
+    return None if value is None else time_value(value)
+
+
+def json_value(value: Any) -> Any:
+    """A JSON column as the database gives it (SQLite: text; PostgreSQL: decoded)."""
+    return json.loads(value) if isinstance(value, str) else value
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,3 +163,86 @@ class Mismatch:
 
     def __str__(self) -> str:
         return f"{self.machine}:{self.key}: {self.problem}"
+
+
+@dataclass(frozen=True, slots=True)
+class EffectRecord:
+    id: int
+    machine: str
+    key: str
+    seq: int
+    position: int
+    name: str
+    status: str
+    attempts: int
+    next_attempt_at: dt.datetime
+    last_error: str | None
+    idempotency_key: str
+    claimed_by: str | None = None
+    """The worker that holds (or last held) the claim."""
+    lease_until: dt.datetime | None = None
+    """While the effect runs: when its claim ends unless its worker renews it."""
+
+    COLUMNS = ("id", "seq", "position", "name", "status", "attempts", "next_attempt_at",
+               "last_error", "idempotency_key", "claimed_by", "lease_until")
+    """The columns of ``lifecycle_effects`` :meth:`from_row` reads, in its order."""
+
+    @classmethod
+    def from_row(cls, machine: str, key: str, row: Sequence[Any]) -> EffectRecord:
+        (id_, seq, position, name, status, attempts, next_attempt_at, last_error,
+         idempotency_key, claimed_by, lease_until) = row
+        return cls(id_, machine, key, seq, position, name, status, attempts,
+                   time_value(next_attempt_at), last_error, idempotency_key, claimed_by,
+                   optional_time(lease_until))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "machine": self.machine, "key": self.key, "seq": self.seq,
+                "position": self.position, "name": self.name, "status": self.status,
+                "attempts": self.attempts, "next_attempt_at": self.next_attempt_at.isoformat(),
+                "last_error": self.last_error, "idempotency_key": self.idempotency_key,
+                "claimed_by": self.claimed_by,
+                "lease_until": self.lease_until.isoformat() if self.lease_until else None}
+
+
+@dataclass(frozen=True, slots=True)
+class TimerRecord:
+    id: int
+    machine: str
+    key: str
+    seq: int
+    state: str
+    trigger: str
+    due_at: dt.datetime
+    status: str
+    outcome: str | None
+
+    COLUMNS = ("id", "seq", "state", "trigger", "due_at", "status", "outcome")
+    """The columns of ``lifecycle_timers`` :meth:`from_row` reads, in its order."""
+
+    @classmethod
+    def from_row(cls, machine: str, key: str, row: Sequence[Any]) -> TimerRecord:
+        id_, seq, state, trigger, due_at, status, outcome = row
+        return cls(id_, machine, key, seq, state, trigger, time_value(due_at), status, outcome)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "machine": self.machine, "key": self.key, "seq": self.seq,
+                "state": self.state, "trigger": self.trigger, "due_at": self.due_at.isoformat(),
+                "status": self.status, "outcome": self.outcome}
+
+
+SHOWN_COLUMNS = ("id", "machine", "key", "state", "version", "seq", "data", "spec_version",
+                 "created_at", "updated_at")
+"""The columns of ``lifecycle_resources`` a reader is shown (:func:`shown_resource`)."""
+OBSERVATION_COLUMNS = ("id", "status", "observed_at", "recorded_at", "source")
+"""The columns of ``lifecycle_observations`` read with a resource, after its own."""
+
+
+def shown_resource(row: Sequence[Any]) -> Resource:
+    """A row of :data:`SHOWN_COLUMNS` and then the newest observation's
+    :data:`OBSERVATION_COLUMNS` (NULL without one) as a :class:`Resource`."""
+    (_id, machine, key, state, version, seq, data, spec_version, created_at, updated_at,
+     oid, status, observed_at, recorded_at, source) = row
+    observation = None if oid is None else Observation(
+        oid, json_value(status), time_value(observed_at), time_value(recorded_at), source)
+    return Resource(machine, key, state, version, seq, json_value(data), spec_version,
+                    time_value(created_at), time_value(updated_at), observation)

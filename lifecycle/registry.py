@@ -6,16 +6,16 @@ read long after the file that declared the machine changed."""
 from __future__ import annotations
 
 import datetime as dt
-import logging
 from typing import Any
 
 from sqlalchemy import select, text
 
 from .errors import StrandedResources, UnknownMachine
+from .logs import logger
 from .spec import MachineSpec
 from .store import Store, machines, resources, specs
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 
 def store_spec(store: Store, spec: MachineSpec, now: dt.datetime) -> None:

@@ -26,7 +26,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from .errors import RendererMissing, RenderFailed
-from .spec import ANY, SEPARATOR, Edge, EffectSpec, Freshness, MachineSpec, StateSpec, Timeout
+from .graph import ANY, SEPARATOR
+from .spec import Edge, EffectSpec, Freshness, MachineSpec, StateSpec, Timeout
 
 FORMATS = ("mermaid", "dot", "svg")
 SUFFIXES = {"mermaid": ".mmd", "dot": ".dot", "svg": ".svg"}

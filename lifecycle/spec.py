@@ -23,11 +23,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from . import values
 from .documents import DocumentError, load_json, load_yaml, read_text
 from .errors import Problem, SpecError
+from .graph import ANY, EVENTLESS, SEPARATOR, StateGraph, sources
+from .graph import NAME as _NAME
 
-SEPARATOR = "."
-ANY = "*"
-EVENTLESS = "_eventless"
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 _TRIGGER = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 _RESERVED_TRIGGERS = frozenset({"trigger", "state", "step"})
 
@@ -118,7 +116,7 @@ class Edge(_Strict):
 
     @property
     def sources(self) -> tuple[str, ...]:
-        return (self.source,) if isinstance(self.source, str) else self.source
+        return sources(self.source)
 
 
 class TransitionSpec(Edge):
@@ -171,8 +169,8 @@ class MachineSpec(_Strict):
     # -- derived views -------------------------------------------------------------------
 
     @cached_property
-    def graph(self) -> StateGraph:
-        return StateGraph.build(self)
+    def graph(self) -> SpecGraph:
+        return SpecGraph.build(self)
 
     @cached_property
     def version(self) -> str:
@@ -247,99 +245,29 @@ class MachineSpec(_Strict):
 
 
 @dataclass(slots=True)
-class StateGraph:
-    """The flattened state tree: full names (``parent.child``), nesting, and what an edge
-    from a source covers. Shared by validation, the engine and the renderers."""
+class SpecGraph(StateGraph[StateSpec]):
+    """The spec's :class:`~lifecycle.graph.StateGraph`, with what entering each state asks
+    for (its timeout, its entry effects) and where the spec declares it."""
 
-    names: list[str] = field(default_factory=list)
-    parent: dict[str, str | None] = field(default_factory=dict)
-    children: dict[str, list[str]] = field(default_factory=dict)
-    initial_child: dict[str, str] = field(default_factory=dict)
-    duplicates: list[tuple[str, str]] = field(default_factory=list)
-    bad_names: list[tuple[str, str]] = field(default_factory=list)
-    bad_initials: list[tuple[str, str, str | None]] = field(default_factory=list)
     timeouts: dict[str, tuple[str, Timeout]] = field(default_factory=dict)
     entry_effects: dict[str, tuple[EffectSpec, ...]] = field(default_factory=dict)
     effect_locations: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def build(cls, spec: MachineSpec) -> StateGraph:
+    def build(cls, spec: MachineSpec) -> SpecGraph:
         graph = cls()
-
-        def walk(states: tuple[StateSpec, ...], parent: str | None, where: str) -> None:
-            for i, state in enumerate(states):
-                loc = f"{where}[{i}]"
-                if not _NAME.match(state.name):
-                    graph.bad_names.append((loc, state.name))
-                full = f"{parent}{SEPARATOR}{state.name}" if parent else state.name
-                if full in graph.parent:
-                    graph.duplicates.append((loc, full))
-                    continue
-                graph.names.append(full)
-                graph.parent[full] = parent
-                if state.timeout is not None:
-                    graph.timeouts[full] = (f"{loc}.timeout", state.timeout)
-                if state.effects:
-                    graph.entry_effects[full] = state.effects
-                    graph.effect_locations[full] = f"{loc}.effects"
-                graph.children[full] = []
-                if parent is not None:
-                    graph.children[parent].append(full)
-                walk(state.states, full, f"{loc}.states")
-                if state.states:
-                    child_names = [c.name for c in state.states]
-                    if state.initial in child_names:
-                        graph.initial_child[full] = f"{full}{SEPARATOR}{state.initial}"
-                    else:
-                        graph.bad_initials.append((loc, full, state.initial))
-                        graph.initial_child[full] = f"{full}{SEPARATOR}{child_names[0]}"
-                elif state.initial is not None:
-                    graph.bad_initials.append((loc, full, state.initial))
-
-        walk(spec.states, None, "states")
+        graph.walk(spec.states, _fields)
+        for full, (loc, state) in graph.declared.items():
+            if state.timeout is not None:
+                graph.timeouts[full] = (f"{loc}.timeout", state.timeout)
+            if state.effects:
+                graph.entry_effects[full] = state.effects
+                graph.effect_locations[full] = f"{loc}.effects"
         return graph
 
-    @property
-    def leaves(self) -> list[str]:
-        return [n for n in self.names if not self.children[n]]
 
-    def is_leaf(self, name: str) -> bool:
-        return not self.children[name]
-
-    def ancestors(self, name: str) -> list[str]:
-        """``name`` and its ancestors, innermost first."""
-        chain = []
-        current: str | None = name
-        while current is not None:
-            chain.append(current)
-            current = self.parent[current]
-        return chain
-
-    def descendants(self, name: str) -> list[str]:
-        out = [name]
-        for child in self.children[name]:
-            out.extend(self.descendants(child))
-        return out
-
-    def enter(self, name: str) -> str:
-        """The leaf a resource is in after entering ``name``."""
-        while name in self.initial_child:
-            name = self.initial_child[name]
-        return name
-
-    def covered_leaves(self, sources: Iterable[str]) -> set[str]:
-        """The leaves an edge from ``sources`` applies to."""
-        leaves: set[str] = set()
-        for source in sources:
-            if source == ANY:
-                return set(self.leaves)
-            if source in self.parent:
-                leaves.update(n for n in self.descendants(source) if self.is_leaf(n))
-        return leaves
-
-    def is_final(self, leaf: str, final: Iterable[str]) -> bool:
-        listed = set(final)
-        return any(a in listed for a in self.ancestors(leaf))
+def _fields(state: StateSpec) -> tuple[str, tuple[StateSpec, ...], str | None]:
+    return state.name, state.states, state.initial
 
 
 def suggest(name: str, options: Iterable[str]) -> str | None:
@@ -384,7 +312,7 @@ class _Located:
                 for loc, trigger, edge in edges]
 
 
-def _state_ref(graph: StateGraph, loc: str, name: str, allow_any: bool = False) -> list[Problem]:
+def _state_ref(graph: SpecGraph, loc: str, name: str, allow_any: bool = False) -> list[Problem]:
     if name in graph.parent or (allow_any and name == ANY):
         return []
     return [Problem(loc, f"{name!r} is not a state", suggest(name, graph.names))]

@@ -34,6 +34,8 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from .errors import LifecycleError
+
 MAX_DEPTH = 64
 MAX_VALUES = 100_000
 MAX_TEXT = 1_000_000
@@ -159,3 +161,24 @@ def _short(key: Any, limit: int = 40) -> str:
 
 __all__ = ["MAX_DEPTH", "MAX_INT", "MAX_TEXT", "MAX_VALUES", "MIN_INT", "ValueProblem",
            "check", "path_of", "problems", "string_problem", "text_problem"]
+
+
+LONGEST_KEY = 510
+"""Characters of a key as asked for (``MACHINE:KEY``: two names of at most 255)."""
+
+
+def split_key(key: str) -> tuple[str | None, str]:
+    """``MACHINE:KEY`` or a plain key."""
+    machine, sep, rest = key.partition(":")
+    if sep and machine and rest:
+        return machine, rest
+    return None, key
+
+
+def asked_key(key: str) -> tuple[str | None, str]:
+    """The (machine or None, key) a reader asks for, if ``key`` is text a database can be
+    asked about (PostgreSQL refuses a NUL): checked before any database is asked."""
+    problem = text_problem(key, LONGEST_KEY)
+    if problem is not None:
+        raise LifecycleError(f"invalid key {key!r}: it {problem}")
+    return split_key(key)

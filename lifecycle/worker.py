@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import inspect
-import logging
 import math
 import os
 import queue
@@ -54,13 +53,14 @@ from . import redact
 from .effects import DONE, FAILED, GAVE_UP, PENDING, RUNNING, Effect, EffectCall, FollowUp, Retry
 from .engine import Engine
 from .errors import DatabaseError, LostClaim, PermanentError, RetryableError, UnknownResource
+from .logs import logger
 from .processes import host_prefix, is_gone, this_process
 from .records import FireResult
 from .store import journal, outbox, resources, timers
 from .store.schema import HEADS_WHERE
 from .transaction import Within
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 IDLE_THREAD_SECONDS = 5.0
 TIMER_LOOK = 0.5

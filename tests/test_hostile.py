@@ -30,7 +30,7 @@ from lifecycle import (
 from lifecycle.adapters.smtp import SmtpMailer, SmtpServer, build_message
 from lifecycle.errors import DatabaseError, MailConfigError, PermanentError, SchemaOutOfDate
 from lifecycle.store import migrate
-from lifecycle.store.database import display_url, resolve_url
+from lifecycle.urls import display_url, resolve_url
 
 # -- the rules of a storable value ----------------------------------------------------------
 

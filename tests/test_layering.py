@@ -16,11 +16,11 @@ PACKAGE = Path(__file__).resolve().parents[1] / "lifecycle"
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("records", "errors", "clock", "transaction", "documents", "values",
-                    "redact")),
-    ("spec", ("spec",)),
-    ("store", ("store", "store.schema", "store.database", "store.migrate")),
+                    "redact", "logs")),
+    ("spec", ("graph", "spec")),
+    ("store", ("store", "store.schema", "store.database", "store.migrate", "revisions", "urls")),
     ("pieces", ("fresh", "compiled", "effects", "files", "registry", "queries", "verify",
-                "processes")),
+                "processes", "peek")),
     ("engine", ("engine",)),
     ("tools", ("worker", "aio", "outbox", "scenario", "render")),
     ("api", ("__init__",)),

@@ -5,12 +5,15 @@ start costs is measured in benchmarks/, never asserted here.)"""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import click
+import pytest
 
-from lifecycle import machines
+from lifecycle import machines, revisions
 from lifecycle.cli import COMMANDS, main
 from lifecycle.store import migrate
 
@@ -43,8 +46,9 @@ def test_revisions_are_read_as_alembic_reads_them() -> None:
     script = ScriptDirectory.from_config(migrate._config())
     alembic_says = [(r.revision, r.down_revision, r.doc)
                     for r in reversed(list(script.walk_revisions()))]
-    assert migrate.revisions() == alembic_says
-    assert migrate.head_revision() == script.get_current_head()
+    assert revisions.revisions() == alembic_says  # the one reader (the store's and show's)
+    assert revisions.head_revision() == script.get_current_head()
+    assert migrate.head_revision is revisions.head_revision
 
 
 _LOADED = """
@@ -56,35 +60,76 @@ except SystemExit as exit:
     code = exit.code
 print("\\n" + __import__("json").dumps({"code": code, "modules": sorted(
     name for name in sys.modules if name.split(".")[0] in (
-        "alembic", "sqlalchemy", "lifecycle", "rich", "pydantic", "transitions"))}))
+        "alembic", "sqlalchemy", "lifecycle", "rich", "pydantic", "transitions", "yaml",
+        "psycopg", "logging"))}))
 """
+LIBRARIES = ("alembic", "sqlalchemy", "pydantic", "transitions", "yaml", "psycopg",
+             "logging")
+"""What a command that reads one resource, or prints help, does not import."""
 
 
-def _loaded(*args: str) -> tuple[int, set[str]]:
+def _loaded(*args: str, plugins: str = "") -> tuple[int, set[str]]:
     """What a command imported, run in a fresh interpreter: its exit status, the modules."""
+    environment = {k: v for k, v in os.environ.items() if k != "LIFECYCLE_PLUGINS"}
+    if plugins:
+        environment["LIFECYCLE_PLUGINS"] = plugins
     done = subprocess.run([sys.executable, "-c", _LOADED, *args], capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=300, env=environment)
     report = json.loads(done.stdout.strip().splitlines()[-1])
     return report["code"], set(report["modules"])
+
+
+def _libraries(modules: set[str]) -> set[str]:
+    return {m for m in modules if m.split(".")[0] in LIBRARIES}
 
 
 def test_help_imports_no_database_library() -> None:
     code, modules = _loaded("--help")
     assert code == 0
-    assert not {m for m in modules if m.split(".")[0] in ("alembic", "sqlalchemy", "pydantic",
-                                                          "transitions")}
+    assert not _libraries(modules)
     assert "lifecycle.engine" not in modules and "lifecycle.cli.resources" not in modules
 
 
-def test_show_loads_its_machine_alone_and_no_alembic(sqlite_url: str) -> None:
+def test_show_imports_no_database_library_nor_its_machine(sqlite_url: str) -> None:
     code, _ = _loaded("db", "upgrade", "--db", sqlite_url)
     assert code in (0, None)
-    code, _ = _loaded("create", "batch_job", "j1", "--db", sqlite_url)
+    code, _ = _loaded("create", "batch_job", "j1", "--data", '{"cmd": "x"}', "--db", sqlite_url)
     assert code in (0, None)
     code, modules = _loaded("show", "j1", "--db", sqlite_url)
     assert code in (0, None)
+    assert not _libraries(modules)
+    assert not {m for m in modules if m.startswith("lifecycle.machines.")} - {
+        "lifecycle.machines.builtin"}
+    assert not {"lifecycle.engine", "lifecycle.store", "lifecycle.spec",
+                "lifecycle.compiled", "lifecycle.cli.context"} & modules
+    code, modules = _loaded("show", "no-such-key", "--db", sqlite_url)  # an error, as fast
+    assert code == 1 and not _libraries(modules)
+
+
+def test_show_through_the_engine_loads_its_machine_alone(sqlite_url: str, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch
+                                                        ) -> None:
+    """With plugins (known only by importing them) the engine answers, loading the
+    resource's machine and no other, and no Alembic."""
+    code, _ = _loaded("db", "upgrade", "--db", sqlite_url)
+    code, _ = _loaded("create", "batch_job", "j1", "--db", sqlite_url)
+    assert code in (0, None)
+    (tmp_path / "empty_plugin.py").write_text("effects = {}\n")
+    monkeypatch.chdir(tmp_path)
+    code, modules = _loaded("show", "j1", "--db", sqlite_url, plugins="empty_plugin")
+    assert code in (0, None)
+    assert "lifecycle.engine" in modules and "lifecycle.machines.batch_job" in modules
     assert not {m for m in modules if m.startswith("alembic")}
-    assert "lifecycle.machines.batch_job" in modules
     assert not {"lifecycle.machines.startd", "lifecycle.machines.job_exit",
                 "lifecycle.machines.drone", "lifecycle.cli.sim", "lifecycle.worker",
                 "lifecycle.scenario"} & modules
+
+
+def test_lifecycle_logs_nowhere_unless_the_application_says_where() -> None:
+    """A module's logger comes with the NullHandler on lifecycle's top logger (added with
+    the first one, not on import: a command that never logs imports no logging)."""
+    done = subprocess.run([sys.executable, "-c", (
+        "import logging, lifecycle.engine\n"
+        "print([type(h).__name__ for h in logging.getLogger('lifecycle').handlers])")],
+        capture_output=True, text=True, timeout=300, check=True)
+    assert done.stdout.strip() == "['NullHandler']"

@@ -57,7 +57,6 @@ not refused. When it did not act, one ``squeue`` says what the job is now, for `
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import subprocess
@@ -65,9 +64,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..errors import SiteError
+from ..logs import logger
 from .sites import BOOTING, DELETED, ERROR, RUNNING, STOPPED, Drone, Terminated
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 SLURM_STATES: Mapping[str, str] = {
     "PENDING": BOOTING,

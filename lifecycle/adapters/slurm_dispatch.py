@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import logging
 import math
 import subprocess
 import threading
@@ -50,9 +49,10 @@ from dataclasses import dataclass, field
 
 from ..clock import Clock, SystemClock
 from ..errors import SiteError
+from ..logs import logger
 from .slurm import SlurmCommands
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 INITIAL_NICE = 10000
 """The niceness every job is submitted with (Arvados' ``initialNiceValue``): room to renice

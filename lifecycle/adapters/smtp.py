@@ -22,7 +22,6 @@ import datetime as dt
 import email.policy
 import email.utils
 import hashlib
-import logging
 import os
 import re
 import smtplib
@@ -34,8 +33,9 @@ from urllib.parse import unquote, urlsplit
 
 from .. import redact
 from ..errors import MailConfigError, PermanentError, RetryableError
+from ..logs import logger
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 URL_VARIABLE = "LIFECYCLE_SMTP_URL"
 FROM_VARIABLE = "LIFECYCLE_SMTP_FROM"

@@ -14,7 +14,6 @@ attribute abandons the fetch (:class:`HookFailed`, which the caller logs).
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
 import os
 import signal
@@ -23,12 +22,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ..logs import logger
+
 try:  # the optional extra lifecycle-fsm[htcondor]
     import classad2  # type: ignore[import-untyped]
 except ImportError:  # pragma: no cover - depends on the installation
     classad2 = None
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 FETCH_WORK, REPLY_FETCH, EVICT_CLAIM = "FETCH_WORK", "REPLY_FETCH", "EVICT_CLAIM"
 HOOKS = (FETCH_WORK, REPLY_FETCH, EVICT_CLAIM)

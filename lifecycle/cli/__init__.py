@@ -2,7 +2,8 @@
 
 | module | commands |
 |---|---|
-| ``resources`` | create, fire, observe, step, update, show, list, history, verify |
+| ``resources`` | create, fire, observe, step, update, list, history, verify |
+| ``show`` | show (read on the database's own driver where it can) |
 | ``machines`` | machines, describe, diagram, diagrams |
 | ``outbox`` | worker, stuck, retry |
 | ``sim`` | replay, simulate, reconcile, demo |
@@ -39,7 +40,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     'update': ('resources', 'update',
              "Merge DATA (a JSON object) into resource KEY's data: a new version and a journal "
              'row, no change of state.'),
-    'show': ('resources', 'show',
+    'show': ('show', 'show',
              'Show resource KEY: its state, version, data and the triggers it can take.'),
     'list': ('resources', 'list_',
              'List resources, of one MACHINE or of all, in (machine, key) order, a page at a '

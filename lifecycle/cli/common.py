@@ -26,7 +26,6 @@ import math
 import os
 import re
 import sys
-import traceback
 from collections.abc import Callable
 from typing import IO, Any, TypeVar
 
@@ -40,6 +39,14 @@ from ..errors import LifecycleError, SpecError
 from ..values import string_problem
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+PLUGINS_VARIABLE = "LIFECYCLE_PLUGINS"
+
+
+def plugin_names() -> list[str]:
+    """The modules named in $LIFECYCLE_PLUGINS (comma-separated)."""
+    return [n.strip() for n in os.environ.get(PLUGINS_VARIABLE, "").split(",") if n.strip()]
+
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -273,6 +280,8 @@ class OneLineErrors(click.Group):
                 KeyboardInterrupt):
             raise
         except Exception as exc:
+            import traceback  # (a failure's cost, not every command's)
+
             if os.environ.get(TRACEBACK_VARIABLE) == "1":
                 traceback.print_exc()
             where = traceback.extract_tb(exc.__traceback__)[-1]

@@ -19,6 +19,7 @@ from ..errors import LifecycleError, UnknownMachine
 from ..machines import builtin, builtins
 from ..spec import MachineSpec, load_spec
 from ..store import Store
+from .common import PLUGINS_VARIABLE, plugin_names
 
 SPEC_SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -75,15 +76,12 @@ class CommandSpecs:
         return self.named.get(machine) or builtin_spec(machine)
 
 
-PLUGINS_VARIABLE = "LIFECYCLE_PLUGINS"
-
-
 def plugins() -> list[Any]:
     """Modules named in $LIFECYCLE_PLUGINS (comma-separated): each may define ``guards``,
     ``effects`` and ``probes`` dicts, for machines declared in spec files. A module in the
     current directory is found without PYTHONPATH; a module that fails to import (whatever
     it raises) is an error naming it, where it failed and why."""
-    names = [n.strip() for n in os.environ.get(PLUGINS_VARIABLE, "").split(",") if n.strip()]
+    names = plugin_names()
     if names and os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.append(os.getcwd())  # after everything installed: it shadows nothing
     modules = []

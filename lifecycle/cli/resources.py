@@ -1,5 +1,5 @@
-"""Commands on resources: ``create``, ``fire``, ``observe``, ``step``, ``update``, ``show``,
-``list``, ``history`` and ``verify``."""
+"""Commands on resources: ``create``, ``fire``, ``observe``, ``step``, ``update``, ``list``,
+``history`` and ``verify`` (``show`` is :mod:`lifecycle.cli.show`)."""
 
 from __future__ import annotations
 
@@ -15,15 +15,23 @@ from rich.table import Table
 from rich.text import Text
 from sqlalchemy import select
 
-from ..effects import DONE, FAILED, GAVE_UP, PENDING, RUNNING
+from ..effects import DONE, FAILED, GAVE_UP, PENDING
 from ..engine import Engine
-from ..outbox import effect_records, timer_records
-from ..queries import get, resource_id
+from ..queries import resource_id
 from ..records import FireResult, JournalEntry, Observation
 from ..store import outbox
 from . import layout
-from .common import db_option, escape, json_arg, json_option, out, plural, time_text
-from .context import PLUGINS_VARIABLE, make_engine, open_store, resolve
+from .common import (
+    PLUGINS_VARIABLE,
+    db_option,
+    escape,
+    json_arg,
+    json_option,
+    out,
+    plural,
+    time_text,
+)
+from .context import make_engine, resolve
 
 
 @click.command()
@@ -139,59 +147,6 @@ def print_result(result: FireResult, as_json: bool) -> None:
                       "or record a fresh status with `lifecycle observe` first")
     if not result.fired:
         sys.exit(3)
-
-
-@click.command()
-@click.argument("key")
-@db_option
-@json_option
-def show(key: str, db_url: str | None, as_json: bool) -> None:
-    """Show resource KEY: its state, version, data and the triggers it can take."""
-    store = open_store(db_url)
-    resource = get(store, key)  # first: the engine loads this resource's machine alone
-    engine = make_engine(db_url, machines=[resource.machine], store=store)
-    full_key = f"{resource.machine}:{resource.key}"
-    triggers = engine.available_triggers(full_key)
-    pending_timers = timer_records(engine, full_key, statuses=(PENDING,))
-    open_effects = effect_records(engine, full_key, statuses=(PENDING, RUNNING, FAILED))
-    if as_json:
-        print(json.dumps({**resource.to_json(), "triggers": triggers,
-                          "timers": [t.to_json() for t in pending_timers],
-                          "effects": [e.to_json() for e in open_effects]}, indent=2))
-        return
-    table = Table(show_header=False, box=None)
-    table.add_column(no_wrap=True)
-    table.add_column(overflow="fold")
-    table.add_row("resource", Text(f"{resource.machine}:{resource.key}"))
-    table.add_row("state", f"[bold]{resource.state}[/]")
-    table.add_row("version", str(resource.version))
-    table.add_row("spec version", resource.spec_version)
-    table.add_row("created", time_text(resource.created_at))
-    table.add_row("updated", time_text(resource.updated_at))
-    table.add_row("triggers", ", ".join(triggers) or "none")
-    table.add_row("data", Text("\n".join(layout.key_values(resource.data)) or "none"))
-    if resource.observation is not None:
-        seen = resource.observation
-        table.add_row("observed", Text("\n".join([
-            f"by {seen.source} (#{seen.id}), true at {time_text(seen.observed_at)}",
-            *layout.key_values(seen.status)])))
-    for timer in pending_timers:
-        table.add_row("timer", f"{timer.trigger} at {time_text(timer.due_at)} (set on entering "
-                               f"{timer.state})")
-    for effect in open_effects:
-        line = f"{effect.name} {effect.status}, attempt {effect.attempts}"
-        if effect.status == PENDING:
-            line += f", due {time_text(effect.next_attempt_at)}"
-        if effect.status == RUNNING and effect.lease_until is not None:
-            line += (f", held by worker {effect.claimed_by} until "
-                     f"{time_text(effect.lease_until)} (renewed while it lives)")
-        if effect.last_error:
-            line += f": {effect.last_error}"
-        if effect.status == PENDING and effect.name not in engine.handlers:
-            line += (f"; no handler {effect.name!r} in this process: a worker with a module "
-                     f"in {PLUGINS_VARIABLE} that provides it carries it out")
-        table.add_row("[red]stuck[/]" if effect.status == FAILED else "effect", escape(line))
-    out.print(table)
 
 
 PAGE = 100

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import logging
 import socket
 import threading
 import time
@@ -32,12 +31,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .. import render
 from ..clock import Clock, SystemClock
 from ..errors import LifecycleError
+from ..logs import logger
 from ..values import text_problem
 from . import reads
 from .database import ReadOnlyDatabase, Unavailable
 from .metrics import LifecycleCollector
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 TEMPLATES = Path(__file__).parent / "templates"
 LONGEST_ARGUMENT = 1000

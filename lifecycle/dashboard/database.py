@@ -20,13 +20,8 @@ from sqlalchemy.pool import QueuePool
 
 from ..errors import DatabaseError
 from ..store import migrate
-from ..store.database import (
-    SQLITE_BUSY_TIMEOUT_MS,
-    display_url,
-    parse_url,
-    resolve_url,
-    sqlite_file,
-)
+from ..store.database import SQLITE_BUSY_TIMEOUT_MS, parse_url, sqlite_file
+from ..urls import display_url, resolve_url
 
 STATEMENT_TIMEOUT_MS = 10_000
 """PostgreSQL: the longest a dashboard statement may run (a page is never worth more)."""

@@ -6,7 +6,6 @@ process that serves them (a probe's failure is recorded nowhere else). README.md
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -16,10 +15,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from ..clock import Clock, SystemClock
+from ..logs import logger
 from . import reads
 from .database import ReadOnlyDatabase, Unavailable
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 EDGE_LABELS = ["machine", "trigger", "source", "dest"]
 HISTORY_EVERY = 10.0

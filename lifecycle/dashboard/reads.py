@@ -15,7 +15,9 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, func, select, text
 
-from ..spec import SEPARATOR, MachineSpec
+from ..graph import SEPARATOR
+from ..records import FAILED, PENDING, RUNNING
+from ..spec import MachineSpec
 from ..store import (
     journal,
     machines,
@@ -26,14 +28,7 @@ from ..store import (
     state_counts,
     timers,
 )
-from ..store.schema import (
-    FAILED,
-    FENCED_WHERE,
-    HEADS_WHERE,
-    PENDING,
-    REFUSALS_WHERE,
-    RUNNING,
-)
+from ..store.schema import FENCED_WHERE, HEADS_WHERE, REFUSALS_WHERE
 
 PAGE = 50
 """Resources on one page of a machine's listing."""

@@ -14,6 +14,21 @@ command about one resource imports its machine's module alone); a test checks it
 the modules."""
 
 
+SHIPPED: dict[str, tuple[str, tuple[str, ...]]] = {
+    "batch_job": ("df8046e091e5c596", ()),
+    "drone": ("f1fdb95c55169c1c", ()),
+    "drone_tardis": ("35a639cbb5fc0858", ()),
+    "job_exit": ("3dc2815ace97dd51", ("send_job_notification", "update_job_queue",
+                                     "write_output_ad", "write_terminated_event")),
+    "slurm_dispatch": ("521c274963eecaf5", ()),
+    "startd": ("c659b16ab15f9d55", ()),
+}
+"""Each built-in machine's spec version and the effects it has handlers for, known without
+importing it (and pydantic and ``transitions`` with it): ``lifecycle show`` reads the spec
+the database stores under that version, which is the code's. A test checks it against the
+machines; when a built-in spec changes, the test's message gives the new table."""
+
+
 def builtin(name: str) -> Builtin | None:
     """The built-in machine ``name`` (importing its module only), or None."""
     module = MODULES.get(name)
@@ -31,4 +46,4 @@ def builtins() -> dict[str, Builtin]:
     return {name: b for name, b in found.items() if b is not None}
 
 
-__all__ = ["MODULES", "Builtin", "builtin", "builtins"]
+__all__ = ["MODULES", "SHIPPED", "Builtin", "builtin", "builtins"]

@@ -7,11 +7,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..compiled import GuardContext
-from ..spec import MachineSpec
-
-if TYPE_CHECKING:  # (scenario brings the worker: a command about one resource needs neither)
+if TYPE_CHECKING:  # (scenario brings the worker; a spec, pydantic and transitions: a command
+    # that reads a resource from the database's own driver needs none of them)
+    from ..compiled import GuardContext
     from ..scenario import Simulated
+    from ..spec import MachineSpec
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,6 @@ from __future__ import annotations
 import datetime as dt
 import glob
 import itertools
-import logging
 import os
 import posixpath
 import re
@@ -58,10 +57,11 @@ from ..compiled import GuardContext
 from ..effects import Effect, EffectCall, FollowUp, Retry
 from ..errors import LifecycleError, PermanentError
 from ..files import atomic_write, verified_append
+from ..logs import logger
 from ..spec import MachineSpec
 from .builtin import Builtin
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 MAX_RETRIES_VARIABLE = "LIFECYCLE_JOB_EXIT_MAX_RETRIES"
 RETRY_DELAY_VARIABLE = "LIFECYCLE_JOB_EXIT_RETRY_DELAY"

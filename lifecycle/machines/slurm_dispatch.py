@@ -56,10 +56,11 @@ from ..clock import Clock
 from ..compiled import GuardContext
 from ..effects import Effect, EffectCall, FollowUp, Retry
 from ..errors import SiteError
+from ..logs import logger
 from ..spec import MachineSpec
 from .builtin import Builtin
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 MACHINE = "slurm_dispatch"
 REF = "Arvados crunch-dispatch-slurm"

@@ -37,7 +37,6 @@ does; ``keep_advertised_claim`` (default true) keeps the advertised claim across
 from __future__ import annotations
 
 import datetime as dt
-import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,13 +51,14 @@ from ..adapters.startd_hooks import (
 from ..compiled import GuardContext
 from ..effects import Effect, EffectCall, FollowUp, Retry
 from ..errors import LifecycleError
+from ..logs import logger
 from ..records import FireResult, Resource
 from ..spec import MachineSpec
 from . import startd_policy as policy
 from .builtin import Builtin
 from .startd_claims import Claim, ClaimIds, Claims, SlotData, public_form, sequence_of
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 MACHINE = "startd"
 LEAVES = ("owner.idle", "unclaimed.idle", "unclaimed.benchmarking", "matched.idle",

@@ -29,23 +29,27 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from ..errors import DatabaseError, SchemaOutOfDate
-from . import migrate
-from .database import (
-    HeldConnections,
-    create_sa_engine,
-    display_url,
-    parse_url,
-    resolve_url,
-    sqlite_file,
-)
-from .schema import (
+from ..records import (
     CANCELLED,
     FIRED,
+    OBSERVATION_COLUMNS,
     OPEN,
     PENDING,
     REFUSED,
     RUNNING,
-    UTC,
+    SHOWN_COLUMNS,
+    json_value,
+    time_value,
+)
+from ..urls import display_url, resolve_url
+from . import migrate
+from .database import (
+    HeldConnections,
+    create_sa_engine,
+    parse_url,
+    sqlite_file,
+)
+from .schema import (
     journal,
     machines,
     metadata,
@@ -242,14 +246,8 @@ class Store:
 
         return Jsonb(value, dumps=lambda _: text)
 
-    def json_value(self, value: Any) -> Any:
-        return json.loads(value) if isinstance(value, str) else value
-
-    def time_value(self, value: Any) -> dt.datetime:
-        if isinstance(value, str):
-            value = dt.datetime.fromisoformat(value)
-        assert isinstance(value, dt.datetime)
-        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    json_value = staticmethod(json_value)
+    time_value = staticmethod(time_value)
 
 
 def _close(held: HeldConnections, engine: Any) -> None:
@@ -270,9 +268,8 @@ class Statements:
 
     RESOURCE_COLUMNS = ("id", "machine", "key", "state", "version", "seq", "data",
                         "spec_version", "last_transition_at", "created_at")
-    OBSERVATION_COLUMNS = ("id", "status", "observed_at", "recorded_at", "source")
-    SHOWN_COLUMNS = ("id", "machine", "key", "state", "version", "seq", "data", "spec_version",
-                     "created_at", "updated_at")
+    OBSERVATION_COLUMNS = OBSERVATION_COLUMNS
+    SHOWN_COLUMNS = SHOWN_COLUMNS
 
     def __init__(self, dialect: Dialect) -> None:
         if dialect.name == "sqlite":

@@ -3,7 +3,6 @@ helpers the engine uses."""
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import urllib.parse
@@ -18,38 +17,15 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.engine import Engine as SAEngine
 from sqlalchemy.exc import ArgumentError
 
-from .. import redact
 from ..errors import DatabaseError
+from ..logs import logger
+from ..urls import display_url
 from ..values import text_problem
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
-DEFAULT_URL = "sqlite:///lifecycle.db"
-URL_VARIABLE = "LIFECYCLE_DATABASE_URL"
 SQLITE_SYNCHRONOUS_VARIABLE = "LIFECYCLE_SQLITE_SYNCHRONOUS"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
-
-
-def resolve_url(url: str | None = None) -> str:
-    """The database URL: the argument, else ``$LIFECYCLE_DATABASE_URL``, else
-    ``./lifecycle.db``. A plain path means a SQLite file; ``postgresql://`` means psycopg 3.
-    A password holding ``@`` that is not percent-encoded is encoded (its user information
-    ends at the URL's last ``@``)."""
-    url = url or os.environ.get(URL_VARIABLE) or DEFAULT_URL
-    if "://" not in url:
-        return f"sqlite:///{url}"
-    for plain in ("postgresql://", "postgres://"):
-        if url.startswith(plain):
-            url = "postgresql+psycopg://" + url[len(plain):]
-    head, user, password, rest = redact.split_credentials(url)
-    if password is not None and "@" in password:
-        url = f"{head}{user}:{password.replace('@', '%40')}@{rest}"
-    return url
-
-
-def display_url(url: str) -> str:
-    """The URL without its password, for messages, logs and anything stored."""
-    return redact.url(url)
 
 
 def parse_url(url: str) -> URL:

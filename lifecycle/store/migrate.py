@@ -6,10 +6,8 @@ opening a store costs no Alembic import (a third of a command's start-up)."""
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection, inspect, text
@@ -21,17 +19,10 @@ if TYPE_CHECKING:
 
 from .. import redact
 from ..errors import DatabaseError
-
-VERSION_TABLE = "lifecycle_alembic_version"
-
-
-def migrations_dir() -> Path:
-    """``migrations/`` of a source checkout, or its copy inside an installed wheel."""
-    package = Path(__file__).resolve().parent.parent
-    for candidate in (package / "_migrations", package.parent / "migrations"):
-        if (candidate / "env.py").is_file():
-            return candidate
-    raise FileNotFoundError(f"lifecycle's migrations are missing (looked beside {package})")
+from ..revisions import VERSION_TABLE as VERSION_TABLE
+from ..revisions import head_revision as head_revision
+from ..revisions import migrations_dir as migrations_dir
+from ..revisions import revisions as revisions
 
 
 def _config(connection: Connection | None = None) -> Config:
@@ -41,10 +32,6 @@ def _config(connection: Connection | None = None) -> Config:
     config.set_main_option("script_location", str(migrations_dir()))
     config.attributes["connection"] = connection
     return config
-
-
-def head_revision() -> str:
-    return revisions()[-1][0]
 
 
 def current_revision(connection: Connection) -> str | None:
@@ -57,41 +44,6 @@ def current_revision(connection: Connection) -> str | None:
         raise DatabaseError(f"the database is at several schema revisions at once: "
                             f"{', '.join(sorted(found))}")
     return found[0] if found else None
-
-
-_REVISION = re.compile(r'^revision: str = "([^"]+)"$', re.MULTILINE)
-_DOWN = re.compile(r'^down_revision: str \| None = (?:None|"([^"]+)")$', re.MULTILINE)
-_DOC = re.compile(r'\A\s*"""(.*?)(?:\n\s*\n|""")', re.DOTALL)
-
-
-def revisions() -> list[tuple[str, str | None, str]]:
-    """(revision, down revision, message) from base to head, read from the revision files'
-    own lines (each declares ``revision: str = "..."`` and ``down_revision: str | None =
-    ...``; a test checks that Alembic reads the same)."""
-    return list(_revisions(migrations_dir()))
-
-
-@functools.cache
-def _revisions(directory: Path) -> tuple[tuple[str, str | None, str], ...]:
-    found: dict[str | None, tuple[str, str | None, str]] = {}
-    for path in sorted((directory / "versions").glob("*.py")):
-        source = path.read_text(encoding="utf-8")
-        revision, down = _REVISION.search(source), _DOWN.search(source)
-        if revision is None or down is None:
-            raise DatabaseError(f"migration {path.name} does not declare its revision and "
-                                "down_revision as lifecycle's revisions do")
-        doc = _DOC.search(source)
-        message = doc.group(1).strip() if doc else ""
-        found[down.group(1)] = (revision.group(1), down.group(1), message)
-    chain: list[tuple[str, str | None, str]] = []
-    below: str | None = None
-    while below in found:
-        chain.append(found.pop(below))
-        below = chain[-1][0]
-    if found or not chain:
-        raise DatabaseError(f"lifecycle's migrations do not form one chain (left over: "
-                            f"{sorted(r for r, _, _ in found.values())})")
-    return tuple(chain)
 
 
 def upgrade(engine: SAEngine, revision: str = "head") -> None:

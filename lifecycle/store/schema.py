@@ -27,6 +27,18 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
+from ..records import (
+    CANCELLED,
+    DONE,
+    FAILED,
+    FIRED,
+    GAVE_UP,
+    PENDING,
+    REFUSED,
+    RUNNING,
+    time_value,
+)
+
 UTC = dt.UTC
 
 metadata = MetaData(
@@ -58,12 +70,7 @@ class UtcDateTime(TypeDecorator[dt.datetime]):
         return value.astimezone(UTC).replace(tzinfo=None) if dialect.name == "sqlite" else value
 
     def process_result_value(self, value: Any, dialect: Dialect) -> dt.datetime | None:
-        if value is None:
-            return None
-        if isinstance(value, str):
-            value = dt.datetime.fromisoformat(value)
-        moment: dt.datetime = value
-        return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+        return None if value is None else time_value(value)
 
 
 def Document() -> JSON:
@@ -166,22 +173,11 @@ observations = Table(
     comment="status reports from outside, append-only",
 )
 
-# The statuses of an effect's row (the outbox) and of a timer's: the one place they are named.
-PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
-GAVE_UP = "gave_up"
-"""An effect that failed for good whose ``on_failure`` transition asked for effects of its
-own: the machine went another way, so, like a done one, it holds up nothing and is not
-retried. (One whose ``on_failure`` asked for nothing, or was refused, is ``failed``: it holds
-its resource's queue until retried.)"""
-OPEN = (PENDING, RUNNING, FAILED)
-"""The statuses of an effect that holds up the effects after it on its resource."""
 HEADS_WHERE = "head = 1 AND status IN ('pending', 'running')"
 """The heads a worker may claim: the partial index the claim walks, and the terms the claim
 must repeat word for word for SQLite to use it."""
 HEAD_COMMENT = ("1 on the first open (pending, running or failed) effect of its resource, "
                 "the only one that may run; NULL on every other")
-FIRED, REFUSED, CANCELLED = "fired", "refused", "cancelled"
-
 outbox = Table(
     "lifecycle_effects",
     metadata,
