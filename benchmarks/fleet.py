@@ -239,14 +239,28 @@ _VERIFY = """
 import json, resource, sys, time
 from lifecycle import Store
 from lifecycle.verify import verify
+
+def peak_kib():
+    # the peak of this process's own memory (VmHWM); getrusage's ru_maxrss keeps the
+    # parent's peak across fork and exec, so a benchmark process that grew earlier would
+    # show as this one's
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
 store = Store(sys.argv[1])
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+before = peak_kib()
 start = time.perf_counter()
 found = verify(store) if sys.argv[2] == "verify" else []
 seconds = time.perf_counter() - start
 store.dispose()
 print(json.dumps({"seconds": seconds, "mismatches": len(found), "rss_before_kib": before,
-                  "peak_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+                  "peak_kib": peak_kib()}))
 """
 
 

@@ -30,6 +30,9 @@ class Bench:
     op: Callable[[], Any]
     verify: Callable[[int], None] | None = None
     """Called with the number of operations run; raises :class:`BenchError` on a mismatch."""
+    units: Callable[[], float] | None = None
+    """The units of work the operations did since it was last called, when an operation's
+    work varies (a simulation's drone-hours): the times are then per unit, not per op."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,9 +198,13 @@ def run_group(
                 progress(f"round {r + 1}/{settings.rounds}: {case.label}")
                 m = results[case.id]
                 gc.collect()
-                seconds, cpu = _timed_with_cpu(benches[case.id].op, m.ops_per_round)
-                m.samples_us.append(seconds / m.ops_per_round * 1e6)
-                m.cpu_samples_us.append(cpu / m.ops_per_round * 1e6)
+                bench = benches[case.id]
+                if bench.units is not None:
+                    bench.units()  # (what the warm-up did is not this round's)
+                seconds, cpu = _timed_with_cpu(bench.op, m.ops_per_round)
+                done = bench.units() if bench.units is not None else m.ops_per_round
+                m.samples_us.append(seconds / done * 1e6)
+                m.cpu_samples_us.append(cpu / done * 1e6)
         for case in cases:
             verify = benches[case.id].verify
             if verify is not None:
