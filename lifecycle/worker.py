@@ -564,8 +564,8 @@ class Worker:
             with self.store.write() as cursor:
                 self._mark(cursor, call, DONE, None)
         else:
-            result = self._fire_with(call, follow_up.trigger, dict(follow_up.payload), DONE,
-                                     None, writes=follow_up.writes)
+            result = self._fire_with(call, follow_up.trigger, dict(follow_up.payload),
+                                     _Outcome(self, call, DONE, None, follow_up.writes))
             if not result.fired:
                 log.warning("effect %s of %s:%s done; its follow-up %s was refused: %s",
                             call.name, call.machine, call.key, follow_up.trigger, result.reason)
@@ -594,9 +594,8 @@ class Worker:
                       call.key, call.attempt, message, call.machine, call.key)
         else:
             payload = {"effect": call.name, "error": message}
-            result = self.engine.fire(f"{call.machine}:{call.key}", on_failure, payload,
-                                      actor=f"effect:{call.name}", on_stale="return",
-                                      within=_GivingUp(self, call, message[:2000]))
+            result = self._fire_with(call, on_failure, payload,
+                                     _GivingUp(self, call, message[:2000]))
             if result.fired and result.effects:
                 log.error("effect %s of %s:%s failed for good: %s; fired %s, which asked for "
                           "%d effects: they run next", call.name, call.machine, call.key,
@@ -616,13 +615,11 @@ class Worker:
         return str(value) if value else None
 
     def _fire_with(self, call: EffectCall, trigger: str, payload: dict[str, Any],
-                   status: str, error: str | None,
-                   writes: Callable[[Any], None] | None = None) -> FireResult:
+                   outcome: Within) -> FireResult:
         """Fire ``trigger`` on the effect's resource in the transaction that records the
-        effect's outcome (with the handler's own ``writes``, if any)."""
+        effect's outcome (``outcome``: what it writes there)."""
         return self.engine.fire(f"{call.machine}:{call.key}", trigger, payload,
-                                actor=f"effect:{call.name}", on_stale="return",
-                                within=_Outcome(self, call, status, error, writes))
+                                actor=f"effect:{call.name}", on_stale="return", within=outcome)
 
     def _save_progress(self, call: EffectCall) -> None:
         store = self.store

@@ -121,7 +121,7 @@ class TardisSite:
         attributes = self.attributes.get(drone.name)
         if attributes is None:
             deployed = drone.data.get("deployed_at")
-            # TARDIS's adapters compare it with datetime.now(): local time, naive
+            # TARDIS's adapters compare it with their own local wall-clock time, naive
             moment = (dt.datetime.fromisoformat(deployed) if isinstance(deployed, str)
                       else self.clock.now())
             created = moment.astimezone().replace(tzinfo=None)
