@@ -60,6 +60,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -138,6 +139,28 @@ def command_failed(full: Sequence[str], done: subprocess.CompletedProcess[str]) 
                      + " / ".join(line for line in message if "select/" not in line))
 
 
+WRAP_NAME = '"${SLURM_JOB_NAME}"'
+"""What ``{name}`` becomes in a ``wrap`` line: the job's name from its environment, expanded
+by the shell as one word and never parsed as a command."""
+
+
+_CONTROL_NAMES = {"\n": "a line feed", "\r": "a carriage return", "\t": "a tab",
+                  "\x00": "a NUL"}
+
+
+def job_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a Slurm job's name that squeue lists on one line (None: it
+    can). Slurm prints names verbatim, so a line feed or another control character in one
+    would let it spill into, or forge, another job's line."""
+    if not name:
+        return "it is empty"
+    for position, char in enumerate(name):
+        if unicodedata.category(char) in ("Cc", "Zl", "Zp"):
+            what = _CONTROL_NAMES.get(char) or unicodedata.name(char, "a control character")
+            return f"it holds {what} (U+{ord(char):04X}) at position {position}"
+    return None
+
+
 def resource_status(slurm_state: str) -> str:
     """The ResourceStatus of a Slurm job state as squeue prints it (``%T``)."""
     return SLURM_STATES.get(slurm_state.strip().upper(), ERROR)
@@ -152,7 +175,11 @@ class SlurmCommands:
     ``script`` is the batch script and its arguments (``["/opt/drone/start.sh", "--pool",
     "x"]``); or ``wrap`` is a command line for ``sbatch --wrap``. ``sbatch_options`` are added
     before it (``["--partition=debug", "--time=12:00:00", "--output=/logs/{name}.out"]``);
-    ``{name}`` in an option, a script argument or ``wrap`` becomes the job's name.
+    ``{name}`` in an option or a script argument becomes the job's name (each is one
+    argument: no shell reads it). In ``wrap``, which Slurm runs with ``sh``, ``{name}``
+    becomes ``"${SLURM_JOB_NAME}"``: the shell expands the name as a value when the job runs
+    and never reads it as code, whatever it holds (``;``, quotes, ``$(...)``) and however
+    ``{name}`` is quoted in the line.
 
     ``sbatch``, ``squeue``, ``scancel`` and ``scontrol`` are the commands (names looked up on
     PATH, or paths); ``command_prefix`` goes before each (``["sudo", "-u", "pilot"]``), and
@@ -183,10 +210,21 @@ class SlurmCommands:
         argv = [self.sbatch, *flags, f"--job-name={name}",
                 *(o.replace("{name}", name) for o in self.sbatch_options)]
         if self.wrap is not None:
-            argv.append(f"--wrap={self.wrap.replace('{name}', name)}")
+            argv.append(f"--wrap={self.wrap.replace('{name}', WRAP_NAME)}")
         else:
             argv.extend(a.replace("{name}", name) for a in self.script)
         return argv
+
+    def submit_parsable(self, argv: Sequence[str]) -> str:
+        """Run ``sbatch --parsable ...`` (``argv``); the job id it printed."""
+        done = self.run(argv)
+        if done.returncode != 0:
+            raise self.failed(argv, done)
+        lines = [line.strip() for line in done.stdout.splitlines() if line.strip()]
+        match = re.fullmatch(r"(\d+)(;.*)?", lines[-1]) if lines else None
+        if match is None:
+            raise SiteError(f"{_show(argv)}: no job id in its output {done.stdout!r}")
+        return match.group(1)
 
     def run(self, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
         """Run one command (after ``command_prefix``, with ``environment``); SiteError when
@@ -226,15 +264,9 @@ class SlurmSite(SlurmCommands):
     def deploy(self, drone: Drone) -> str:
         """``sbatch --parsable --job-name=<name> [options] script|--wrap``; the job id."""
         argv = self.sbatch_argv(drone.name, "--parsable")
-        done = self.run(argv)
-        if done.returncode != 0:
-            raise self.failed(argv, done)
-        lines = [line.strip() for line in done.stdout.splitlines() if line.strip()]
-        match = re.fullmatch(r"(\d+)(;.*)?", lines[-1]) if lines else None
-        if match is None:
-            raise SiteError(f"{_show(argv)}: no job id in its output {done.stdout!r}")
-        log.info("drone %r deployed as Slurm job %s", drone.name, match.group(1))
-        return match.group(1)
+        job = self.submit_parsable(argv)
+        log.info("drone %r deployed as Slurm job %s", drone.name, job)
+        return job
 
     def status(self, drones: Sequence[Drone]) -> dict[str, str]:
         """The status of every drone from one ``squeue`` per ``max_ids_per_call`` drones; a
@@ -258,7 +290,7 @@ class SlurmSite(SlurmCommands):
             argv += ["--full", f"--signal={self.stop_signal}"]
         argv.append(drone.remote_id)
         done = self.run(argv)
-        if done.returncode != 0 and not _says_gone(done.stderr):
+        if done.returncode != 0 and not says_gone(done.stderr):
             raise self.failed(argv, done)
 
     def terminate(self, drone: Drone, expect: str | None) -> Terminated:
@@ -280,7 +312,7 @@ class SlurmSite(SlurmCommands):
             hold = [self.scontrol, "hold", job]
             done = self.run(hold)
             if done.returncode != 0:
-                if _says_gone(done.stderr):
+                if says_gone(done.stderr):
                     return Terminated(False, f"job {job} is not pending: "
                                              f"{_first_line(done.stderr)}")
                 raise self.failed(hold, done)
@@ -290,8 +322,8 @@ class SlurmSite(SlurmCommands):
             done = self.run(argv)
             refused = _kill_error(done.stderr, job)
             if (done.returncode != 0
-                    and not (_says_gone(done.stderr) or _NO_MATCH in done.stderr)) or (
-                    refused is not None and not _says_gone(refused)):
+                    and not (says_gone(done.stderr) or _NO_MATCH in done.stderr)) or (
+                    refused is not None and not says_gone(refused)):
                 raise self.failed(argv, done)
         except SiteError as exc:
             if held:
@@ -353,7 +385,7 @@ class SlurmSite(SlurmCommands):
         except SiteError as exc:
             log.warning("could not undo the hold on Slurm job %s: %s", job, exc)
             return
-        if done.returncode != 0 and not _says_gone(done.stderr):
+        if done.returncode != 0 and not says_gone(done.stderr):
             log.warning("could not undo the hold on Slurm job %s: %s", job,
                         done.stderr.strip())
 
@@ -373,7 +405,8 @@ def _kill_error(stderr: str, job: str) -> str | None:
     return match.group(1).strip() if match else None
 
 
-def _says_gone(stderr: str) -> bool:
+def says_gone(stderr: str) -> bool:
+    """Whether a command's complaint is that its job has ended or Slurm no longer knows it."""
     return any(marker in stderr for marker in _GONE)
 
 

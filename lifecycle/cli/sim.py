@@ -156,12 +156,13 @@ def simulate(name: str | None, seed: int, settings: tuple[str, ...], timing: boo
             report = {k: v for k, v in report.items() if k != "timing"}
         print(json.dumps({k: v for k, v in report.items() if k != "hints"}, indent=2))
         return
-    table = Table("what was measured", "before", "after",
+    columns = report.get("columns") or {"before": "before", "after": "after"}
+    table = Table("what was measured", *columns.values(),
                   title=f"{name}, seed {seed}", title_justify="left")
     for column in table.columns[1:]:
         column.justify = "right"
     for measure in report["measures"]:
-        table.add_row(measure["what"], str(measure["before"]), str(measure["after"]))
+        table.add_row(measure["what"], *(str(measure[key]) for key in columns))
     out.print(table)
     if "timing" in report:
         speed = report["timing"]

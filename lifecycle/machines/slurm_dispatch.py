@@ -1,21 +1,23 @@
 """``slurm_dispatch``: a container's dispatch on Slurm, with a safe, rate-limited, quiet
 cancel (docs/incidents.md tells the incident: Arvados' scancel loop).
 
-One resource per container, keyed by its uuid, which is also its Slurm job's name. The
-container's own states come from its API (``lock``, ``unlock``, ``started``,
-``container_done``, ``cancel``); the job's from one ``squeue`` poll that serves every
-container (:class:`Dispatcher`), recorded as observations ``{"in_squeue": ...}`` and acted
-on by stepping each resource:
+One resource per container, keyed by its uuid, which is also its Slurm job's name; the job
+itself is known by the id sbatch gave it (``job_id`` in the container's data), never by a
+name read back from squeue. The container's own states come from its API (``lock``,
+``unlock``, ``started``, ``container_done``, ``cancel``); the job's from one ``squeue``
+poll that serves every container (:class:`Dispatcher`), recorded as observations
+``{"in_squeue": ..., "job_id": ...}`` and acted on by stepping each resource:
 
 - ``queued`` --lock--> ``locked`` (entry effect: sbatch) --submitted--> ``submitted``
   --started--> ``running``; ``unlock`` (or a job that left squeue before its container
   started) returns a container to ``queued``.
 - ``container_done`` (Complete or Cancelled) --> ``finished``: the job may linger in squeue.
   Delay A (``delay_a``, a timer) lets it leave by itself; then ``cancelling.due``.
-- ``cancelling.due`` --[in squeue, fresh]--> ``cancelling.scancelling`` (entry effect: the
-  three-step scancel, the step for the job's state in that squeue first) --scancelled-->
-  ``cancelling.waiting``, which waits delay B
-  (``next_delay``: ``delay_b`` after a scancel that exited 0; after a failed one
+- ``cancelling.due`` --[in squeue, fresh]--> ``cancelling.scancelling`` (entry effect: one
+  scancel of the job id, the step that reaches the job in the state that squeue showed)
+  --scancelled--> ``cancelling.waiting``, which waits delay B (``next_delay``: ``delay_b``
+  after a scancel that acted; none after the first that matched nothing, since the job
+  left or changed state, and the next fresh squeue says which; after a failed one
   ``error_delay`` doubled for each failure in a row, up to ``error_cap``) and goes back to
   ``due``. The edge out of ``due`` is a risky edge: it fires only on an squeue observation
   made after the resource's last transition, so never on a poll that predates the previous
@@ -23,8 +25,7 @@ on by stepping each resource:
 - ``cancel`` (the API: priority 0, cancelled by a user) goes to ``scancelling`` at once,
   without delay A.
 - A scancel the rate limit cannot grant now waits in ``cancelling.throttled`` for its turn
-  (a cancel's lead, then the rest of its steps, which a job that leaves meanwhile never
-  gets).
+  (the cancels in the order they fell due).
 - Whenever a fresh poll no longer lists the job: ``gone``; before the container started:
   ``queued``. Either way the container API is told (entry effect of ``gone``, effect of the
   edges to ``queued``): a container still Running is marked Cancelled, one still Locked
@@ -45,17 +46,18 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..adapters.container_api import ContainerAPI, job_left
+from ..adapters.slurm import job_name_problem
 from ..adapters.slurm_dispatch import (
-    CANCEL_STEPS,
     CancelOutcome,
+    Listing,
     QueueEntry,
     ScancelRate,
-    cancel_order,
+    cancel_step,
 )
 from ..clock import Clock
 from ..compiled import GuardContext
 from ..effects import Effect, EffectCall, FollowUp, Retry
-from ..errors import SiteError
+from ..errors import PermanentError, SiteError
 from ..logs import logger
 from ..spec import MachineSpec
 from .builtin import Builtin
@@ -69,18 +71,19 @@ LOW_PRIORITY = 20000
 WATCHED = ("submitted", "running", "finished", "cancelling")
 """The states (``cancelling`` with its children) in which a container's job is looked for
 in squeue."""
-AFTER_SCANCEL = ("cancelling.due", "cancelling.waiting")
-"""The states in which a job still listed is "still in squeue after scancel" (a cancel's
-steps all ran)."""
+AFTER_SCANCEL = ("cancelling.due",)
+"""The state in which a job still listed is "still in squeue after scancel": delay B has
+passed since a scancel (a job still leaving within delay B is no news)."""
 
 
 @dataclass(frozen=True)
 class Settings:
     """The dispatcher's knobs (seconds unless said)."""
 
-    delay_a: float = 10.0
+    delay_a: float = 2.0
     """How long a finished container's job may leave squeue by itself before the first
-    scancel (Arvados: 0)."""
+    scancel (Arvados: 0). Longer saves the scancels of jobs that leave by themselves, and
+    adds as much to the linger of those that do not."""
     delay_b: float = 10.0
     """Between scancels of one job, after one that exited 0 (Arvados: 1 s after the next
     poll)."""
@@ -117,15 +120,18 @@ class ContainerData(BaseModel):
     error_cap: float = Field(default=Settings.error_cap, ge=0)
     next_delay: float = Field(default=Settings.delay_b, ge=0)
     throttle_wait: float = Field(default=0.0, ge=0)
+    job_id: str | None = None
+    """The Slurm job's id, as sbatch gave it."""
     scancels: int = 0
-    """Cancels run (each up to three scancel invocations)."""
+    """scancel invocations run."""
     scancel_failures: int = 0
-    """Failed cancels in a row."""
+    """Failed scancels in a row."""
+    scancel_missed: int = 0
+    """scancels in a row that matched nothing (the job had left or changed state)."""
     scancel_exit: int | None = None
-    cancel_steps: list[int] = Field(default_factory=list)
-    """The steps of the cancel under way still to run (empty: none under way)."""
     job_state: str | None = None
-    """The job's state as squeue showed it when the API cancelled (its lead step)."""
+    """The job's state as squeue showed it when its cancel was decided (the API's, or one
+    that waits for its turn under the rate limit): its scancel is the step for it."""
 
 
 def dispatch_spec(max_age: float = 30.0) -> MachineSpec:
@@ -135,9 +141,10 @@ def dispatch_spec(max_age: float = 30.0) -> MachineSpec:
     alive = ["finished", "cancelling.due", "cancelling.waiting", "cancelling.throttled"]
     return MachineSpec.model_validate({
         "name": MACHINE,
-        "description": "A container dispatched as a Slurm job; its cancel waits delay A, "
-                       "then scancels in three steps, each further time only on a fresh "
-                       "squeue after delay B, within global limits.",
+        "description": "A container dispatched as a Slurm job, known by its job id; its "
+                       "cancel waits delay A, then scancels the job in the state squeue "
+                       "showed, each further time only on a fresh squeue after delay B, "
+                       "within global limits.",
         "initial": "queued",
         "final": ["gone"],
         "states": [
@@ -153,7 +160,8 @@ def dispatch_spec(max_age: float = 30.0) -> MachineSpec:
                 {"name": "due", "description": "scancel on the next fresh squeue that still "
                                                "lists the job"},
                 {"name": "scancelling", "effects": ["scancel"],
-                 "description": "scancel: pending, then TERM to running, to suspended"},
+                 "description": "scancel the job id: pending, or TERM to running or to "
+                                "suspended, as squeue showed it"},
                 {"name": "throttled", "timeout": {"after": "throttle_wait",
                                                   "trigger": "slot_reached"},
                  "description": "waiting for a slot of the scancel rate limit"},
@@ -224,18 +232,21 @@ class DispatchSlurm(Protocol):
 
     rate: ScancelRate
 
-    def submit(self, name: str) -> None: ...
+    def submit(self, name: str) -> str: ...
 
-    def queue(self) -> dict[str, QueueEntry]: ...
+    def queue(self) -> Listing: ...
 
-    def cancel(self, name: str, steps: Sequence[int] = ...) -> CancelOutcome: ...
+    def cancel(self, job_id: str, steps: Sequence[int] = ...) -> CancelOutcome: ...
 
-    def renice(self, name: str, nice: int) -> None: ...
+    def renice(self, job_id: str, nice: int) -> None: ...
 
 
-def next_delay(data: Mapping[str, Any], failures: int) -> float:
-    """Delay B: ``delay_b`` after a good scancel; ``error_delay * 2**(failures - 1)`` up to
+def next_delay(data: Mapping[str, Any], failures: int, missed: int = 0) -> float:
+    """Delay B: ``delay_b`` after a good scancel; none after the first in a row that matched
+    nothing (``missed``: look again at once); ``error_delay * 2**(failures - 1)`` up to
     ``error_cap`` after ``failures`` failed ones in a row."""
+    if failures == 0 and missed == 1:
+        return 0.0
     if failures == 0:
         return float(data.get("delay_b", Settings.delay_b))
     base = float(data.get("error_delay", Settings.error_delay))
@@ -248,8 +259,11 @@ def effects(slurm: DispatchSlurm, api: ContainerAPI, *,
     """The machine's effect handlers, through ``slurm`` and the container ``api``."""
 
     def submit(call: EffectCall) -> FollowUp:
-        slurm.submit(call.key)
-        return FollowUp("submitted")
+        try:
+            job_id = slurm.submit(call.key)
+        except ValueError as exc:           # a name Slurm cannot hold: no retry can help
+            raise PermanentError(str(exc)) from None
+        return FollowUp("submitted", {"job_id": job_id})
 
     def tell_api(call: EffectCall) -> None:
         done = job_left(api, call.key)
@@ -266,43 +280,35 @@ def effects(slurm: DispatchSlurm, api: ContainerAPI, *,
 
 
 def scancel_handler(slurm: DispatchSlurm) -> Callable[[EffectCall], FollowUp]:
-    """The cancel, in two turns under the rate limit: its lead (the step that reaches the
-    job as squeue last showed it), then the rest of its three steps. Each turn that must
-    wait goes to ``cancelling.throttled`` with the steps still to run, and comes back."""
-
-    def throttled(wait: float, steps: Sequence[int], **data: Any) -> FollowUp:
-        # to the next whole microsecond (the clock's), so the timer is never early
-        return FollowUp("throttled", {"throttle_wait": math.ceil(wait * 1e6 + 1) / 1e6,
-                                      "cancel_steps": list(steps), **data})
+    """One scancel of the job id under the rate limit: the step that reaches the job in the
+    state the squeue this decision rested on showed (or, cancelled by the API, the last one
+    seen). A turn that must wait goes to ``cancelling.throttled`` and comes back."""
 
     def scancel(call: EffectCall) -> FollowUp:
-        steps = [int(i) for i in call.data.get("cancel_steps") or ()]
-        if not steps:
-            seen = ((call.fence or {}).get("status") or {}).get("state") or call.data.get(
-                "job_state")
-            steps = list(cancel_order(str(seen) if seen is not None else None))
-        lead = len(steps) == len(CANCEL_STEPS)
-        wait = slurm.rate.reserve(call.key, 1 if lead else len(steps), lead=lead)
-        if wait > 0:
-            return throttled(wait, steps)
-        rest = steps[1:] if lead else []
-        if rest and slurm.rate.reserve(call.key, len(rest), lead=False) > 0:
-            outcome = slurm.cancel(call.key, steps[:1])
-            wait = slurm.rate.reserve(call.key, len(rest), lead=False)
-            if outcome.ok and wait > 0:  # the rest in its turn (never if the job leaves)
-                return throttled(wait, rest, scancel_exit=outcome.exit)
-            if outcome.ok:
-                outcome = slurm.cancel(call.key, rest)
-        else:                            # the whole cancel now
-            outcome = slurm.cancel(call.key, steps)
+        seen = (call.fence or {}).get("status") or {}
+        job_id = seen.get("job_id") or call.data.get("job_id")
+        if not job_id:   # submitted before ids were kept, and not yet seen by a poll
+            log.info("container %s: no job id known yet; the next squeue finds its job",
+                     call.key)
+            return FollowUp("scancelled", {"next_delay": 0.0})
+        state = seen.get("state") or call.data.get("job_state")
+        wait = slurm.rate.reserve(call.key)
+        if wait > 0:     # to the next whole microsecond (the clock's): the timer is never early
+            return FollowUp("throttled", {"throttle_wait": math.ceil(wait * 1e6 + 1) / 1e6,
+                                          "job_id": str(job_id), "job_state": state})
+        outcome = slurm.cancel(str(job_id), [cancel_step(str(state) if state else None)])
         failures = 0 if outcome.ok else int(call.data.get("scancel_failures", 0)) + 1
+        missed = (int(call.data.get("scancel_missed", 0)) + 1
+                  if outcome.ok and not outcome.acted else 0)
         if not outcome.ok:
             log.warning("container %s: scancel failed (%d in a row): %s", call.key, failures,
                         outcome.detail)
         return FollowUp("scancelled", {
-            "scancels": int(call.data.get("scancels", 0)) + 1, "scancel_failures": failures,
-            "scancel_exit": outcome.exit, "next_delay": next_delay(call.data, failures),
-            "cancel_steps": []})
+            "job_id": str(job_id),
+            "scancels": int(call.data.get("scancels", 0)) + outcome.invocations,
+            "scancel_failures": failures, "scancel_missed": missed,
+            "scancel_exit": outcome.exit,
+            "next_delay": next_delay(call.data, failures, missed)})
 
     return scancel
 
@@ -388,6 +394,8 @@ class PollReport:
     containers: int = 0
     moved: dict[str, int] = field(default_factory=dict)
     refused: int = 0
+    unsure: int = 0
+    """Containers whose job the squeue listed more than once (a forged line): not observed."""
     reniced: int = 0
     error: str | None = None
 
@@ -406,7 +414,13 @@ class Dispatcher:
 
     def add(self, uuid: str, *, priority: int = 1, created_at: str | None = None,
             state: str | None = None, **data: Any) -> Any:
-        """A container under this dispatcher, with its delays from the settings."""
+        """A container under this dispatcher, with its delays from the settings. ValueError,
+        changing nothing, for a uuid that cannot be a Slurm job's name (see
+        :func:`~lifecycle.adapters.slurm.job_name_problem`)."""
+        problem = job_name_problem(uuid)
+        if problem:
+            raise ValueError(f"container {uuid!r} cannot be dispatched to Slurm: {problem} "
+                             "(its job is named after it, and squeue prints names verbatim)")
         s = self.settings
         return self.engine.create(MACHINE, uuid, {
             "priority": priority, "created_at": created_at, "delay_a": s.delay_a,
@@ -445,16 +459,23 @@ class Dispatcher:
         report = PollReport()
         asked_at = self.last_poll = self.engine.clock.now()
         try:
-            jobs = self.slurm.queue()
+            listing = self.slurm.queue()
         except SiteError as exc:  # nothing observed, nobody moves: as a failed poll
             self.log.warning("squeue failed, no container moves this time: %s", exc)
             report.error = str(exc)
             return report
-        report.jobs = len(jobs)
+        report.jobs = len(listing.jobs)
         watched = [r for state in WATCHED for r in self.engine.resources(MACHINE, state=state)]
         report.containers = len(watched)
+        jobs: dict[str, QueueEntry] = {}
         for resource in watched:
-            self._observe(resource, jobs.get(resource.key), asked_at, report)
+            job, sure = listing.find(resource.data.get("job_id"), resource.key)
+            if not sure:
+                report.unsure += 1
+                continue
+            if job is not None:
+                jobs[resource.key] = job
+            self._observe(resource, job, asked_at, report)
         report.reniced = self._renice(watched, jobs)
         return report
 
@@ -463,8 +484,8 @@ class Dispatcher:
         key = f"{MACHINE}:{resource.key}"
         status: dict[str, Any] = {"in_squeue": job is not None}
         if job is not None:
-            status.update(state=job.state, nice=job.nice, priority=job.priority,
-                          reason=job.reason)
+            status.update(job_id=job.job_id, state=job.state, nice=job.nice,
+                          priority=job.priority, reason=job.reason)
         self.engine.observe(key, status, asked_at, source="squeue")
         if (job is not None and resource.state in AFTER_SCANCEL
                 and resource.data.get("scancels", 0) > 0 and asked_at >= resource.updated_at):
@@ -484,8 +505,8 @@ class Dispatcher:
             report.refused += 1
 
     def _renice(self, watched: Sequence[Any], jobs: Mapping[str, QueueEntry]) -> int:
-        """Renice the jobs of containers yet to run or running whose niceness must change
-        for Slurm's order to follow the containers' priorities."""
+        """Renice the jobs (``jobs``: by container) of containers yet to run or running whose
+        niceness must change for Slurm's order to follow the containers' priorities."""
         ours = []
         for r in watched:
             job = jobs.get(r.key) if r.state in ("submitted", "running") else None
@@ -494,19 +515,20 @@ class Dispatcher:
                 continue
             ours.append((job, want))
             if job.state == "PENDING" and job.priority <= LOW_PRIORITY:
-                self.log.warning("job %s has low priority %d, nice %d, state %s, reason %s",
-                                 job.name, job.priority, job.nice, job.state, job.reason)
-        ours.sort(key=lambda pair: (pair[1], pair[0].name), reverse=True)
+                self.log.warning("job %s (%s) has low priority %d, nice %d, state %s, "
+                                 "reason %s", job.job_id, r.key, job.priority, job.nice,
+                                 job.state, job.reason)
+        ours.sort(key=lambda pair: (pair[1], pair[0].name, pair[0].job_id), reverse=True)
         reniced = 0
         for (job, _want), nice in zip(ours, want_nice(ours, self.settings.priority_spread),
                                       strict=True):
             if nice == job.nice:
                 continue
             try:
-                self.slurm.renice(job.name, nice)
+                self.slurm.renice(job.job_id, nice)
                 reniced += 1
             except SiteError as exc:
-                self.log.warning("could not renice job %s to %d: %s", job.name, nice, exc)
+                self.log.warning("could not renice job %s to %d: %s", job.job_id, nice, exc)
         return reniced
 
 
@@ -514,30 +536,35 @@ class Dispatcher:
 
 
 class ScenarioSlurm:
-    """For scenario files: squeue lists a container while ``world.status[key]`` says
-    ``in_squeue: true``; a cancel exits ``scancel_exit`` (default 0); what was done is
-    recorded in ``world.actions`` (a ``scancel`` with its ``steps``). Rate limit:
-    ``scancels_per_second`` (default none)."""
+    """For scenario files: a container's job id is its uuid; squeue lists it while
+    ``world.status[key]`` says ``in_squeue: true``; a scancel exits ``scancel_exit``
+    (default 0) and acts while the job is listed; what was done is recorded in
+    ``world.actions`` (a ``scancel`` with its ``steps``). Rate limit: ``scancels_per_second``
+    (default none)."""
 
     def __init__(self, world: Any, scancels_per_second: float | None = None) -> None:
         self.world = world
         self.rate = ScancelRate(scancels_per_second, world.clock)
 
-    def submit(self, name: str) -> None:
+    def submit(self, name: str) -> str:
         self.world.actions.append(("submit", name, {}))
+        return name
 
-    def queue(self) -> dict[str, QueueEntry]:
-        return {name: QueueEntry(name, int(s.get("nice", 10000)), int(s.get("priority", 1)),
-                                 str(s.get("state", "RUNNING")), str(s.get("reason", "None")))
-                for name, s in self.world.status.items() if s.get("in_squeue")}
+    def queue(self) -> Listing:
+        return Listing({name: QueueEntry(name, name, int(s.get("nice", 10000)),
+                                         int(s.get("priority", 1)),
+                                         str(s.get("state", "RUNNING")),
+                                         str(s.get("reason", "None")))
+                        for name, s in self.world.status.items() if s.get("in_squeue")})
 
-    def cancel(self, name: str, steps: Sequence[int] = (0, 1, 2)) -> CancelOutcome:
-        code = self.world.status.get(name, {}).get("scancel_exit", 0)
-        self.world.actions.append(("scancel", name, {"exit": code, "steps": list(steps)}))
-        return CancelOutcome(code, len(steps) if code == 0 else 1)
+    def cancel(self, job_id: str, steps: Sequence[int] = (0, 1, 2)) -> CancelOutcome:
+        status = self.world.status.get(job_id, {})
+        code = status.get("scancel_exit", 0)
+        self.world.actions.append(("scancel", job_id, {"exit": code, "steps": list(steps)}))
+        return CancelOutcome(code, 1, acted=code == 0 and bool(status.get("in_squeue")))
 
-    def renice(self, name: str, nice: int) -> None:
-        self.world.actions.append(("renice", name, {"nice": nice}))
+    def renice(self, job_id: str, nice: int) -> None:
+        self.world.actions.append(("renice", job_id, {"nice": nice}))
 
 
 class ScenarioContainers:

@@ -1,6 +1,6 @@
 """``lifecycle simulate scancel-flood``: many containers finish at once while Slurm takes a
-random time to clear their jobs, dispatched by Arvados' ``crunch-dispatch-slurm`` as it is
-and by the ``slurm_dispatch`` machine.
+random time to clear their jobs, dispatched by Arvados' ``crunch-dispatch-slurm`` as it was
+when the incident was reported, as it is today, and by the ``slurm_dispatch`` machine.
 
 The world, the same for both (drawn from the seed): each job lingers in squeue after its
 container finished for a random time (exponential, mean ``linger_mean``: COMPLETING, an
@@ -10,23 +10,31 @@ it, whichever comes first. Slurm's controller answers one command at a time, ``c
 a second, first come first served, so a command takes longer when many are queued before
 it. squeue is asked every ``poll_interval`` seconds, from a random phase.
 
-Before: Arvados' policy, read from its source (``services/crunch-dispatch-slurm``): when a
-container finishes, its goroutine cancels at once (delay A = 0) with the three scancels, at
-most 3 Slurm commands in flight across all containers and no other limit; then it waits for
-the next squeue poll, and if the job is still listed logs "still in squeue after scancel",
-sleeps 1 s and cancels again. The extra cancel the race between its two goroutines often
-adds once the job has left is not counted (in Arvados' favour).
+Two befores, read from Arvados' source (``services/crunch-dispatch-slurm``):
+
+- ``before``, the incident's code (the 11669 fix): when a container finishes, its goroutine
+  cancels at once (delay A = 0) with one plain ``scancel --name`` (SIGTERM to the job),
+  under one mutex that sbatch, scancel *and squeue* share (one Slurm command at a time);
+  then it waits for the next squeue, and if the job is still listed logs "still in squeue
+  after scancel", sleeps 1 s (delay B) and, unless a poll meanwhile showed the job gone,
+  cancels again.
+- ``master``, today's: the same loop with three scancels per cancel (pending; TERM to the
+  batch shell of a running job; the same for a suspended one), at most 3 of sbatch, scancel
+  and scontrol in flight (a semaphore), squeue outside it, and no guard against a cancel
+  after the job left (that extra cancel, a race between two goroutines, is not counted, in
+  Arvados' favour).
 
 After: the ``slurm_dispatch`` machine, its engine, store, timers and worker, and its
 :class:`~lifecycle.machines.slurm_dispatch.Dispatcher` looking every ``quick_poll`` seconds
 whether a poll is due (:meth:`~lifecycle.machines.slurm_dispatch.Dispatcher.poll_if_due`),
 with the rate limit of the real adapter
 (:class:`~lifecycle.adapters.slurm_dispatch.ScancelRate`) on the simulated clock and the
-container API in memory. squeue shows a lingering job RUNNING. A command's wait for a slot
-in the pool of ``max_in_flight`` is modelled as the command starting later in simulated
-time (its handler returns at once here).
+container API in memory. squeue shows a lingering job RUNNING, so the machine's one scancel
+per turn is the TERM to a running job. A command's wait for a slot in the pool of
+``max_in_flight`` is modelled as the command starting later in simulated time (its handler
+returns at once here); squeue is outside the pool, as in Arvados today.
 
-Counted for both: scancel invocations, the most commands in flight at once, the most
+Counted for each: scancel invocations, the most commands in flight at once, the most
 scancel invocations started in any one second, the longest a job lingered after its
 container finished, and where that time goes (the longest from the container's end to its
 first cancel falling due, from there to the TERM reaching the job, and from the TERM to the
@@ -36,6 +44,7 @@ lines (in all, and the most for one container).
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import logging
 import math
@@ -51,9 +60,9 @@ from sqlalchemy import func, select
 
 from ..adapters.container_api import COMPLETE, RUNNING, MemoryContainerAPI
 from ..adapters.slurm_dispatch import (
-    CANCEL_STEPS,
     SCANCELS_PER_SECOND,
     CancelOutcome,
+    Listing,
     QueueEntry,
     ScancelRate,
 )
@@ -69,6 +78,8 @@ from .simulation import Option, Simulation
 START = "2026-01-01T00:00:00Z"
 RUNNING_STEP = 1
 """The index, in CANCEL_STEPS, of the scancel that sends TERM to a running job."""
+PLAIN = -1
+"""A plain ``scancel`` (the incident's code): SIGTERM to the job, whatever its state."""
 
 
 @dataclass
@@ -115,17 +126,18 @@ class SlurmModel:
         self.scancel_starts: list[float] = []
 
     def command(self, scancel_of: str | None,
-                then: Callable[[], None] | None = None) -> None:
+                then: Callable[[], None] | None = None, *, pooled: bool = True) -> None:
         """Run a command (a scancel of ``scancel_of``'s job, or another) now, or when a slot
-        frees; ``then`` when it has ended."""
-        if self.busy < self.pool_size:
-            self._start(scancel_of, then)
+        frees (``pooled=False``: now, outside the pool); ``then`` when it has ended."""
+        if not pooled or self.busy < self.pool_size:
+            self._start(scancel_of, then, pooled)
         else:
             self.queued.append((scancel_of, then))
 
-    def _start(self, scancel_of: str | None, then: Callable[[], None] | None) -> None:
+    def _start(self, scancel_of: str | None, then: Callable[[], None] | None,
+               pooled: bool = True) -> None:
         start = self.loop.elapsed
-        self.busy += 1
+        self.busy += pooled
         self.most_in_flight = max(self.most_in_flight, self.busy)
         if scancel_of is not None:
             if self.turn is not None:      # waits for its tick in its slot
@@ -138,8 +150,8 @@ class SlurmModel:
         self.ctld_free = end
 
         def ended() -> None:
-            self.busy -= 1
-            if self.queued:
+            self.busy -= pooled
+            if pooled and self.queued:
                 self._start(*self.queued.popleft())
             if then is not None:
                 then()
@@ -155,7 +167,7 @@ class SlurmModel:
         job.cancels += begins
 
         def step(i: int) -> None:
-            if i > 0 and steps[i - 1] == RUNNING_STEP:
+            if i > 0 and steps[i - 1] in (RUNNING_STEP, PLAIN):
                 job.term(self.loop.elapsed)       # the TERM reached the job's batch shell
             if i == len(steps):
                 if done is not None:
@@ -204,23 +216,41 @@ def draw_world(loop: EventLoop, options: dict[str, Any], names: Sequence[str],
     return model
 
 
-# -- before: Arvados' policy -------------------------------------------------------------------
+# -- before: Arvados' policies ----------------------------------------------------------------
 
 
 def before(seed: int, options: dict[str, Any]) -> dict[str, Any]:
+    """The incident's code: one plain scancel per cancel, one command at a time (squeue
+    too), and no cancel once a poll showed the job gone."""
+    return _arvados(seed, options, steps=(PLAIN,), pool_size=1, squeue_pooled=True,
+                    guard=True)
+
+
+def master(seed: int, options: dict[str, Any]) -> dict[str, Any]:
+    """Today's code: three scancels per cancel, 3 commands in flight, squeue outside."""
+    return _arvados(seed, options, steps=(0, 1, 2), pool_size=3, squeue_pooled=False,
+                    guard=False)
+
+
+def _arvados(seed: int, options: dict[str, Any], *, steps: Sequence[int], pool_size: int,
+             squeue_pooled: bool, guard: bool) -> dict[str, Any]:
     clock = SimulatedClock(START)
     loop = EventLoop(clock, seed)
     names = [f"c{i:05d}" for i in range(1, options["containers"] + 1)]
-    model = draw_world(loop, options, names, 3)
+    model = draw_world(loop, options, names, pool_size)
     phase = loop.rng.uniform(0, options["poll_interval"])
     waiting: list[str] = []      # goroutines blocked in HasUUID until the next poll
+    left: set[str] = set()       # jobs a poll no longer listed: their context is done
 
     def cancel(name: str) -> None:
+        if guard and name in left:
+            return
         if model.jobs[name].due_at is None:
             model.jobs[name].due_at = loop.elapsed
-        model.cancel(name, done=lambda: waiting.append(name))
+        model.cancel(name, steps, done=lambda: waiting.append(name))
 
-    def poll() -> None:
+    def answer() -> None:
+        left.update(n for n in names if not model.listed(n))
         for name in list(waiting):
             waiting.remove(name)
             if model.listed(name):
@@ -228,6 +258,13 @@ def before(seed: int, options: dict[str, Any]) -> dict[str, Any]:
                 loop.after(1.0, functools.partial(cancel, name))
         if waiting or any(model.listed(n) for n in names) or model.busy:
             loop.after(options["poll_interval"], poll)
+
+    def poll() -> None:
+        if squeue_pooled:        # waits for the mutex; answers as of its end
+            model.command(None, answer)
+        else:
+            model.command(None, pooled=False)
+            answer()
 
     for name in names:                              # all finish at once; delay A is 0
         loop.at(0.0, functools.partial(cancel, name))
@@ -250,21 +287,23 @@ class SimulatedSlurm:
         self.loop = loop
         self.rate = rate
 
-    def submit(self, name: str) -> None:
-        """A new job, which stays until cancelled."""
+    def submit(self, name: str) -> str:
+        """A new job, which stays until cancelled; its id is its name."""
         self.model.command(None)
         self.model.jobs[name] = Job(name, math.inf, 1.0)
+        return name
 
-    def queue(self) -> dict[str, QueueEntry]:
-        self.model.command(None)
-        return {name: QueueEntry(name, 10000, 1, "RUNNING", "None")
-                for name in self.model.jobs if self.model.listed(name)}
+    def queue(self) -> Listing:
+        self.model.command(None, pooled=False)
+        return Listing({name: QueueEntry(name, name, 10000, 1, "RUNNING", "None")
+                        for name in self.model.jobs if self.model.listed(name)})
 
-    def cancel(self, name: str, steps: Sequence[int] = (0, 1, 2)) -> CancelOutcome:
-        self.model.cancel(name, steps, begins=len(steps) != len(CANCEL_STEPS) - 1)
-        return CancelOutcome(0, len(steps))
+    def cancel(self, job_id: str, steps: Sequence[int] = (0, 1, 2)) -> CancelOutcome:
+        acted = self.model.listed(job_id) and RUNNING_STEP in steps
+        self.model.cancel(job_id, steps[:1] if acted else steps)
+        return CancelOutcome(0, 1 if acted else len(steps), acted=acted)
 
-    def renice(self, name: str, nice: int) -> None:
+    def renice(self, job_id: str, nice: int) -> None:
         self.model.command(None)
 
 
@@ -277,11 +316,11 @@ class _TimedRate(ScancelRate):
         self.loop = loop
         self.jobs = jobs
 
-    def reserve(self, key: str, count: int = len(CANCEL_STEPS), *, lead: bool = True) -> float:
+    def reserve(self, key: str) -> float:
         job = self.jobs.get(key)
         if job is not None and job.due_at is None:
             job.due_at = self.loop.elapsed
-        return super().reserve(key, count, lead=lead)
+        return super().reserve(key)
 
 
 class _Counter(logging.Handler):
@@ -332,6 +371,12 @@ def after(seed: int, options: dict[str, Any], store: Store, prefix: str,
                 woken.add(due)
                 loop.at(due, work)
 
+    # The dispatcher has been running all along: its polls fall at the same phase as
+    # Arvados' (the last one before the finish, one interval earlier), and it looks whether
+    # a poll is due every quick_poll seconds.
+    dispatcher.last_poll = loop.start + dt.timedelta(seconds=phase - options["poll_interval"])
+    first_tick = phase % options["quick_poll"]
+
     def tick(number: int) -> None:
         """The dispatcher's loop: every quick_poll seconds, a poll if one is due."""
         report = dispatcher.poll_if_due()
@@ -339,12 +384,12 @@ def after(seed: int, options: dict[str, Any], store: Store, prefix: str,
             work()
             if not report.containers:
                 return
-        loop.at(phase + (number + 1) * options["quick_poll"],
+        loop.at(first_tick + (number + 1) * options["quick_poll"],
                 functools.partial(tick, number + 1))
 
     def finish() -> None:
         for key in keys:
-            dispatcher.add(key, state="running")
+            dispatcher.add(key, state="running", job_id=key)
         for key in keys:
             api.set(key, COMPLETE)
             engine.fire(f"{machine.MACHINE}:{key}", "container_done",
@@ -352,7 +397,7 @@ def after(seed: int, options: dict[str, Any], store: Store, prefix: str,
         work()
 
     loop.at(0.0, finish)
-    loop.at(phase, functools.partial(tick, 0))
+    loop.at(first_tick, functools.partial(tick, 0))
     try:
         loop.run(options["limit"], progress)
     finally:
@@ -389,7 +434,8 @@ def where_the_time_went(model: SlurmModel) -> dict[str, float]:
 
 DEFAULTS: dict[str, Any] = {
     "containers": 1000, "linger_mean": 8.0, "exit_time": (2.0, 20.0), "ctld_rate": 200.0,
-    "poll_interval": 10.0, "delay_a": 10.0, "delay_b": 10.0,
+    "poll_interval": 10.0, "delay_a": machine.Settings.delay_a,
+    "delay_b": machine.Settings.delay_b,
     "scancels_per_second": SCANCELS_PER_SECOND, "max_in_flight": 3, "log_interval": 60.0,
     "quick_poll": 1.0, "limit": 3600.0,
 }
@@ -397,10 +443,11 @@ DEFAULTS: dict[str, Any] = {
 
 def simulate(*, seed: int = 1, progress: Progress | None = None, store: Store | None = None,
              prefix: str = "", **changes: Any) -> dict[str, Any]:
-    """Both policies on one world; the machine's on ``store`` (default: a temporary one)."""
+    """Arvados' two policies and the machine on one world; the machine's on ``store``
+    (default: a temporary one)."""
     options = {**DEFAULTS, **{k: v for k, v in changes.items() if v is not None}}
     started = time.perf_counter()
-    old = before(seed, options)
+    old, today = before(seed, options), master(seed, options)
     with tempfile.TemporaryDirectory(prefix="lifecycle-scancel-flood-") as directory:
         target = store or Store(f"sqlite:///{Path(directory) / 'run.db'}", upgrade=True)
         try:
@@ -412,7 +459,9 @@ def simulate(*, seed: int = 1, progress: Progress | None = None, store: Store | 
     report: dict[str, Any] = {
         "simulation": "scancel-flood", "seed": seed,
         "options": {k: list(v) if isinstance(v, tuple) else v for k, v in options.items()},
-        "before": old, "after": new,
+        "columns": {"before": "Arvados 11669", "master": "Arvados today",
+                    "after": "lifecycle"},
+        "before": old, "master": today, "after": new,
         "goal": {"scancels_per_second": options["scancels_per_second"],
                  "in_flight": options["max_in_flight"],
                  "linger": f"delay A + one poll + its exit time = {bound(options):g} s "
@@ -422,31 +471,28 @@ def simulate(*, seed: int = 1, progress: Progress | None = None, store: Store | 
                   "lingered past delay A: the squeue each scancel rested on, and the "
                   "delays"] if example else [],
     }
-    report["measures"] = [
-        {"what": "scancel invocations", "before": old["scancel_invocations"],
-         "after": new["scancel_invocations"]},
-        {"what": "most scancels started in one second",
-         "before": old["most_scancels_in_one_second"],
-         "after": new["most_scancels_in_one_second"]},
-        {"what": "most Slurm commands in flight", "before": old["most_in_flight"],
-         "after": new["most_in_flight"]},
-        {"what": "longest linger after finishing (s)", "before": _seconds(
-            old["longest_linger"]), "after": _seconds(new["longest_linger"])},
-        {"what": "longest: finished to cancel due (s)",
-         "before": _seconds(old["longest_to_cancel_due"]),
-         "after": _seconds(new["longest_to_cancel_due"])},
-        {"what": "longest: cancel due to TERM sent (s)",
-         "before": _seconds(old["longest_due_to_term"]),
-         "after": _seconds(new["longest_due_to_term"])},
-        {"what": "longest: TERM to leaving squeue (s)",
-         "before": _seconds(old["longest_term_to_gone"]),
-         "after": _seconds(new["longest_term_to_gone"])},
-        {"what": "jobs lingering past delay A + a poll + their exit time",
-         "before": old["lingered_past_bound"], "after": new["lingered_past_bound"]},
-        {"what": '"still in squeue" log lines', "before": old["still_in_squeue_lines"],
-         "after": new["still_in_squeue_lines"]},
+    rows = [
+        ("scancel invocations", "scancel_invocations", None),
+        ("most scancels started in one second", "most_scancels_in_one_second", None),
+        ("most Slurm commands in flight", "most_in_flight", None),
+        ("longest linger after finishing (s)", "longest_linger", _seconds),
+        ("longest: finished to cancel due (s)", "longest_to_cancel_due", _seconds),
+        ("longest: cancel due to TERM sent (s)", "longest_due_to_term", _seconds),
+        ("longest: TERM to leaving squeue (s)", "longest_term_to_gone", _seconds),
+        ("jobs lingering past delay A + a poll + their exit time", "lingered_past_bound",
+         None),
+        ('"still in squeue" log lines', "still_in_squeue_lines", None),
     ]
+    report["measures"] = [
+        {"what": what, **{column: (shown or _same)(figures[field])
+                          for column, figures in (("before", old), ("master", today),
+                                                  ("after", new))}}
+        for what, field, shown in rows]
     return report
+
+
+def _same(value: Any) -> Any:
+    return value
 
 
 def bound(options: Mapping[str, Any]) -> float:
