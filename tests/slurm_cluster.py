@@ -16,6 +16,7 @@ import contextlib
 import ctypes
 import os
 import pwd
+import random
 import shutil
 import signal
 import socket
@@ -98,8 +99,9 @@ class SlurmCluster:
                 out.append(f"--- {path}\n" + "\n".join(tail))
         return "\n".join(out)
 
-    def stop(self) -> None:
-        """Cancel what still runs, stop the daemons by pid, remove the directory."""
+    def stop(self, remove: bool = True) -> None:
+        """Cancel what still runs, stop the daemons by pid, remove the directory (with
+        ``remove=False``, empty it for another start but for the logs)."""
         if self.processes.get("slurmctld") and self.processes["slurmctld"].poll() is None:
             with contextlib.suppress(Exception):
                 self.run("scancel", "--user", pwd.getpwuid(os.getuid()).pw_name, check=False)
@@ -113,7 +115,12 @@ class SlurmCluster:
             proc = self.processes.pop(name, None)
             if proc is not None:
                 _stop_process(proc.pid, proc)
-        shutil.rmtree(self.directory, ignore_errors=True)
+        if remove:
+            shutil.rmtree(self.directory, ignore_errors=True)
+            return
+        for sub in ("state", "spool", "run", "munge"):
+            shutil.rmtree(self.directory / sub, ignore_errors=True)
+            (self.directory / sub).mkdir(mode=0o755)
 
 
 def start_cluster(timeout: float = 30) -> SlurmCluster:
@@ -133,19 +140,29 @@ def start_cluster(timeout: float = 30) -> SlurmCluster:
     for sub in ("state", "spool", "run", "log", "munge"):
         (directory / sub).mkdir(mode=0o755)
     node = socket.gethostname().split(".")[0]
-    ctld_port, slurmd_port = _free_port_pair()
     conf = directory / "slurm.conf"
-    conf.write_text(_slurm_conf(directory, node, ctld_port, slurmd_port))
-    cluster = SlurmCluster(directory, conf, node, ctld_port, slurmd_port)
-    try:
-        _start(cluster, "munged", _munged_argv(directory))
-        _wait_munged(cluster)
-        for name in ("slurmctld", "slurmd"):
-            _start(cluster, name, [str(_which(name)), "-D", "-f", str(conf)])
-        _wait_idle(cluster, began + timeout)
-    except BaseException:
-        cluster.stop()
-        raise
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        # a pair that was free a moment ago may be taken by another test run's cluster
+        # before its daemons bind it: then the next pair
+        ctld_port, slurmd_port = _free_port_pair()
+        conf.write_text(_slurm_conf(directory, node, ctld_port, slurmd_port))
+        cluster = SlurmCluster(directory, conf, node, ctld_port, slurmd_port)
+        try:
+            _start(cluster, "munged", _munged_argv(directory))
+            _wait_munged(cluster)
+            for name in ("slurmctld", "slurmd"):
+                _start(cluster, name, [str(_which(name)), "-D", "-f", str(conf)])
+            _wait_idle(cluster, began + timeout)
+        except ClusterError as exc:
+            cluster.stop(remove=False)
+            if "Address already in use" not in str(exc) or attempt == PORT_ATTEMPTS:
+                cluster.stop()
+                raise
+            continue
+        except BaseException:
+            cluster.stop()
+            raise
+        break
     cluster.startup_seconds = time.monotonic() - began
     return cluster
 
@@ -289,11 +306,18 @@ def _port_free(port: int) -> bool:
     return True
 
 
+PORT_ATTEMPTS = 5
+
+
 def _free_port_pair() -> tuple[int, int]:
-    for base in range(6817, 6917, 10):
+    """Two adjacent free ports, from a random place in a wide range: clusters of test runs
+    started at the same moment rarely pick the same pair (and retry when they do)."""
+    bases = list(range(20000, 40000, 2))
+    random.SystemRandom().shuffle(bases)
+    for base in bases[:500]:
         if _port_free(base) and _port_free(base + 1):
             return base, base + 1
-    raise ClusterError("no free port pair for slurmctld/slurmd between 6817 and 6917")
+    raise ClusterError("no free port pair for slurmctld/slurmd between 20000 and 40000")
 
 
 def _munged_argv(directory: Path) -> list[str]:
