@@ -34,11 +34,14 @@ from .effects import Effect, EffectCall, Handler
 from .engine import Deciding, Engine, Guard, OnStale, SpecFor
 from .errors import LifecycleError, RetryableError
 from .fresh import Probe, ProbeCall, ProbeOutcome, await_probe, is_async
+from .logs import logger
 from .records import FireResult, JournalEntry, Mismatch, Observation, Resource
 from .spec import MachineSpec, SpecSource
 from .store import Store
 from .transaction import Within
 from .worker import DEFAULT_LEASE, Worker, WorkerStats
+
+log = logger(__name__)
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -349,9 +352,46 @@ class AsyncWorker(Worker):
             for signum in (signal.SIGTERM, signal.SIGQUIT, signal.SIGINT):
                 self._loop.add_signal_handler(signum, self._on_signal, signum, None)
 
+    def _abandoned(self) -> bool:
+        loop = self._loop
+        return loop is not None and loop.is_closed()
+
+    async def _cancelled(self) -> None:
+        """The task running this worker was cancelled (``task.cancel()``, a ``TaskGroup``,
+        ``asyncio.run`` ending): the running handlers are cancelled, their claims given back
+        as attempts that did not finish, the claims never started given back as they were,
+        and the heartbeat stops, so that nothing renews a claim whose handler no longer
+        runs. A plain handler's thread cannot be stopped: it runs on, unrecorded, while its
+        effect is claimed again."""
+        self._fast.set()
+        self._stop.set()
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=1.0)
+        self._give_back(list(self._queue))
+        self._queue.clear()
+        self._give_back([call for call, _, _ in self._running.values()], refund=False)
+        self._running.clear()
+        self._heartbeat_stopped()
+        log.warning("worker %s: cancelled; its claims were given back", self.name)
+
     async def run(  # type: ignore[override]
             self, *, handle_signals: bool = False) -> WorkerStats:
-        """Work until :meth:`stop` (or a signal, as :meth:`Worker.run` says)."""
+        """Work until :meth:`stop` (or a signal, as :meth:`Worker.run` says). Cancelled, it
+        gives its claims back (see :meth:`_cancelled`) and lets the cancellation through."""
+        try:
+            return await self._run(handle_signals)
+        except asyncio.CancelledError:
+            await self._cancelled()
+            raise
+        finally:
+            if handle_signals and not asyncio.get_running_loop().is_closed():
+                for signum in (signal.SIGTERM, signal.SIGQUIT, signal.SIGINT):
+                    asyncio.get_running_loop().remove_signal_handler(signum)
+
+    async def _run(self, handle_signals: bool) -> WorkerStats:
         self._started(handle_signals)
         while not self._stop.is_set():
             busy = await self._round()
@@ -368,9 +408,6 @@ class AsyncWorker(Worker):
         if self._fast.is_set():
             await self._cancel_all()
         self._heartbeat_stopped()
-        if handle_signals:
-            for signum in (signal.SIGTERM, signal.SIGQUIT, signal.SIGINT):
-                asyncio.get_running_loop().remove_signal_handler(signum)
         return self.stats
 
     async def _cancel_all(self) -> None:
@@ -384,7 +421,15 @@ class AsyncWorker(Worker):
 
     async def run_until_idle(self) -> WorkerStats:  # type: ignore[override]
         """:meth:`Worker.run_until_idle`, on the loop: every effect and timer due now, and
-        those their completion makes due."""
+        those their completion makes due. Cancelled, it gives its claims back, as
+        :meth:`run` does."""
+        try:
+            return await self._run_until_idle()
+        except asyncio.CancelledError:
+            await self._cancelled()
+            raise
+
+    async def _run_until_idle(self) -> WorkerStats:
         self._started(False)
         while not self._stop.is_set():
             busy = await self._round()

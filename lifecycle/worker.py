@@ -148,6 +148,12 @@ class Worker:
         self._claims: set[int] = set()
         """Ids of the effects this worker holds (claimed, running, or finished and not yet
         recorded), under ``_lock``: what the heartbeat renews."""
+        self._confirmed: dict[int, float] = {}
+        """When (monotonic seconds) the database last confirmed each claim: the claim's
+        transaction or a renewal began then, so its lease runs at least ``lease`` seconds
+        from it."""
+        self._lost: set[int] = set()
+        """Claims a renewal found taken over by another worker (under ``_lock``)."""
         self._beating = False
         self._heart = threading.Event()
         """Wakes the heartbeat early: on a fast stop, and when the last claim was let go."""
@@ -265,9 +271,16 @@ class Worker:
             busy = self._fire_due_timers() > 0 or busy
         if found_none and time.monotonic() - self._dead_seen >= DEAD_LOOK:
             busy = self._take_over_the_dead() > 0 or busy
+        lapsed = []
         while self._queue and len(self._running) < self.concurrency and not self._stop.is_set():
-            self._start(self._queue.popleft())
+            call = self._queue.popleft()
+            if self._still_held(call.id):
+                self._start(call)
+            else:
+                lapsed.append(call)
             busy = True
+        if lapsed:
+            self._drop_lapsed(lapsed)
         return self._reap() > 0 or busy
 
     def stop(self, *, fast: bool = False) -> None:
@@ -294,6 +307,7 @@ class Worker:
         store = self.store
         (claim, claim_params), (claimed, claimed_params) = self._claim_sql()
         lease_until = store.time_param(now + dt.timedelta(seconds=self.lease))
+        asked = time.monotonic()
         with store.write() as cursor:
             cursor.execute(claim, {**claim_params, "now": store.time_param(now),
                                    "limit": min(limit, self.batch), "claimed_by": self.name,
@@ -304,7 +318,7 @@ class Worker:
             cursor.execute(claimed, {**claimed_params, "claimed_by": self.name,
                                      "low": min(ids), "high": max(ids)})
             rows = [row for row in cursor.fetchall() if row[0] in ids]
-        self._hold(ids)
+        self._hold(ids, asked)
         value = store.json_value
         return [EffectCall(id_, name, machine, key, dict(value(args)), idempotency_key,
                            value(fence) if fence is not None else None, attempts, seq, trigger,
@@ -330,10 +344,13 @@ class Worker:
 
     # -- keeping claims alive, and taking over those of the dead ------------------------
 
-    def _hold(self, ids: set[int]) -> None:
-        """Note claims taken, and make sure the heartbeat renews them."""
+    def _hold(self, ids: set[int], asked: float) -> None:
+        """Note claims taken in a transaction begun at ``asked`` (monotonic), and make sure
+        the heartbeat renews them."""
         with self._lock:
             self._claims |= ids
+            self._lost -= ids
+            self._confirmed.update(dict.fromkeys(ids, asked))
             if self._beating:
                 return
             self._beating = True
@@ -345,8 +362,31 @@ class Worker:
     def _let_go(self, ids: list[int]) -> None:
         with self._lock:
             self._claims.difference_update(ids)
+            self._lost.difference_update(ids)
+            for effect_id in ids:
+                self._confirmed.pop(effect_id, None)
             if not self._claims:
                 self._heart.set()
+
+    def _still_held(self, effect_id: int) -> bool:
+        """Whether a claimed effect's handler may start now: the claim was not found taken
+        over, and by this process's own monotonic clock its lease has at least a heartbeat
+        left since the database last confirmed it. A worker that was paused (SIGSTOP, a VM
+        frozen, a long GC) longer than that knows it may have lost the claim, and starts
+        nothing on it."""
+        with self._lock:
+            if effect_id in self._lost or effect_id not in self._claims:
+                return False
+            since = time.monotonic() - self._confirmed.get(effect_id, -math.inf)
+            return since < self.lease - self.heartbeat
+
+    def _drop_lapsed(self, calls: list[EffectCall]) -> None:
+        """Claimed effects whose claims may have lapsed before their handlers started: none
+        is started; each goes back to the queue unless another worker has it already."""
+        log.warning("worker %s: %d claimed effects were not started: their claims were "
+                    "taken over, or not confirmed for longer than the lease less a heartbeat "
+                    "(was this process paused?); they are given back", self.name, len(calls))
+        self._give_back(calls)
 
     def _heartbeat_stopped(self) -> None:
         """Wait for the heartbeat thread to leave (it does once nothing is held), so that
@@ -369,12 +409,19 @@ class Worker:
                 if not ids or self._fast.is_set():
                     self._beating = False
                     return
+            if self._abandoned():
+                self._give_back_abandoned()
+                with self._lock:
+                    self._beating = False
+                return
             until = self.engine.clock.now() + dt.timedelta(seconds=self.lease)
+            asked = time.monotonic()
             try:
                 with self.store.begin() as db:
-                    db.execute(update(outbox).where(
+                    kept = set(db.execute(update(outbox).where(
                         outbox.c.id.in_(ids), outbox.c.claimed_by == self.name,
-                        outbox.c.status == RUNNING).values(lease_until=until))
+                        outbox.c.status == RUNNING).values(lease_until=until)
+                        .returning(outbox.c.id)).scalars())
             except Exception as exc:  # the next beat tries again; the lease has slack
                 if not failing:
                     log.warning("worker %s: could not renew %d leases: %s", self.name,
@@ -384,6 +431,40 @@ class Worker:
             if failing:
                 log.info("worker %s: leases renewed again", self.name)
             failing = False
+            self._confirm(ids, kept, asked)
+
+    def _confirm(self, ids: list[int], kept: set[int], asked: float) -> None:
+        """After a renewal begun at ``asked`` of ``ids``: ``kept`` are confirmed; any other
+        this worker still holds was taken over (its lease ran out) and is no longer its."""
+        with self._lock:
+            lost = [i for i in ids if i not in kept and i in self._claims]
+            for effect_id in kept & self._claims:
+                self._confirmed[effect_id] = asked
+            for effect_id in lost:
+                self._claims.discard(effect_id)
+                self._confirmed.pop(effect_id, None)
+                self._lost.add(effect_id)
+        if lost:
+            log.warning("worker %s: %d claims were taken over by another worker (their "
+                        "leases ran out: was this process paused?); nothing more of them is "
+                        "started here", self.name, len(lost))
+
+    def _abandoned(self) -> bool:
+        """Whether what runs this worker's handlers is gone for good (an event loop closed
+        under it): then nothing of it may be renewed."""
+        return False
+
+    def _give_back_abandoned(self) -> None:
+        """Give back every claim of a worker whose driver is gone: the effects never started
+        as unattempted, the started ones as attempts that did not finish (they run again,
+        once)."""
+        with self._lock:
+            started = [call for call, _, _ in self._running.values()]
+            waiting = list(self._queue)
+        log.warning("worker %s: its event loop is gone; giving back %d claimed effects and "
+                    "%d whose handlers were running", self.name, len(waiting), len(started))
+        self._give_back(waiting)
+        self._give_back(started, refund=False)
 
     def _take_over_the_dead(self) -> int:
         """End the leases of claims whose worker process ran on this host and is gone, so
@@ -627,28 +708,31 @@ class Worker:
             self._held(cursor, store.sql.save_progress, call,
                        progress=store.json_param(dict(call.progress)))
 
-    def _give_back(self, calls: list[EffectCall]) -> None:
+    def _give_back(self, calls: list[EffectCall], *, refund: bool = True) -> None:
         """Return claimed effects to the queue at once, instead of waiting for their leases
-        to expire (a handler abandoned on a fast shutdown dies with the process)."""
+        to expire (a handler abandoned on a fast shutdown dies with the process). ``refund``:
+        their handlers never ran, so their attempts are returned; else each counts as an
+        attempt that did not finish."""
         if not calls:
             return
         ids = [call.id for call in calls]
         self._let_go(ids)
         try:
-            self._unclaim(outbox.c.id.in_(ids))
+            self._unclaim(outbox.c.id.in_(ids), refund=refund)
         except Exception as exc:  # the leases will expire instead
             log.warning("worker %s: could not give back %d effects (%s); they are claimed "
                         "again when their leases expire", self.name, len(ids), exc)
 
-    def _unclaim(self, which: Any) -> int:
-        """Put the effects this worker holds that match ``which`` back in the queue, their
-        handlers never run, so the attempt their claim counted is returned; how many."""
+    def _unclaim(self, which: Any, *, refund: bool = True) -> int:
+        """Put the effects this worker holds that match ``which`` back in the queue; with
+        ``refund`` (their handlers never ran) the attempt their claim counted is returned;
+        how many."""
         t = outbox.c
         with self.store.begin() as db:
             return int(db.execute(update(outbox).where(
                 which, t.claimed_by == self.name, t.status == RUNNING).values(
                 status=PENDING, claimed_by=None, claimant=None, lease_until=None,
-                attempts=t.attempts - 1)).rowcount)
+                attempts=t.attempts - 1 if refund else t.attempts)).rowcount)
 
     # -- timers ----------------------------------------------------------------------
 
