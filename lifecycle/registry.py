@@ -71,17 +71,29 @@ def _stranded(db: Any, spec: MachineSpec) -> list[tuple[str, str]]:
 
 
 def stored_spec(store: Store, machine: str, known: list[str]) -> MachineSpec:
-    """The machine's current spec as the database last registered it."""
+    """The machine's current spec as the database last registered it, under the version it
+    was stored as."""
     with store.read() as db:
         stored = db.execute(
-            select(specs.c.spec).join(machines, (machines.c.name == specs.c.machine)
-                                      & (machines.c.spec_version == specs.c.version))
+            select(specs.c.spec, specs.c.version)
+            .join(machines, (machines.c.name == specs.c.machine)
+                  & (machines.c.spec_version == specs.c.version))
             .where(machines.c.name == machine)
-        ).scalar()
+        ).first()
         if stored is None:
             names = db.execute(select(machines.c.name)).scalars().all()
             raise UnknownMachine(machine, [*known, *names])
-    return MachineSpec.model_validate(stored)
+    return _as_stored(stored.spec, stored.version)
+
+
+def _as_stored(document: Any, version: str) -> MachineSpec:
+    """A spec read from the database, keeping the version it is stored under. Its content
+    hash under this code may differ (an older release wrote the document, and today's
+    serialisation adds or drops defaults): a resource fired under it must be stamped with
+    a version the database holds, or its history could not be verified."""
+    spec = MachineSpec.model_validate(document)
+    spec.__dict__["version"] = version      # the cached_property's slot
+    return spec
 
 
 def stored_names(store: Store) -> list[str]:
@@ -92,4 +104,4 @@ def stored_names(store: Store) -> list[str]:
 def spec_at(db: Any, machine: str, version: str) -> MachineSpec | None:
     stored = db.execute(select(specs.c.spec).where(
         specs.c.machine == machine, specs.c.version == version)).scalar()
-    return MachineSpec.model_validate(stored) if stored is not None else None
+    return _as_stored(stored, version) if stored is not None else None
