@@ -509,8 +509,9 @@ class Engine:
         """:meth:`fire`, sans-IO: its arguments are checked now; the generator decides and
         writes, yielding each probe call it needs (see :meth:`drive`)."""
         if trigger == EVENTLESS:  # not a trigger of any machine: eventless edges need step()
-            machine = values.split_key(key)[0] or "?"
-            raise UnknownTrigger(machine, trigger, [])
+            machine = self.get(key).machine      # UnknownResource first, as for any trigger
+            raise UnknownTrigger(machine, trigger, sorted(self.compiled(machine).triggers),
+                                 hint="eventless edges are taken by step(), not fired")
         document = _document(values.split_key(_looked_up(key))[0], key, payload, "payload",
                              actor)
         return self._firing(key, trigger, document, actor, on_stale, within)

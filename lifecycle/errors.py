@@ -62,7 +62,7 @@ class SpecError(LifecycleError):
 class UnknownMachine(LifecycleError):
     def __init__(self, name: str, known: Sequence[str]) -> None:
         self.name = name
-        self.known = sorted(known)
+        self.known = sorted(set(known))
         hint = f"known machines: {', '.join(self.known)}" if self.known else "no machine is known"
         super().__init__(f"unknown machine {name!r} ({hint}); give a built-in name or a spec file")
 
@@ -91,12 +91,14 @@ class ResourceExists(LifecycleError):
 
 
 class UnknownTrigger(LifecycleError):
-    def __init__(self, machine: str, trigger: str, known: Sequence[str]) -> None:
+    def __init__(self, machine: str, trigger: str, known: Sequence[str],
+                 hint: str | None = None) -> None:
         self.machine = machine
         self.trigger = trigger
         self.known = sorted(known)
         super().__init__(
-            f"machine {machine!r} has no trigger {trigger!r}; its triggers: {', '.join(self.known)}"
+            f"machine {machine!r} has no trigger {trigger!r}"
+            + (f" ({hint})" if hint else "") + f"; its triggers: {', '.join(self.known)}"
         )
 
 

@@ -312,3 +312,20 @@ def test_a_threads_connection_goes_back_to_the_pool_when_the_thread_ends(
         gc.collect()
         assert store.engine.pool.checkedout() <= 1, f"round {round_}"
     assert len(store._held._held) <= 1  # the main thread's, from create()
+
+
+def test_the_eventless_name_fired_at_a_missing_resource_says_the_resource_is_missing(
+        engine: Engine) -> None:
+    """`_eventless` is no trigger (eventless edges are stepped), but a key that names no
+    resource is the first thing wrong, as for any trigger; on a resource, the refusal names
+    its machine, its triggers, and step()."""
+    with pytest.raises(UnknownResource, match="no resource with key 'nowhere'"):
+        engine.fire("nowhere", "_eventless")
+    engine.create("slot", "slot1@host", {"memory": 2048})
+    with pytest.raises(UnknownTrigger, match=r"machine 'slot' has no trigger '_eventless' "
+                                             r"\(eventless edges are taken by step\(\), "
+                                             r"not fired\); its triggers: .*claim"):
+        engine.fire("slot1@host", "_eventless")
+    with pytest.raises(UnknownMachine) as known:
+        engine.create("door", "d1")
+    assert known.value.known.count("slot") == 1          # each machine named once
