@@ -5,14 +5,18 @@ executables."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 import stat
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import text
 
 from lifecycle import Engine, SimulatedClock, Store, Worker
 from lifecycle.adapters.startd_hooks import (
@@ -434,29 +438,104 @@ def test_a_hook_that_hangs_is_killed_at_its_timeout(tmp_path: Path) -> None:
     assert "did not finish within 0.5 s and was killed" in str(outcome[0])
 
 
-def test_reply_fetch_and_evict_claim_get_job_and_slot_ads(tmp_path: Path,
-                                                         store: Store) -> None:
-    log = tmp_path / "log"
-    body = f'echo "== $(basename $0) $*" >> {log}\ncat >> {log}\n'
+def _recording_hooks(tmp_path: Path, fetch: str) -> tuple[Hooks, Path]:
+    """REPLY_FETCH and EVICT_CLAIM executables that write their argv and stdin to a file of
+    their own per call; FETCH_WORK runs ``fetch``."""
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    body = f'n=$(ls {calls} | wc -l)\n{{ echo "$(basename $0) $*"; cat; }} > {calls}/$n\n'
     hooks = Hooks({f"FETCH_HOOK_{name}": _hook(tmp_path, name, body)
                    for name in ("REPLY_FETCH", "EVICT_CLAIM")}
-                  | {"FETCH_HOOK_FETCH_WORK": _hook(tmp_path, "FETCH_WORK",
-                                                    "echo 'JobId = 3'\n")})
+                  | {"FETCH_HOOK_FETCH_WORK": _hook(tmp_path, "FETCH_WORK", fetch)})
+    return hooks, calls
+
+
+def _hook_calls(calls: Path) -> list[str]:
+    return [path.read_text() for path in sorted(calls.iterdir(), key=lambda p: int(p.name))]
+
+
+def _slot_engine(store: Store, hooks: Hooks) -> tuple[Slot, Engine]:
     slot = Slot(store)
-    engine = Engine(store, [sd.SPEC], guards=sd.GUARDS, clock=slot.clock,
-                    effects=sd.effects(hooks, RecordingCollector(), RecordingSchedds(),
-                                       slot.ids))
+    return slot, Engine(store, [sd.SPEC], guards=sd.GUARDS, clock=slot.clock,
+                        effects=sd.effects(hooks, RecordingCollector(), RecordingSchedds(),
+                                           slot.ids))
+
+
+def test_reply_fetch_and_evict_claim_stdin_as_startd_hook_mgr_writes_it(
+        tmp_path: Path, store: Store) -> None:
+    """As StartdHookMgr.cpp: REPLY_FETCH accept gets the job ad, "-----", the slot ad and
+    the ClaimId of the claim current before the fetch claim was made (r_cur->id());
+    EVICT_CLAIM gets the claim it evicts."""
+    hooks, calls = _recording_hooks(tmp_path, "echo 'JobId = 3'\n")
+    slot, engine = _slot_engine(store, hooks)
+    before = slot.claim("cur")                  # the advertised claim, current before
     engine.fire(KEY, "fetch")
     Worker(engine).run_until_idle()
     assert engine.get(KEY).state == "claimed.busy"
     fetch_claim = engine.get(KEY).data["claims"]["cur"]["id"]
+    assert fetch_claim != before
     engine.fire(KEY, "vacate")
     Worker(engine).run_until_idle()
     assert engine.get(KEY).state == "owner.idle"
-    text = log.read_text()
-    assert "== REPLY_FETCH accept\nJobId = 3\n-----\n" in text
-    assert "== EVICT_CLAIM \nJobId = 3\n-----\n" in text
-    assert f'ClaimId = "{slot.ids.full("slot1", fetch_claim)}"' in text
+    reply, evict = _hook_calls(calls)
+    slot_ad = reply.split("-----\n", 1)[1].rsplit("ClaimId = ", 1)[0]
+    assert parse_job_ad(slot_ad)["Name"] == "slot1"
+    assert reply == ("REPLY_FETCH accept\nJobId = 3\n-----\n" + slot_ad
+                     + f'ClaimId = "{slot.ids.full("slot1", before)}"\n')
+    assert evict.startswith("EVICT_CLAIM \nJobId = 3\n-----\n")
+    assert evict.endswith(f'ClaimId = "{slot.ids.full("slot1", fetch_claim)}"\n')
+
+
+def test_a_rejected_fetch_hands_out_no_claim_secret(
+        tmp_path: Path, store: Store, caplog: pytest.LogCaptureFixture) -> None:
+    """The slot is not willing (START refuses the job): REPLY_FETCH reject gets the job and slot
+    ads and no ClaimId, and no claim's secret part is in a hook's stdin, the log, the
+    journal or the outbox."""
+    hooks, calls = _recording_hooks(tmp_path, "echo 'JobId = 4'\necho 'Owner = \"bob\"'\n")
+    slot, engine = _slot_engine(store, hooks)
+    slot.policy(START='TARGET.Owner == "alice"')
+    secrets = {slot.ids.full("slot1", claim["id"]).rsplit("#", 1)[1]
+               for claim in (slot.data["claims"]["cur"], slot.data["claims"]["pre"]) if claim}
+    assert secrets and all(len(secret) >= 16 for secret in secrets)
+    with caplog.at_level(logging.DEBUG):
+        engine.fire(KEY, "fetch")
+        Worker(engine).run_until_idle()
+    assert engine.get(KEY).state == "owner.idle"
+    [reply] = _hook_calls(calls)
+    assert reply.startswith("REPLY_FETCH reject\nJobId = 4\nOwner = \"bob\"\n-----\n")
+    assert not re.search(r"^ClaimId\b", reply, re.MULTILINE)   # PublicClaimId is public
+    with store.read() as db:
+        rows = [str(tuple(row)) for table in ("lifecycle_journal", "lifecycle_effects",
+                                              "lifecycle_resources")
+                for row in db.execute(text(f"SELECT * FROM {table}")).all()]
+    seen = [reply, caplog.text, *rows]
+    assert not [secret for secret in secrets for text_ in seen if secret in text_]
+
+
+def test_a_hook_that_prints_300_mb_is_killed_at_the_limit(tmp_path: Path) -> None:
+    """FETCH_WORK's output is read as it comes: past the limit (1 MiB) the hook is killed
+    and the fetch ends, and the process reading it never holds more than the limit."""
+    flood = _hook(tmp_path, "flood", "head -c 300000000 /dev/zero | tr '\\0' 'a'\n")
+    quiet = _hook(tmp_path, "quiet", "echo 'JobId = 1'\n")
+    child = ("import resource, sys\n"
+             "from lifecycle.adapters.startd_hooks import Hooks, HookFailed\n"
+             "try:\n"
+             "    Hooks({'FETCH_HOOK_FETCH_WORK': sys.argv[1]}).run('FETCH', 'FETCH_WORK', '')\n"
+             "    print('ok')\n"
+             "except HookFailed as exc:\n"
+             "    print(exc)\n"
+             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n")
+
+    def peak(hook: str) -> tuple[str, int]:
+        done = subprocess.run([sys.executable, "-c", child, hook], capture_output=True,
+                              text=True, timeout=300, check=True)
+        said, kib = done.stdout.strip().splitlines()
+        return said, int(kib)
+
+    said, flooded = peak(flood)
+    assert "printed more than 1048576 bytes and was killed" in said
+    _, baseline = peak(quiet)
+    assert flooded - baseline < 16 * 1024, f"{(flooded - baseline) / 1024:.0f} MiB more"
 
 
 def test_old_syntax_round_trips_through_classad2() -> None:

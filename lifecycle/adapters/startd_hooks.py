@@ -16,8 +16,11 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import selectors
 import signal
 import subprocess
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -119,19 +122,21 @@ class Hooks:
         except OSError as exc:
             raise HookFailed(f"{where} ({path}) could not be run: {exc.strerror}") from None
         try:
-            out, err = process.communicate(stdin.encode(), timeout=self.timeout)
-        except subprocess.TimeoutExpired:
+            out, err, ending = _bounded(process, stdin.encode(), self.timeout, _MAX_OUTPUT)
+        finally:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.communicate()
+                os.killpg(process.pid, signal.SIGKILL)   # and what it started, if any
+            process.wait()
+        if ending == "timeout":
             raise HookFailed(f"{where} ({path}) did not finish within {self.timeout:g} s "
-                             "and was killed") from None
+                             "and was killed")
+        if ending == "too much":
+            raise HookFailed(f"{where} ({path}) printed more than {_MAX_OUTPUT} bytes and "
+                             "was killed")
         if process.returncode != 0:
             lines = err.decode("utf-8", "replace").strip().splitlines()
             raise HookFailed(f"{where} ({path}) exited with status {process.returncode}"
                              + (f": {lines[-1][:200]}" if lines else ""))
-        if len(out) > _MAX_OUTPUT:
-            raise HookFailed(f"{where} ({path}) printed more than {_MAX_OUTPUT} bytes")
         return out.decode("utf-8", "replace")
 
     def fetch_work(self, keyword: str, slot_ad: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -144,10 +149,13 @@ class Hooks:
                              f"{exc}") from None
 
     def reply_fetch(self, keyword: str, accepted: bool, job_ad: Mapping[str, Any],
-                    slot_ad: Mapping[str, Any], claim_id: str) -> None:
+                    slot_ad: Mapping[str, Any], claim_id: str | None) -> None:
+        """REPLY_FETCH with ``accept`` or ``reject``: the job ad, ``-----``, the slot ad, and
+        on accept only, the ``ClaimId`` (``claim_id``; a rejection is given none)."""
         if self.path(keyword, REPLY_FETCH) is None:
             return  # REPLY_FETCH is optional
-        self.run(keyword, REPLY_FETCH, _job_and_slot(job_ad, slot_ad, claim_id),
+        self.run(keyword, REPLY_FETCH,
+                 _job_and_slot(job_ad, slot_ad, claim_id if accepted else None),
                  ["accept" if accepted else "reject"])
 
     def evict_claim(self, keyword: str, job_ad: Mapping[str, Any],
@@ -157,11 +165,56 @@ class Hooks:
         self.run(keyword, EVICT_CLAIM, _job_and_slot(job_ad, slot_ad, claim_id))
 
 
+def _bounded(process: subprocess.Popen[bytes], stdin: bytes, timeout: float,
+             limit: int) -> tuple[bytes, bytes, str]:
+    """Feed ``stdin`` and read stdout and stderr as they come, until both end ("done"),
+    ``timeout`` seconds pass ("timeout") or stdout passes ``limit`` bytes ("too much"):
+    what was read (stderr's last ``limit`` bytes at most) and how it ended. Memory stays
+    within the limit whatever the hook prints."""
+    assert process.stdin and process.stdout and process.stderr
+    writer = threading.Thread(target=_feed, args=(process.stdin, stdin), daemon=True)
+    writer.start()
+    deadline = time.monotonic() + timeout
+    out, err = bytearray(), bytearray()
+    with selectors.DefaultSelector() as selector:
+        selector.register(process.stdout, selectors.EVENT_READ, out)
+        selector.register(process.stderr, selectors.EVENT_READ, err)
+        while selector.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return bytes(out), bytes(err), "timeout"
+            for key, _ in selector.select(left):
+                chunk = os.read(key.fd, 65536)
+                if not chunk:
+                    selector.unregister(key.fileobj)
+                    continue
+                key.data.extend(chunk)
+                if key.data is out and len(out) > limit:
+                    return bytes(out[:limit]), bytes(err), "too much"
+                if key.data is err and len(err) > limit:
+                    del err[:len(err) - limit]
+    left = deadline - time.monotonic()
+    try:
+        process.wait(max(left, 0.0))
+    except subprocess.TimeoutExpired:   # its output closed, but it runs on
+        return bytes(out), bytes(err), "timeout"
+    return bytes(out), bytes(err), "done"
+
+
+def _feed(pipe: Any, data: bytes) -> None:
+    """Write a hook's stdin, then close it (a hook that exits unread is no error)."""
+    with contextlib.suppress(BrokenPipeError, OSError):
+        pipe.write(data)
+    with contextlib.suppress(BrokenPipeError, OSError):
+        pipe.close()
+
+
 def _job_and_slot(job_ad: Mapping[str, Any], slot_ad: Mapping[str, Any],
-                  claim_id: str) -> str:
-    # as StartdHookMgr writes it: the job ad, "-----", the slot ad, then the ClaimId
+                  claim_id: str | None) -> str:
+    # as StartdHookMgr writes it: the job ad, "-----", the slot ad, then the ClaimId when
+    # there is one to give
     return (old_syntax(job_ad) + "-----\n" + old_syntax(slot_ad)
-            + old_syntax({"ClaimId": claim_id}))
+            + (f'ClaimId = "{claim_id}"\n' if claim_id is not None else ""))
 
 
 class Collector(Protocol):

@@ -437,14 +437,16 @@ def effects(hooks: Hooks, collector: Collector, schedds: Schedd,
         job = call.payload.get("job")
         if not isinstance(job, Mapping):
             return  # no work came: nothing to reply to
-        claims = call.data.get("claims", {})
-        pre = claims.get("pre") or {}
-        # the fetch claim: current, or preempting when the job waits for the slot
-        fetched = pre if pre.get("type") == "fetch" else claims.get("cur") or {}
-        claim = ids.full(call.key, fetched["id"]) if fetched.get("id") else ""
+        accepted = bool(call.args.get("accept"))
+        # as StartdHookMgr::hookReplyFetch: a ClaimId only on accept, and then the claim
+        # that was current before the fetch claim was made; a rejection names no claim
+        replied = call.data.get("replied_claim")
+        claim = (ids.full(call.key, str(replied))
+                 if accepted and replied and call.data.get("replied_seq") == call.seq
+                 else None)
         try:
-            hooks.reply_fetch(str(call.data.get("hook_keyword")),
-                              bool(call.args.get("accept")), job, _public_ad(call), claim)
+            hooks.reply_fetch(str(call.data.get("hook_keyword")), accepted, job,
+                              _public_ad(call), claim)
         except HookFailed as exc:  # advisory, as in HTCondor: logged, and kept with the effect
             log.warning("%s: %s", call.key, exc)
             call.save_progress({"hook_failed": str(exc)})
@@ -601,7 +603,7 @@ class ScenarioHooks(Hooks):
         return dict(job) if isinstance(job, Mapping) else None
 
     def reply_fetch(self, keyword: str, accepted: bool, job_ad: Mapping[str, Any],
-                    slot_ad: Mapping[str, Any], claim_id: str) -> None:
+                    slot_ad: Mapping[str, Any], claim_id: str | None) -> None:
         self.world.actions.append(("reply_fetch", str(slot_ad.get("Name")),
                                    {"accept": accepted}))
 

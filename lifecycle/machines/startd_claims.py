@@ -158,6 +158,11 @@ class SlotData(BaseModel):
     vacating_seq: int | None = None
     pre_job: dict[str, Any] | None = None
     """A fetched job waiting for its fetch claim (in ``pre``) to preempt the current one."""
+    replied_claim: str | None = None
+    """The claim that was current when fetched work was last accepted, and the transition
+    that accepted it (``replied_seq``): the ``ClaimId`` REPLY_FETCH tells its hook on
+    accept, as HTCondor's ``r_cur->id()`` before the fetch claim is made."""
+    replied_seq: int | None = None
 
     @model_validator(mode="after")
     def _follow(self, info: ValidationInfo) -> SlotData:
@@ -195,6 +200,8 @@ def follow(data: SlotData, transition: dict[str, Any]) -> None:
     if trigger == "request_claim" and goes in ("claimed", "preempting"):
         _take_request(data, came, payload, now)
     elif trigger == "fetched_work" and source != dest:  # accepted (a rejection stays)
+        cur = claims.cur
+        data.replied_claim, data.replied_seq = (cur.id if cur else None), transition.get("seq")
         _take_fetch(data, came, dest, payload)
     elif trigger in ("release_claim", "lease_expired") and source == "claimed.retiring" \
             and dest == "claimed.busy":  # 19: the preempting claim went away

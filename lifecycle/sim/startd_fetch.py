@@ -71,7 +71,7 @@ class FetchQueue(Hooks):
         return {"JobId": f"{slot}.{self.made[slot]}", "Cmd": "/usr/bin/fetched-work"}
 
     def reply_fetch(self, keyword: str, accepted: bool, job_ad: Mapping[str, Any],
-                    slot_ad: Mapping[str, Any], claim_id: str) -> None:
+                    slot_ad: Mapping[str, Any], claim_id: str | None) -> None:
         return None
 
     def evict_claim(self, keyword: str, job_ad: Mapping[str, Any],
