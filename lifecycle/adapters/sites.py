@@ -14,6 +14,11 @@ from ..errors import SiteError
 BOOTING, RUNNING, STOPPED, DELETED, ERROR = "Booting", "Running", "Stopped", "Deleted", "Error"
 RESOURCE_STATUSES = (BOOTING, RUNNING, STOPPED, DELETED, ERROR)
 
+UNKNOWN = "Unknown"
+"""Not a ResourceStatus: what a site answers for a drone whose own status call failed or
+hung while the others' did not. The drone is not observed this time (no risky edge fires on
+it), which is not at all what a drone missing from the answer means (Deleted)."""
+
 # MachineStatus, from the overlay pool about the drone as a machine
 AVAILABLE, DRAINING, DRAINED, NOT_AVAILABLE = "Available", "Draining", "Drained", "NotAvailable"
 MACHINE_STATUSES = (AVAILABLE, DRAINING, DRAINED, NOT_AVAILABLE)
@@ -59,7 +64,9 @@ class Site(Protocol):
 
     def status(self, drones: Sequence[Drone]) -> dict[str, str]:
         """The ResourceStatus of each drone (by name), in as few calls as the site allows;
-        a drone the site no longer knows is Deleted."""
+        a drone the site no longer knows is Deleted (or left out); a drone whose own call
+        failed while the others' did not is :data:`UNKNOWN`. Raise ``SiteError`` when the
+        site could not be asked at all."""
         ...
 
     def stop(self, drone: Drone) -> None:

@@ -17,7 +17,12 @@ cleanup), and as a status, ``Error`` (cleanup, as TARDIS goes); ``TardisAuthErro
 ``TardisTimeout``, ``TardisQuotaExceeded``, ``TardisResourceStatusUpdateFailed`` and
 ``TardisError`` become :class:`TardisSiteError`, a :class:`SiteError` (a deploy is retried,
 then the drone goes down; a status that cannot be had is no observation, so no risky edge
-fires on an old one).
+fires on an old one). A status is asked drone by drone (TARDIS's adapters bundle the calls
+themselves), each within ``status_timeout``: one drone whose call fails or hangs is
+:data:`~lifecycle.adapters.sites.UNKNOWN` (not observed), and the others are answered. An
+answer is checked before it is kept: it must be a mapping, and it cannot rename the drone
+(``drone_uuid``) or move it to another site (``site_name``); otherwise
+:class:`TardisSiteError` names the site and the drone.
 
 The terminate cannot be fenced: a TARDIS site adapter has no conditional terminate. Where
 the drone asks for a fenced terminate (``expect``), :meth:`TardisSite.terminate` asks the
@@ -52,7 +57,10 @@ with warnings.catch_warnings():  # its configuration model is pydantic 1 style: 
 
 from ..clock import Clock, SystemClock
 from ..errors import SiteError
-from .sites import BOOTING, ERROR, NOT_AVAILABLE, Drone, DroneCrashed, Terminated
+from ..logs import logger
+from .sites import BOOTING, ERROR, NOT_AVAILABLE, UNKNOWN, Drone, DroneCrashed, Terminated
+
+log = logger(__name__)
 
 FAILURES = (TardisAuthError, TardisTimeout, TardisQuotaExceeded,
             TardisResourceStatusUpdateFailed, TardisError)
@@ -97,7 +105,11 @@ class TardisSite:
 
     def __init__(self, site_adapter: Any, *,
                  translation: Mapping[str, float] | None = None,
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None, status_timeout: float = 60.0) -> None:
+        if not status_timeout > 0:
+            raise ValueError(f"status_timeout is a positive number of seconds, not "
+                             f"{status_timeout}")
+        self.status_timeout = status_timeout
         self.adapter = site_adapter
         self.clock: Clock = clock or SystemClock()
         self.translation = dict(translation or HTCONDOR_TRANSLATION)
@@ -140,7 +152,8 @@ class TardisSite:
         attributes = self._attributes(drone)
         try:
             with _translated(self.adapter, f"deploy {drone.name} at {self.name}"):
-                attributes.update(await self.adapter.deploy_resource(attributes))
+                answer = await self.adapter.deploy_resource(attributes)
+            attributes.update(self._checked(answer, "deploy", drone))
         except TardisDroneCrashed as exc:
             remote = attributes.get("remote_resource_uuid")
             raise DroneCrashed(f"{type(exc).__name__} {exc}".strip(),
@@ -153,19 +166,55 @@ class TardisSite:
 
     async def status(self, drones: Sequence[Drone]) -> dict[str, str]:
         """``resource_status`` of each drone, at once (TARDIS's adapters bundle the calls
-        themselves: Slurm's squeue asks for many jobs in one command)."""
-        answers = await asyncio.gather(*(self._status(d) for d in drones))
-        return dict(zip((d.name for d in drones), answers, strict=True))
+        themselves: Slurm's squeue asks for many jobs in one command). A drone whose call
+        fails or does not answer within ``status_timeout`` is UNKNOWN; when every drone's
+        fails, the site could not be asked: :class:`TardisSiteError`."""
+        answers = await asyncio.gather(*(self._one_status(d) for d in drones))
+        failed = [a for a in answers if isinstance(a, SiteError)]
+        if drones and len(failed) == len(drones):
+            raise failed[0]
+        return {d.name: UNKNOWN if isinstance(a, SiteError) else a
+                for d, a in zip(drones, answers, strict=True)}
+
+    async def _one_status(self, drone: Drone) -> str | SiteError:
+        failure: SiteError
+        try:
+            return await asyncio.wait_for(self._status(drone), self.status_timeout)
+        except TimeoutError:
+            failure = TardisSiteError(f"status of {drone.name} at {self.name}: no answer "
+                                      f"within {self.status_timeout:g} s")
+        except SiteError as exc:
+            failure = exc
+        except Exception as exc:  # an adapter's own bug (a KeyError...) is this drone's only
+            failure = TardisSiteError(f"status of {drone.name} at {self.name}: "
+                                      f"{type(exc).__name__} {exc}")
+        log.warning("drone %s is not observed this time: %s", drone.name, failure)
+        return failure
 
     async def _status(self, drone: Drone) -> str:
         attributes = self._attributes(drone)
         try:
             with _translated(self.adapter, f"status of {drone.name} at {self.name}"):
-                # an answer without a status means unchanged (TARDIS's FakeSiteAdapter)
-                attributes.update(await self.adapter.resource_status(attributes))
+                answer = await self.adapter.resource_status(attributes)
         except TardisDroneCrashed:
             return ERROR  # TARDIS: cleanup
+        # an answer without a status means unchanged (TARDIS's FakeSiteAdapter)
+        attributes.update(self._checked(answer, "status", drone))
         return _named(attributes.get("resource_status"), BOOTING)
+
+    def _checked(self, answer: Any, what: str, drone: Drone) -> Mapping[str, Any]:
+        """A site adapter's answer, if it is one: a mapping that leaves the drone's name and
+        site as they are."""
+        if not isinstance(answer, Mapping):
+            raise TardisSiteError(f"{what} of {drone.name} at {self.name}: the site adapter "
+                                  f"answered {type(answer).__name__} {answer!r:.80}, not the "
+                                  "drone's resource attributes")
+        for name, mine in (("drone_uuid", drone.name), ("site_name", self.name)):
+            if name in answer and str(answer[name]) != mine:
+                raise TardisSiteError(f"{what} of {drone.name} at {self.name}: the site "
+                                      f"adapter answered {name} {str(answer[name])!r:.80}; a "
+                                      "site cannot rename a drone or move it")
+        return answer
 
     async def stop(self, drone: Drone) -> None:
         with _translated(self.adapter, f"stop {drone.name} at {self.name}"):
@@ -175,7 +224,12 @@ class TardisSite:
         """``terminate_resource``, after a fresh status when ``expect`` is given (a TARDIS
         adapter cannot terminate conditionally: see the module's docstring)."""
         if expect is not None:
-            now = await self._status(drone)
+            try:
+                now = await asyncio.wait_for(self._status(drone), self.status_timeout)
+            except TimeoutError:
+                raise TardisSiteError(f"terminate {drone.name} at {self.name}: its status "
+                                      f"did not come within {self.status_timeout:g} s; "
+                                      "left alone") from None
             if now != expect:
                 return Terminated(False, f"the job is {now} now, not {expect}: left alone")
         attributes = self._attributes(drone)
@@ -219,9 +273,22 @@ class TardisBatchSystem:
         await self._call("disintegrate", self.adapter.disintegrate_machine, drone)
 
     async def machine_status(self, drones: Sequence[Drone]) -> dict[str, str]:
+        """Each drone's MachineStatus; one whose call fails is UNKNOWN (not observed), and
+        when every call fails the pool could not be asked: :class:`TardisSiteError`."""
         answers = await asyncio.gather(*(self._call(
-            "machine status of", self.adapter.get_machine_status, d) for d in drones))
-        return {d.name: _named(a, NOT_AVAILABLE) for d, a in zip(drones, answers, strict=True)}
+            "machine status of", self.adapter.get_machine_status, d) for d in drones),
+            return_exceptions=True)
+        failed = [a for a in answers if isinstance(a, BaseException)]
+        for failure in failed:
+            if not isinstance(failure, Exception):
+                raise failure                    # a cancellation, not the pool's answer
+        if drones and len(failed) == len(drones):
+            raise failed[0]
+        for drone, answer in zip(drones, answers, strict=True):
+            if isinstance(answer, Exception):
+                log.warning("drone %s is not observed this time: %s", drone.name, answer)
+        return {d.name: UNKNOWN if isinstance(a, Exception) else _named(a, NOT_AVAILABLE)
+                for d, a in zip(drones, answers, strict=True)}
 
     async def allocation(self, drones: Sequence[Drone]) -> dict[str, float]:
         answers = await asyncio.gather(*(self._call(

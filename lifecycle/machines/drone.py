@@ -43,6 +43,7 @@ from ..adapters.sites import (
     NOT_AVAILABLE,
     RUNNING,
     STOPPED,
+    UNKNOWN,
     BatchSystem,
     Drone,
     DroneCrashed,
@@ -372,8 +373,11 @@ def probe(site: Site, batch: BatchSystem) -> Callable[[ProbeRequest], Any]:
         drone = Drone(request.key, request.data.get("remote_id"), request.data)
         site_status = await _answer(site.status([drone]))
         pool_status = await _answer(batch.machine_status([drone]))
-        return {"resource_status": site_status.get(drone.name, DELETED),
-                "machine_status": pool_status.get(drone.name, NOT_AVAILABLE)}
+        status = _status(site_status, pool_status, drone.name)
+        if UNKNOWN in status.values():
+            raise SiteError(f"drone {drone.name}: the site or the pool could not say its "
+                            "status this time")
+        return status
 
     if is_asyncio(site, batch):
         return ask
@@ -471,10 +475,10 @@ def reconcile(engine: Any, site: Site, batch: BatchSystem, *, machine: str = "dr
         except SiteError as exc:
             report["site_error"] = str(exc)
             return report
-    for done, keys, statuses in _batches(drones, site_status, pool_status, machine):
+    for done, unseen, keys, statuses in _batches(drones, site_status, pool_status, machine):
         observed = engine.observe_many(statuses, asked_at, source="reconcile")
         stepped = engine.step_many(keys, actor="reconcile", on_stale="return", probes=probes)
-        _tally(report, observed, stepped)
+        _tally(report, observed, stepped, unseen)
         if progress is not None:
             progress(done, len(drones))
     return report
@@ -502,11 +506,11 @@ async def reconcile_async(engine: Any, site: Any, batch: Any, *, machine: str = 
     except SiteError as exc:
         report["site_error"] = str(exc)
         return report
-    for done, keys, statuses in _batches(drones, site_status, pool_status, machine):
+    for done, unseen, keys, statuses in _batches(drones, site_status, pool_status, machine):
         observed = await engine.observe_many(statuses, asked_at, source="reconcile")
         stepped = await engine.step_many(keys, actor="reconcile", on_stale="return",
                                          probes=probes)
-        _tally(report, observed, stepped)
+        _tally(report, observed, stepped, unseen)
         if progress is not None:
             progress(done, len(drones))
     return report
@@ -514,17 +518,23 @@ async def reconcile_async(engine: Any, site: Any, batch: Any, *, machine: str = 
 
 def _batches(drones: Sequence[Any], site_status: Mapping[str, str],
              pool_status: Mapping[str, str], machine: str
-             ) -> Iterator[tuple[int, list[str], list[tuple[str, dict[str, str]]]]]:
-    """A heartbeat's batches: (drones done after it, their keys, their statuses)."""
+             ) -> Iterator[tuple[int, int, list[str], list[tuple[str, dict[str, str]]]]]:
+    """A heartbeat's batches: (drones done after it, how many of its drones could not be
+    observed, the others' keys, their statuses)."""
     for start in range(0, len(drones), HEARTBEAT_BATCH):
         chunk = drones[start:start + HEARTBEAT_BATCH]
-        keys = [f"{machine}:{d.key}" for d in chunk]
-        yield start + len(chunk), keys, [
-            (key, _status(site_status, pool_status, d.key))
-            for key, d in zip(keys, chunk, strict=True)]
+        # a drone whose own status call failed is neither observed nor stepped this time
+        known = [(f"{machine}:{d.key}", _status(site_status, pool_status, d.key))
+                 for d in chunk]
+        seen = [(key, status) for key, status in known if UNKNOWN not in status.values()]
+        yield start + len(chunk), len(chunk) - len(seen), [key for key, _ in seen], seen
 
 
-def _tally(report: dict[str, Any], observed: Sequence[Any], stepped: Sequence[Any]) -> None:
+def _tally(report: dict[str, Any], observed: Sequence[Any], stepped: Sequence[Any],
+           unseen: int) -> None:
+    """Count a batch: ``unseen`` drones whose status could not be had, and what was
+    ``observed`` and ``stepped`` of the others."""
+    report["errors"] += unseen
     report["errors"] += sum(isinstance(o, LifecycleError) for o in observed)
     for result in stepped:
         _count(report, result)

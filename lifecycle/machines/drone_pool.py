@@ -4,8 +4,9 @@
 TARDIS gives COBalD one ``Drone`` per pilot job, each a pool of its own, gathered by COBalD's
 ``FactoryPool``, which spawns drones while demand exceeds what they provide and releases them
 (demand 0) when supply exceeds demand. :class:`DronePool` is that composite over the
-``drone`` machine: its drones are resources in the database, its keys start with ``prefix``
-(it reads and changes no other), and releasing one is a journaled ``demand: 0``, after which
+``drone`` machine: its drones are resources in the database, its keys are ``prefix`` and
+its own number (``cpu-00001``: it reads and changes no other, not even ``cpu-big-00001`` of
+a pool whose prefix is ``cpu-big-``), and releasing one is a journaled ``demand: 0``, after which
 the machine takes the drone down the safe way (drained when it runs, removed only on a fresh
 status that says it does not, the removal fenced).
 
@@ -16,18 +17,24 @@ What it reports is what TARDIS's drones report, summed and averaged as ``Factory
 - ``allocation`` and ``utilisation``: the mean, over those drones, of what the batch system
   says of each (TARDIS: the largest and the smallest of the ratios of requested to total
   resources); 1.0 when no drone supplies anything, so that an empty pool grows;
-- ``demand``: the target COBalD set (at least 0, as COBalD's ``Standardiser`` keeps it);
-  setting it spawns or releases drones at once.
+- ``demand``: the target COBalD set (at least 0, as COBalD's ``Standardiser`` keeps it, and
+  at most ``max_drones`` drones' worth; a demand that is not a finite number is refused
+  with a ``ValueError``); setting it spawns or releases drones at once, at most
+  ``spawn_limit`` new drones per adjustment.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from typing import Any
 
 from ..adapters.sites import Drone, PoolFigures
+from ..logs import logger
 from .drone import live_drones, release_order
+
+log = logger(__name__)
 
 try:
     from cobald.interfaces import Pool  # type: ignore[import-untyped]
@@ -46,9 +53,16 @@ class DronePool(Pool):  # type: ignore[misc]
 
     def __init__(self, engine: Any, figures: PoolFigures, *, machine: str = "drone",
                  prefix: str = "pool-", cores: float = 1.0,
-                 policy: str = "established_first", actor: str = "cobald") -> None:
-        if cores <= 0:
+                 policy: str = "established_first", actor: str = "cobald",
+                 max_drones: int = 10_000, spawn_limit: int = 100) -> None:
+        if not (math.isfinite(cores) and cores > 0):
             raise ValueError(f"a drone provides a positive number of cores, not {cores}")
+        if max_drones < 1 or spawn_limit < 1:
+            raise ValueError(f"max_drones ({max_drones}) and spawn_limit ({spawn_limit}) "
+                             "are at least 1")
+        self.max_drones = max_drones
+        self.spawn_limit = spawn_limit
+        self._own = re.compile(re.escape(prefix) + r"(\d+)")
         release_order([], policy)  # an unknown policy is refused now, not at the first release
         self.engine = engine
         self.figures = figures
@@ -64,7 +78,7 @@ class DronePool(Pool):  # type: ignore[misc]
     def drones(self) -> list[Any]:
         """This pool's drones that are not down (``Resource``s)."""
         return [r for r in live_drones(self.engine, self.machine)
-                if r.key.startswith(self.prefix)]
+                if self._own.fullmatch(r.key)]
 
     def wanted(self) -> list[Any]:
         """The drones whose demand is not 0: FactoryPool's children that are not leaving."""
@@ -96,7 +110,15 @@ class DronePool(Pool):  # type: ignore[misc]
 
     @demand.setter
     def demand(self, value: float) -> None:
-        self._demand = max(0.0, float(value))
+        wanted = float(value)
+        if not math.isfinite(wanted):
+            raise ValueError(f"pool {self.prefix!r}: demand must be a finite number of "
+                             f"cores, not {value!r}")
+        ceiling = self.cores * self.max_drones
+        if wanted > ceiling:
+            log.warning("pool %r: demand %g is more than max_drones (%d) provide; %g it is",
+                        self.prefix, wanted, self.max_drones, ceiling)
+        self._demand = min(max(0.0, wanted), ceiling)
         self.adjust()
 
     @property
@@ -128,7 +150,7 @@ class DronePool(Pool):  # type: ignore[misc]
             return done
         missing = self._demand - sum(self._demand_of(d) for d in wanted)
         number = self._last_number()
-        while missing > 0:
+        while missing > 0 and len(done["created"]) < self.spawn_limit:
             number += 1
             key = f"{self.prefix}{number:05d}"
             self.engine.create(self.machine, key, {"demand": 1}, actor=self.actor)
@@ -137,9 +159,8 @@ class DronePool(Pool):  # type: ignore[misc]
         return done
 
     def _last_number(self) -> int:
-        pattern = re.compile(re.escape(self.prefix) + r"(\d+)")
         numbers = [int(m.group(1)) for r in self.engine.resources(self.machine)
-                   if (m := pattern.fullmatch(r.key))]
+                   if (m := self._own.fullmatch(r.key))]
         return max(numbers, default=0)
 
 

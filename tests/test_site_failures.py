@@ -1,0 +1,152 @@
+"""One drone's failure costs that drone's observation only: a TARDIS site adapter whose call
+raises or hangs for one drone among five answers the other four, the heartbeat neither
+observes nor steps the fifth (a drone left out of an answer would read as Deleted), a site
+answer cannot rename a drone, and a malformed one is a SiteError naming the site and the
+drone. A COBalD pool owns its own drones only, and its demand is finite and bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from lifecycle import Engine, SimulatedClock, Store
+from lifecycle.adapters.sites import UNKNOWN, Drone
+from lifecycle.errors import SiteError
+from lifecycle.machines import drone
+from lifecycle.machines.drone_sim import ScenarioBatch, ScenarioSite
+from lifecycle.scenario import World
+
+tardis = pytest.importorskip("lifecycle.adapters.tardis")
+from tardis.exceptions.tardisexceptions import (  # type: ignore[import-untyped]  # noqa: E402
+    TardisAuthError,
+    TardisTimeout,
+)
+from tardis.interfaces.siteadapter import ResourceStatus  # type: ignore[import-untyped]  # noqa: E402
+
+
+class Adapter:
+    """A site adapter as TARDIS's: coroutines over resource attributes. ``bad`` says what
+    each drone's status call does: raise an exception, ``"hang"``, or answer ``answer``."""
+
+    site_name = "Site"
+
+    def __init__(self, bad: Mapping[str, Any] | None = None, answer: Any = None) -> None:
+        self.bad = dict(bad or {})
+        self.answer = answer
+
+    async def resource_status(self, attributes: Any) -> Any:
+        what = self.bad.get(attributes.drone_uuid)
+        if what == "hang":
+            await asyncio.sleep(3600)
+        if isinstance(what, BaseException):
+            raise what
+        return {"resource_status": ResourceStatus.Running}
+
+    async def deploy_resource(self, attributes: Any) -> Any:
+        return self.answer
+
+
+DRONES = [Drone(f"site-d{i}", f"{100 + i}") for i in range(5)]
+
+
+@pytest.mark.parametrize("failure", [KeyError("remote_resource_uuid"),
+                                     TardisTimeout("no answer"), TardisAuthError("token"),
+                                     "hang"], ids=["KeyError", "TardisTimeout",
+                                                   "TardisAuthError", "hang"])
+def test_one_drones_failure_costs_only_its_own_status(failure: Any) -> None:
+    site = tardis.TardisSite(Adapter({"site-d2": failure}), status_timeout=0.5)
+    answer = asyncio.run(site.status(DRONES))
+    assert answer == {d.name: "Running" for d in DRONES} | {"site-d2": UNKNOWN}
+
+
+def test_a_site_that_fails_for_every_drone_could_not_be_asked() -> None:
+    site = tardis.TardisSite(Adapter({d.name: TardisTimeout("down") for d in DRONES}))
+    with pytest.raises(SiteError, match="TardisTimeout"):
+        asyncio.run(site.status(DRONES))
+
+
+@pytest.mark.parametrize("answer,said", [
+    ({"remote_resource_uuid": 7, "drone_uuid": "victim"}, "answered drone_uuid 'victim'"),
+    ({"remote_resource_uuid": 7, "site_name": "Other"}, "answered site_name 'Other'"),
+    (None, "answered NoneType None, not the drone's resource attributes"),
+])
+def test_a_site_answer_cannot_rename_a_drone_and_a_malformed_one_names_both(
+        answer: Any, said: str) -> None:
+    site = tardis.TardisSite(Adapter(answer=answer))
+    with pytest.raises(SiteError, match=f"deploy of site-d0 at Site: the site adapter {said}"):
+        asyncio.run(site.deploy(Drone("site-d0")))
+
+
+class OneUnknown(ScenarioSite):
+    """The scenario site, but one drone's own status call failed."""
+
+    def status(self, drones: Any) -> dict[str, str]:
+        return {**super().status(drones), "d1": UNKNOWN}
+
+
+def test_the_heartbeat_neither_observes_nor_steps_a_drone_it_could_not_ask(
+        store: Store) -> None:
+    world = World()
+    clock = SimulatedClock("2026-01-01T00:00:00Z")
+    guards, effects, probes = drone.BUILTIN.simulation(world)
+    engine = Engine(store, [drone.SPEC], guards=guards, effects=effects, probes=probes,
+                    clock=clock)
+    for i in range(3):
+        engine.create("drone", f"d{i}", state="booting", data={"remote_id": f"job-{i}"})
+        world.status[f"d{i}"] = {"resource_status": "Deleted"}
+    clock.advance(10)
+    report = drone.reconcile(engine, OneUnknown(world), ScenarioBatch(world))
+    assert report["errors"] == 1
+    assert [engine.get(f"d{i}").state for i in range(3)] == ["down", "booting", "down"]
+    assert engine.observations("drone:d1") == []       # not Deleted: not observed at all
+
+
+def _pool(store: Store, prefix: str, **options: Any) -> Any:
+    pytest.importorskip("cobald")
+    from lifecycle.machines.drone_pool import DronePool
+
+    class Figures:
+        def allocation(self, drones: Any) -> dict[str, float]:
+            return {}
+
+        def utilisation(self, drones: Any) -> dict[str, float]:
+            return {}
+
+    engine = Engine(store, [drone.SPEC], guards=drone.GUARDS, strict=False,
+                    clock=SimulatedClock("2026-01-01T00:00:00Z"))
+    return DronePool(engine, Figures(), prefix=prefix, **options)
+
+
+def test_pools_with_overlapping_prefixes_keep_to_their_own_drones(store: Store) -> None:
+    small, big = _pool(store, "cpu-"), _pool(store, "cpu-big-")
+    big.demand = 3
+    assert [d.key for d in big.drones()] == ["cpu-big-00001", "cpu-big-00002", "cpu-big-00003"]
+    assert small.drones() == [] and small.demand == 0
+    small.demand = 2
+    assert [d.key for d in small.drones()] == ["cpu-00001", "cpu-00002"]
+    big.demand = 0                              # releases its own, none of the other's
+    assert {d.key: d.data["demand"] for d in small.drones()} == {"cpu-00001": 1,
+                                                                 "cpu-00002": 1}
+
+
+@pytest.mark.parametrize("demand", [math.inf, math.nan, -math.inf])
+def test_a_demand_that_is_not_a_finite_number_is_refused(store: Store, demand: float) -> None:
+    pool = _pool(store, "p-")
+    with pytest.raises(ValueError, match="demand must be a finite number"):
+        pool.demand = demand
+    assert pool.drones() == []
+
+
+def test_a_huge_demand_is_bounded_and_spawned_a_bounded_number_at_a_time(
+        store: Store) -> None:
+    pool = _pool(store, "p-", max_drones=50, spawn_limit=20)
+    pool.demand = 1e12
+    assert pool.demand == 50 and len(pool.drones()) == 20     # one adjustment: 20
+    pool.adjust()
+    pool.adjust()
+    pool.adjust()
+    assert len(pool.drones()) == 50                           # and never more than 50
