@@ -53,7 +53,7 @@ from .fresh import (
     clock_time,
     rule_text,
 )
-from .graph import EVENTLESS
+from .graph import EVENTLESS, stored_triggers
 from .logs import logger
 from .records import FireResult, JournalEntry, Mismatch, Observation, Resource
 from .spec import Edge, EffectSpec, MachineSpec, SpecSource, load_spec
@@ -242,7 +242,25 @@ class Engine:
         return sorted({*self._compiled, *registry.stored_names(self.store)})
 
     def spec(self, machine: str) -> MachineSpec:
-        return self.compiled(machine).spec
+        """The machine's spec, to read: the compiled one, else the one ``spec_for`` gives,
+        else the database's current one. Reading it needs none of the machine's guards,
+        effects or probes (compiling it does: :meth:`compiled`), and writes nothing."""
+        compiled = self._compiled.get(machine)
+        if compiled is not None:
+            return compiled.spec
+        _argument(machine, "machine name")
+        given = self.spec_for(machine) if self.spec_for is not None else None
+        if given is not None:
+            return load_spec(given)
+        return registry.stored_spec(self.store, machine, list(self._compiled))
+
+    def missing_names(self, machine: str) -> dict[str, list[str]]:
+        """The guards, effects and probes ``machine`` names that this engine has not loaded
+        (empty lists: it can decide and run it all)."""
+        spec = self.spec(machine)
+        return {"guards": sorted(spec.guard_names() - set(self.guards)),
+                "effects": sorted(spec.effect_names() - set(self.handlers)),
+                "probes": sorted(spec.probe_names() - set(self.probes))}
 
     # -- the one retry loop --------------------------------------------------------------
 
@@ -1008,7 +1026,11 @@ class Engine:
         """The triggers that have a transition from the resource's current state (guards,
         which may depend on the payload, are not evaluated)."""
         resource = self.get(key)
-        return sorted(self.compiled(resource.machine).triggers_from(resource.state))
+        compiled = self._compiled.get(resource.machine)
+        if compiled is not None:
+            return sorted(compiled.triggers_from(resource.state))
+        # from the spec alone: its guards need not be loaded to say which edges leave a state
+        return stored_triggers(self.spec(resource.machine).to_json(), resource.state)
 
     def history(self, key: str) -> list[JournalEntry]:
         """The resource's journal, oldest first, each row with the observation it rested on."""

@@ -31,7 +31,7 @@ from ..render import (
 )
 from ..spec import MachineSpec, StateSpec
 from . import layout
-from .common import db_option, err, escape, json_option, out, plural
+from .common import PLUGINS_VARIABLE, db_option, err, escape, json_option, out, plural
 from .context import make_engine, resolve
 
 
@@ -75,10 +75,18 @@ def machines(db_url: str | None, as_json: bool) -> None:
 def describe(machine: str, db_url: str | None, as_json: bool) -> None:
     """Show a machine's states and transitions. MACHINE is a built-in name, a spec file
     (checked without a database when no --db is needed), or a stored machine."""
-    spec = resolve(machine, lambda: make_engine(db_url), register=False)
+    engines: list[Engine] = []
+
+    def engine() -> Engine:   # made only when the database is read
+        engines[:] = engines or [make_engine(db_url)]
+        return engines[0]
+
+    spec = resolve(machine, engine, register=False)
     doc = describe_json(spec)
+    # a machine read from the database: say what this process could not decide or run
+    missing = engines[0].missing_names(spec.name) if engines else {}
     if as_json:
-        print(json.dumps(doc, indent=2))
+        print(json.dumps({**doc, **({"not_loaded": missing} if missing else {})}, indent=2))
         return
     out.print(f"[bold]{escape(spec.name)}[/] (spec version {spec.version})")
     if spec.description:
@@ -125,6 +133,11 @@ def describe(machine: str, db_url: str | None, as_json: bool) -> None:
         blocks.append(layout.block(heading,
                                    [Text(d) for d in details if d]))
     out.print(layout.fitted(out, layout.drop_empty(wide, keep=3), blocks), soft_wrap=False)
+    absent = [f"{kind} {', '.join(names)}" for kind, names in missing.items() if names]
+    if absent:
+        out.print(Text(f"not loaded in this process: {'; '.join(absent)}. Reading needs "
+                       "none of them; `lifecycle fire`, `step` and `worker` do (name the "
+                       f"module that defines them in {PLUGINS_VARIABLE})."), soft_wrap=False)
 
 
 def _state_specs(spec: MachineSpec) -> dict[str, StateSpec]:

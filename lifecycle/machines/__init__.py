@@ -20,8 +20,8 @@ SHIPPED: dict[str, tuple[str, tuple[str, ...]]] = {
     "drone_tardis": ("35a639cbb5fc0858", ()),
     "job_exit": ("3dc2815ace97dd51", ("send_job_notification", "update_job_queue",
                                      "write_output_ad", "write_terminated_event")),
-    "slurm_dispatch": ("521c274963eecaf5", ()),
-    "startd": ("c659b16ab15f9d55", ()),
+    "slurm_dispatch": ("90af6f9e4a51fe56", ()),
+    "startd": ("cd5d4e5bab37e89a", ()),
 }
 """Each built-in machine's spec version and the effects it has handlers for, known without
 importing it (and pydantic and ``transitions`` with it): ``lifecycle show`` reads the spec

@@ -596,7 +596,8 @@ def _simulation(world: Any) -> tuple[Any, Any, Any]:
 BUILTIN = Builtin(
     spec=SPEC,
     guards=GUARDS,
-    summary="Slurm container dispatch: cancel after delay A, three-step scancel, delay B "
-            "with backoff, each retry only on a fresh squeue; global scancel limits",
+    summary="Slurm container dispatch by job id: cancel after delay A, one scancel for the "
+            "job's state, delay B with backoff, each retry only on a fresh squeue; global "
+            "scancel limits",
     simulation=_simulation,
 )
