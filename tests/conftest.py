@@ -1,5 +1,6 @@
 """Shared fixtures: a fresh database per test on SQLite (a file) and on PostgreSQL (a schema
-of its own, dropped afterwards)."""
+of its own, dropped afterwards); and each test's marker, ``unit``, ``integration`` or
+``system`` (see ARCHITECTURE.md, "The test suite")."""
 
 from __future__ import annotations
 
@@ -140,3 +141,108 @@ def store(db_url: str) -> Iterator[Store]:
         yield store
     finally:
         store.dispose()
+
+
+# -- markers: each test is unit, integration or system ----------------------------------------
+
+SYSTEM_MODULES = {
+    "test_slurm_site",  # a real single-node Slurm
+    "test_slurm_dispatch",
+    "test_dashboard_browser",  # Chromium, through chromedriver
+    "test_effects_processes",  # worker processes killed with SIGKILL, real signals
+    "test_readme",  # every page's examples in bash: the demo, servers, a mail server
+}
+SYSTEM_TESTS = {
+    # the demo, as a user runs it
+    "test_the_demo_next_steps_run_as_printed_and_show_the_story",
+    "test_lifecycle_demo_twice_in_one_folder_prints_the_same_figures",
+    # crashes: processes killed, or killing themselves, at random points
+    "test_a_killed_workers_claims_are_taken_over_within_its_lease",
+    "test_crashes_at_random_points_across_200_exits",
+    "test_fast_shutdown_while_the_queue_hangs",
+}
+SYSTEM_FIXTURES = {"cluster", "browser", "mermaid_page"}
+DATABASE_FIXTURES = {"postgres_url", "sqlite_url", "db_url", "store"}
+INTEGRATION_MODULES = {
+    "test_concurrency",  # processes racing on one database
+    "test_migrations",
+    "test_worker_faults",
+    "test_cli",  # `lifecycle` on a database, in a subprocess too
+    "test_cli_output",  # the installed program in a subprocess
+    "test_startup",  # what a fresh interpreter imports
+    "test_show",
+    "test_scenario",  # scenarios replay on a SQLite file
+    "test_sim",  # the simulations, on a SQLite file
+    "test_dashboard",
+    "test_hostile",
+    "test_job_exit",
+    "test_drone",
+    "test_tardis",
+    "test_engine_model",  # the engine against its model, on both databases
+}
+INTEGRATION_TESTS = {
+    # Graphviz's dot in a subprocess
+    "test_diagrams_check_sees_an_edited_svg",
+    "test_diagram_command_formats_and_files",
+    "test_the_checked_in_diagrams_are_current",
+    "test_graphviz_draws_every_machine",
+    # a store of their own
+    "test_states_named_on_and_off_are_strings",
+    "test_a_data_field_timeout_out_of_range_is_invalid_data",
+    "test_the_simulation_reproduces_the_seed_and_the_fix",
+    # the startd's FETCH_WORK hook, a program run in a subprocess
+    "test_fetch_work_hook_reads_the_slot_ad_and_prints_a_job_ad",
+    "test_fetch_work_hook_empty_output_is_no_work",
+    "test_a_hook_that_exits_non_zero_fails_with_its_status",
+    "test_a_hook_that_hangs_is_killed_at_its_timeout",
+}
+LEVELS = ("unit", "integration", "system")
+
+
+def level_of(item: pytest.Item) -> str:
+    """A test's marker when it names none itself: system for what needs real Slurm, Chromium,
+    processes crashing or the demo; integration for what opens a database or starts a
+    process; unit for the rest (which the unit_stays_in_process fixture holds to that)."""
+    module = item.path.stem
+    name = getattr(item, "originalname", item.name)
+    fixtures = set(getattr(item, "fixturenames", ()))
+    if module in SYSTEM_MODULES or name in SYSTEM_TESTS or fixtures & SYSTEM_FIXTURES:
+        return "system"
+    if module in INTEGRATION_MODULES or name in INTEGRATION_TESTS or \
+            fixtures & DATABASE_FIXTURES:
+        return "integration"
+    return "unit"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        named = [level for level in LEVELS if item.get_closest_marker(level)]
+        if not named:
+            item.add_marker(getattr(pytest.mark, level_of(item)))
+        elif len(named) > 1:
+            raise pytest.UsageError(f"{item.nodeid} is marked {' and '.join(named)}: a test is "
+                                    "exactly one of unit, integration and system")
+
+
+@pytest.fixture(autouse=True)
+def unit_stays_in_process(request: pytest.FixtureRequest,
+                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A unit test opens no database and starts no process: were it to, it fails, naming the
+    marker it should have (``-m unit`` is what runs in a minute, with no service)."""
+    if request.node.get_closest_marker("unit") is None:
+        return
+    import multiprocessing.process
+    import subprocess
+
+    import lifecycle.store
+
+    def refuse(what: str) -> Any:
+        def refused(*args: Any, **kwargs: Any) -> Any:
+            raise AssertionError(f"a unit test {what}: mark it integration or system "
+                                 "(tests/conftest.py)")
+        return refused
+
+    monkeypatch.setattr(lifecycle.store.Store, "__init__", refuse("opened a Store"))
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse("started a process"))
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start",
+                        refuse("started a process"))
