@@ -1,98 +1,59 @@
-"""Shared fixtures: a fresh database per test on SQLite (a file) and on PostgreSQL (a schema
-of its own, dropped afterwards); and each test's marker, ``unit``, ``integration`` or
-``system`` (see ARCHITECTURE.md, "The test suite")."""
+"""Shared fixtures: a fresh database per test on SQLite (a file) and on PostgreSQL (a database
+of its own, dropped afterwards), at the code's revision or empty (tests/databases.py); and
+each test's marker, ``unit``, ``integration`` or ``system`` (see ARCHITECTURE.md, "The test
+suite")."""
 
 from __future__ import annotations
 
-import gc
 import os
-import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from databases import Templates
 
 from lifecycle import Store
 
-POSTGRES_URL = os.environ.get(
-    "LIFECYCLE_TEST_POSTGRES_URL", "postgresql+psycopg://root@127.0.0.1:5432/test"
-)
-REQUIRE_POSTGRES = os.environ.get("LIFECYCLE_REQUIRE_POSTGRES") == "1"
 
-
-def _postgres_reachable() -> str | None:
+@pytest.fixture(scope="session")
+def templates(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Templates]:
+    """The migrated templates of this process (each pytest-xdist worker has its own)."""
+    made = Templates(tmp_path_factory.mktemp("templates"))
     try:
-        import psycopg
-
-        with psycopg.connect(_libpq(POSTGRES_URL), connect_timeout=3):
-            return None
-    except Exception as exc:  # the reason is shown in the skip message
-        return f"{type(exc).__name__}: {exc}"
-
-
-def _libpq(url: str) -> str:
-    return url.replace("postgresql+psycopg://", "postgresql://")
-
-
-_PG_PROBLEM: str | bool | None = False
-
-
-def postgres_problem() -> str | None:
-    global _PG_PROBLEM
-    if _PG_PROBLEM is False:
-        _PG_PROBLEM = _postgres_reachable()
-    assert _PG_PROBLEM is not True
-    return _PG_PROBLEM
+        yield made
+    finally:
+        made.close()
 
 
 @pytest.fixture
-def postgres_url() -> Iterator[str]:
-    """A URL whose search_path is a schema of this test's own."""
-    problem = postgres_problem()
-    if problem:
-        if REQUIRE_POSTGRES:
-            pytest.fail(f"LIFECYCLE_REQUIRE_POSTGRES=1 but PostgreSQL is unreachable: {problem}")
-        pytest.skip(f"PostgreSQL unreachable at {POSTGRES_URL}: {problem}")
-    import psycopg
-
-    schema = f"lc_test_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(_libpq(POSTGRES_URL), autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{schema}"')
-    sep = "&" if "?" in POSTGRES_URL else "?"
-    try:
-        # the schema's name is also the connections' application_name: how they are counted
-        yield f"{POSTGRES_URL}{sep}options=-csearch_path%3D{schema}&application_name={schema}"
-        leaked = _connections_left(schema)
-    finally:
-        with psycopg.connect(_libpq(POSTGRES_URL), autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
-    if leaked:
-        pytest.fail(f"the test left {leaked} connections to PostgreSQL open (a Store not "
-                    "disposed, or a process still running)", pytrace=False)
+def postgres_url(templates: Templates) -> Iterator[str]:
+    """A PostgreSQL database of this test's own at the code's revision (a copy of the
+    session's migrated template); its connections are named after it and counted at the end."""
+    with templates.postgres() as url:
+        yield url
 
 
-LEAK_GRACE_SECONDS = 30.0
-"""How long a closed connection may take to leave pg_stat_activity (the server ends its
-backend after the client said goodbye)."""
+@pytest.fixture
+def empty_postgres_url(templates: Templates) -> Iterator[str]:
+    """A PostgreSQL database of this test's own with no lifecycle schema: for the tests of
+    migrating and of what happens before it."""
+    with templates.postgres(empty=True) as url:
+        yield url
 
 
-def _connections_left(application_name: str) -> int:
-    """Connections still open under ``application_name`` once everything the test dropped was
-    collected, waiting for the server to notice the ones already closed."""
-    import psycopg
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--slow", action="store_true", default=os.environ.get("LIFECYCLE_TEST_SLOW") == "1",
+        help="run the model, crash and race tests at their larger sizes (as a nightly run "
+             "would; also LIFECYCLE_TEST_SLOW=1): more examples, crashes and processes")
 
-    gc.collect()
-    deadline = time.monotonic() + LEAK_GRACE_SECONDS
-    with psycopg.connect(_libpq(POSTGRES_URL), autocommit=True) as conn:
-        while True:
-            row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name "
-                               "= %s AND pid <> pg_backend_pid()", (application_name,)).fetchone()
-            left = int(row[0]) if row else 0
-            if left == 0 or time.monotonic() > deadline:
-                return left
-            time.sleep(0.05)
+
+@pytest.fixture(scope="session")
+def slow(request: pytest.FixtureRequest) -> bool:
+    """Whether the expensive tests run at their larger size (``--slow``); by default each is
+    sized to find what it is for in seconds."""
+    return bool(request.config.getoption("--slow"))
 
 
 REQUIRE_SLURM = os.environ.get("LIFECYCLE_REQUIRE_SLURM") == "1"
@@ -123,14 +84,29 @@ def cluster() -> Iterator[Any]:
 
 
 @pytest.fixture
-def sqlite_url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'lifecycle.db'}"
+def sqlite_url(tmp_path: Path, templates: Templates) -> str:
+    """A SQLite file at the code's revision (a copy of the session's migrated template)."""
+    return templates.sqlite(tmp_path / "lifecycle.db")
+
+
+@pytest.fixture
+def empty_sqlite_url(tmp_path: Path, templates: Templates) -> str:
+    """A SQLite file not made yet: for the tests of migrating and of what happens before."""
+    return templates.sqlite(tmp_path / "unmigrated.db", empty=True)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def db_url(request: pytest.FixtureRequest) -> str:
-    """Each test that takes it runs once on a SQLite file and once on PostgreSQL."""
+    """Each test that takes it runs once on a SQLite file and once on PostgreSQL, each at the
+    code's revision."""
     name = "sqlite_url" if request.param == "sqlite" else "postgres_url"
+    return str(request.getfixturevalue(name))
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def empty_db_url(request: pytest.FixtureRequest) -> str:
+    """As db_url, with no lifecycle schema yet."""
+    name = "empty_sqlite_url" if request.param == "sqlite" else "empty_postgres_url"
     return str(request.getfixturevalue(name))
 
 
@@ -158,11 +134,12 @@ SYSTEM_TESTS = {
     "test_lifecycle_demo_twice_in_one_folder_prints_the_same_figures",
     # crashes: processes killed, or killing themselves, at random points
     "test_a_killed_workers_claims_are_taken_over_within_its_lease",
-    "test_crashes_at_random_points_across_200_exits",
+    "test_crashes_at_random_points_across_many_exits",
     "test_fast_shutdown_while_the_queue_hangs",
 }
 SYSTEM_FIXTURES = {"cluster", "browser", "mermaid_page"}
-DATABASE_FIXTURES = {"postgres_url", "sqlite_url", "db_url", "store"}
+DATABASE_FIXTURES = {"postgres_url", "sqlite_url", "db_url", "store", "empty_postgres_url",
+                     "empty_sqlite_url", "empty_db_url", "templates"}
 INTEGRATION_MODULES = {
     "test_concurrency",  # processes racing on one database
     "test_migrations",
