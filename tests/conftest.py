@@ -5,7 +5,10 @@ suite")."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -54,6 +57,55 @@ def slow(request: pytest.FixtureRequest) -> bool:
     """Whether the expensive tests run at their larger size (``--slow``); by default each is
     sized to find what it is for in seconds."""
     return bool(request.config.getoption("--slow"))
+
+
+PROCESS_GRACE_SECONDS = 30.0
+"""How long a process the test ended may take to exit after the test (a killed worker's
+exit is noticed by the kernel, not at once)."""
+KEPT_PROCESSES = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+"""Children Python's multiprocessing keeps for the rest of the session, by design."""
+
+
+def _children() -> dict[int, str]:
+    """This process's children still running (not zombies): their command lines by pid."""
+    me, found = os.getpid(), {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            state, ppid = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[:2]
+            if int(ppid) != me or state == "Z":
+                continue
+            command = Path(entry.path, "cmdline").read_bytes().replace(b"\0", b" ")
+        except (OSError, ValueError):  # it ended meanwhile
+            continue
+        found[int(entry.name)] = command.decode(errors="replace").strip()
+    return found
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    """A test that leaves a process it started running fails, naming it (the process is
+    killed, so that it cannot disturb the tests after it). Fixtures' processes (a Slurm
+    cluster, a browser) are theirs to stop."""
+    if not os.path.isdir("/proc"):
+        return (yield)
+    before = set(_children())
+    outcome = yield
+    deadline = time.monotonic() + PROCESS_GRACE_SECONDS
+    while True:
+        left = {pid: command for pid, command in _children().items()
+                if pid not in before and not any(k in command for k in KEPT_PROCESSES)}
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    for pid in left:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    if left:
+        pytest.fail("the test left processes running: " + "; ".join(
+            f"{pid} {command[:200]}" for pid, command in left.items()), pytrace=False)
+    return outcome
 
 
 REQUIRE_SLURM = os.environ.get("LIFECYCLE_REQUIRE_SLURM") == "1"
