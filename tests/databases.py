@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy.engine import make_url
@@ -72,11 +73,24 @@ def require_postgres() -> None:
         pytest.skip(f"PostgreSQL unreachable at {POSTGRES_URL}: {problem}")
 
 
-def _admin(sql: str) -> None:
+_ADMIN: list[Any] = []
+
+
+def _admin(sql: str, params: tuple[Any, ...] | None = None) -> Any:
+    """``sql`` run on this process's own connection to the configured database (opened on
+    first use, and again if it broke), outside any test's database; its cursor."""
     import psycopg
 
-    with psycopg.connect(libpq(POSTGRES_URL), autocommit=True) as conn:
-        conn.execute(sql)  # type: ignore[arg-type]
+    for attempt in (1, 2):
+        if not _ADMIN or _ADMIN[0].closed:
+            _ADMIN[:] = [psycopg.connect(libpq(POSTGRES_URL), autocommit=True)]
+        try:
+            return _ADMIN[0].execute(sql, params)
+        except psycopg.OperationalError:
+            _ADMIN[0].close()
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
 
 
 def _url(database: str | None = None, schema: str | None = None, name: str = "") -> str:
@@ -146,11 +160,8 @@ class Templates:
 
     def _can_create_databases(self) -> bool:
         if self._databases is None:
-            import psycopg
-
-            with psycopg.connect(libpq(POSTGRES_URL)) as conn:
-                row = conn.execute("SELECT rolcreatedb OR rolsuper FROM pg_roles "
-                                   "WHERE rolname = current_user").fetchone()
+            row = _admin("SELECT rolcreatedb OR rolsuper FROM pg_roles "
+                         "WHERE rolname = current_user").fetchone()
             self._databases = bool(row and row[0])
         return self._databases
 
@@ -167,21 +178,25 @@ class Templates:
         if self._postgres is not None:
             _admin(f'DROP DATABASE "{self._postgres}"')
             self._postgres = None
+        if _ADMIN:
+            _ADMIN.pop().close()
 
 
 def _connections_left(application_name: str) -> int:
     """Connections still open under ``application_name`` once everything the test dropped was
-    collected, waiting for the server to notice the ones already closed."""
-    import psycopg
-
-    gc.collect()
+    collected (a garbage collection only when some are open: it costs a tenth of a second),
+    waiting for the server to notice the ones already closed."""
     deadline = time.monotonic() + LEAK_GRACE_SECONDS
-    with psycopg.connect(libpq(POSTGRES_URL), autocommit=True) as conn:
-        while True:
-            row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name "
-                               "= %s AND pid <> pg_backend_pid()", (application_name,)).fetchone()
-            left = int(row[0]) if row else 0
-            if left == 0 or time.monotonic() > deadline:
-                return left
+    collected = False
+    while True:
+        row = _admin("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+                     (application_name,)).fetchone()
+        left = int(row[0]) if row else 0
+        if left == 0 or time.monotonic() > deadline:
+            return left
+        if not collected:
+            gc.collect()
+            collected = True
+        else:
             time.sleep(0.05)
 
