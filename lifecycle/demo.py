@@ -3,7 +3,9 @@ with the project's machine, on the embedded database; one table of what went wro
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
 import shutil
 import sys
 import time
@@ -68,6 +70,7 @@ def run_demo(engine: Engine, out: Console, *, seed: int = 1) -> list[dict[str, A
     command = command_name()
     for hint in hints:
         # "COMMAND   what it shows": the command on a line of its own, runnable as printed
+        # (never wrapped, however long the program's path: a terminal shows it whole)
         shown, *about = re.split(r" {2,}", hint.strip(), maxsplit=1)
         out.print(f"  {_runnable(shown, command)}", highlight=False, markup=False,
                   soft_wrap=True)
@@ -76,30 +79,34 @@ def run_demo(engine: Engine, out: Console, *, seed: int = 1) -> list[dict[str, A
                       soft_wrap=False)
     activate = Path(command).parent / "activate"
     if command != "lifecycle" and activate.exists():
-        out.print(Text(f"(`. {activate}` puts lifecycle on your PATH, for this shell)",
-                       style="dim"), soft_wrap=False)
+        out.print(Text(f"(`. {shlex.quote(str(activate))}` puts lifecycle on your PATH, for "
+                       "this shell)", style="dim"), soft_wrap=True)
     return reports
 
 
 def command_name(argv0: str | None = None, path: str | None = None) -> str:
     """How to run this ``lifecycle`` from the current directory: ``lifecycle`` when that name
     on $PATH is this program, else the program's own path (``.venv/bin/lifecycle`` after
-    ``make demo``), relative when it is below the current directory."""
+    ``make demo``), relative to the current directory when that is the shorter (below it,
+    or beside it: ``../.venv/bin/lifecycle``), absolute otherwise; not quoted."""
     program = Path(argv0 if argv0 is not None else sys.argv[0])
     if program.name != "lifecycle":  # run as python -m lifecycle, or from a test
         return "lifecycle"
     found = shutil.which("lifecycle", path=path)
     if found is not None and Path(found).resolve() == program.resolve():
         return "lifecycle"
-    try:
-        return str(program.resolve().relative_to(Path.cwd()))
-    except ValueError:
-        return str(program.resolve())
+    absolute = str(program.resolve())
+    relative = os.path.relpath(absolute, Path.cwd())
+    if os.sep not in relative:  # in the current directory: ./lifecycle, not a $PATH lookup
+        relative = os.path.join(os.curdir, relative)
+    return min(relative, absolute, key=len)
 
 
 def _runnable(hint: str, command: str) -> str:
-    """The hint with its commands spelt as they run here."""
-    return hint.replace("lifecycle ", f"{command} ") if command != "lifecycle" else hint
+    """The hint with its commands spelt as they run here (quoted for the shell if need be:
+    a path with a space in it)."""
+    return hint.replace("lifecycle ", f"{shlex.quote(command)} ") if command != "lifecycle" \
+        else hint
 
 
 def _number(value: Any) -> str:

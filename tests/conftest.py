@@ -1,97 +1,111 @@
-"""Shared fixtures: a fresh database per test on SQLite (a file) and on PostgreSQL (a schema
-of its own, dropped afterwards)."""
+"""Shared fixtures: a fresh database per test on SQLite (a file) and on PostgreSQL (a database
+of its own, dropped afterwards), at the code's revision or empty (tests/databases.py); and
+each test's marker, ``unit``, ``integration`` or ``system`` (see ARCHITECTURE.md, "The test
+suite")."""
 
 from __future__ import annotations
 
-import gc
+import contextlib
 import os
+import signal
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from databases import Templates
 
 from lifecycle import Store
 
-POSTGRES_URL = os.environ.get(
-    "LIFECYCLE_TEST_POSTGRES_URL", "postgresql+psycopg://root@127.0.0.1:5432/test"
-)
-REQUIRE_POSTGRES = os.environ.get("LIFECYCLE_REQUIRE_POSTGRES") == "1"
 
-
-def _postgres_reachable() -> str | None:
+@pytest.fixture(scope="session")
+def templates(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Templates]:
+    """The migrated templates of this process (each pytest-xdist worker has its own)."""
+    made = Templates(tmp_path_factory.mktemp("templates"))
     try:
-        import psycopg
-
-        with psycopg.connect(_libpq(POSTGRES_URL), connect_timeout=3):
-            return None
-    except Exception as exc:  # the reason is shown in the skip message
-        return f"{type(exc).__name__}: {exc}"
-
-
-def _libpq(url: str) -> str:
-    return url.replace("postgresql+psycopg://", "postgresql://")
-
-
-_PG_PROBLEM: str | bool | None = False
-
-
-def postgres_problem() -> str | None:
-    global _PG_PROBLEM
-    if _PG_PROBLEM is False:
-        _PG_PROBLEM = _postgres_reachable()
-    assert _PG_PROBLEM is not True
-    return _PG_PROBLEM
+        yield made
+    finally:
+        made.close()
 
 
 @pytest.fixture
-def postgres_url() -> Iterator[str]:
-    """A URL whose search_path is a schema of this test's own."""
-    problem = postgres_problem()
-    if problem:
-        if REQUIRE_POSTGRES:
-            pytest.fail(f"LIFECYCLE_REQUIRE_POSTGRES=1 but PostgreSQL is unreachable: {problem}")
-        pytest.skip(f"PostgreSQL unreachable at {POSTGRES_URL}: {problem}")
-    import psycopg
-
-    schema = f"lc_test_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(_libpq(POSTGRES_URL), autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{schema}"')
-    sep = "&" if "?" in POSTGRES_URL else "?"
-    try:
-        # the schema's name is also the connections' application_name: how they are counted
-        yield f"{POSTGRES_URL}{sep}options=-csearch_path%3D{schema}&application_name={schema}"
-        leaked = _connections_left(schema)
-    finally:
-        with psycopg.connect(_libpq(POSTGRES_URL), autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
-    if leaked:
-        pytest.fail(f"the test left {leaked} connections to PostgreSQL open (a Store not "
-                    "disposed, or a process still running)", pytrace=False)
+def postgres_url(templates: Templates) -> Iterator[str]:
+    """A PostgreSQL database of this test's own at the code's revision (a copy of the
+    session's migrated template); its connections are named after it and counted at the end."""
+    with templates.postgres() as url:
+        yield url
 
 
-LEAK_GRACE_SECONDS = 30.0
-"""How long a closed connection may take to leave pg_stat_activity (the server ends its
-backend after the client said goodbye)."""
+@pytest.fixture
+def empty_postgres_url(templates: Templates) -> Iterator[str]:
+    """A PostgreSQL database of this test's own with no lifecycle schema: for the tests of
+    migrating and of what happens before it."""
+    with templates.postgres(empty=True) as url:
+        yield url
 
 
-def _connections_left(application_name: str) -> int:
-    """Connections still open under ``application_name`` once everything the test dropped was
-    collected, waiting for the server to notice the ones already closed."""
-    import psycopg
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--slow", action="store_true", default=os.environ.get("LIFECYCLE_TEST_SLOW") == "1",
+        help="run the model, crash and race tests at their larger sizes (as a nightly run "
+             "would; also LIFECYCLE_TEST_SLOW=1): more examples, crashes and processes")
 
-    gc.collect()
-    deadline = time.monotonic() + LEAK_GRACE_SECONDS
-    with psycopg.connect(_libpq(POSTGRES_URL), autocommit=True) as conn:
-        while True:
-            row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name "
-                               "= %s AND pid <> pg_backend_pid()", (application_name,)).fetchone()
-            left = int(row[0]) if row else 0
-            if left == 0 or time.monotonic() > deadline:
-                return left
-            time.sleep(0.05)
+
+@pytest.fixture(scope="session")
+def slow(request: pytest.FixtureRequest) -> bool:
+    """Whether the expensive tests run at their larger size (``--slow``); by default each is
+    sized to find what it is for in seconds."""
+    return bool(request.config.getoption("--slow"))
+
+
+PROCESS_GRACE_SECONDS = 30.0
+"""How long a process the test ended may take to exit after the test (a killed worker's
+exit is noticed by the kernel, not at once)."""
+KEPT_PROCESSES = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+"""Children Python's multiprocessing keeps for the rest of the session, by design."""
+
+
+def _children() -> dict[int, str]:
+    """This process's children still running (not zombies): their command lines by pid."""
+    me, found = os.getpid(), {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            state, ppid = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[:2]
+            if int(ppid) != me or state == "Z":
+                continue
+            command = Path(entry.path, "cmdline").read_bytes().replace(b"\0", b" ")
+        except (OSError, ValueError):  # it ended meanwhile
+            continue
+        found[int(entry.name)] = command.decode(errors="replace").strip()
+    return found
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    """A test that leaves a process it started running fails, naming it (the process is
+    killed, so that it cannot disturb the tests after it). Fixtures' processes (a Slurm
+    cluster, a browser) are theirs to stop."""
+    if not os.path.isdir("/proc"):
+        return (yield)
+    before = set(_children())
+    outcome = yield
+    deadline = time.monotonic() + PROCESS_GRACE_SECONDS
+    while True:
+        left = {pid: command for pid, command in _children().items()
+                if pid not in before and not any(k in command for k in KEPT_PROCESSES)}
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    for pid in left:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    if left:
+        pytest.fail("the test left processes running: " + "; ".join(
+            f"{pid} {command[:200]}" for pid, command in left.items()), pytrace=False)
+    return outcome
 
 
 REQUIRE_SLURM = os.environ.get("LIFECYCLE_REQUIRE_SLURM") == "1"
@@ -122,14 +136,29 @@ def cluster() -> Iterator[Any]:
 
 
 @pytest.fixture
-def sqlite_url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'lifecycle.db'}"
+def sqlite_url(tmp_path: Path, templates: Templates) -> str:
+    """A SQLite file at the code's revision (a copy of the session's migrated template)."""
+    return templates.sqlite(tmp_path / "lifecycle.db")
+
+
+@pytest.fixture
+def empty_sqlite_url(tmp_path: Path, templates: Templates) -> str:
+    """A SQLite file not made yet: for the tests of migrating and of what happens before."""
+    return templates.sqlite(tmp_path / "unmigrated.db", empty=True)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def db_url(request: pytest.FixtureRequest) -> str:
-    """Each test that takes it runs once on a SQLite file and once on PostgreSQL."""
+    """Each test that takes it runs once on a SQLite file and once on PostgreSQL, each at the
+    code's revision."""
     name = "sqlite_url" if request.param == "sqlite" else "postgres_url"
+    return str(request.getfixturevalue(name))
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def empty_db_url(request: pytest.FixtureRequest) -> str:
+    """As db_url, with no lifecycle schema yet."""
+    name = "empty_sqlite_url" if request.param == "sqlite" else "empty_postgres_url"
     return str(request.getfixturevalue(name))
 
 
@@ -140,3 +169,109 @@ def store(db_url: str) -> Iterator[Store]:
         yield store
     finally:
         store.dispose()
+
+
+# -- markers: each test is unit, integration or system ----------------------------------------
+
+SYSTEM_MODULES = {
+    "test_slurm_site",  # a real single-node Slurm
+    "test_slurm_dispatch",
+    "test_dashboard_browser",  # Chromium, through chromedriver
+    "test_effects_processes",  # worker processes killed with SIGKILL, real signals
+    "test_readme",  # every page's examples in bash: the demo, servers, a mail server
+}
+SYSTEM_TESTS = {
+    # the demo, as a user runs it
+    "test_the_demo_next_steps_run_as_printed_and_show_the_story",
+    "test_lifecycle_demo_twice_in_one_folder_prints_the_same_figures",
+    # crashes: processes killed, or killing themselves, at random points
+    "test_a_killed_workers_claims_are_taken_over_within_its_lease",
+    "test_crashes_at_random_points_across_many_exits",
+    "test_fast_shutdown_while_the_queue_hangs",
+}
+SYSTEM_FIXTURES = {"cluster", "browser", "mermaid_page"}
+DATABASE_FIXTURES = {"postgres_url", "sqlite_url", "db_url", "store", "empty_postgres_url",
+                     "empty_sqlite_url", "empty_db_url", "templates"}
+INTEGRATION_MODULES = {
+    "test_concurrency",  # processes racing on one database
+    "test_migrations",
+    "test_worker_faults",
+    "test_cli",  # `lifecycle` on a database, in a subprocess too
+    "test_cli_output",  # the installed program in a subprocess
+    "test_startup",  # what a fresh interpreter imports
+    "test_show",
+    "test_scenario",  # scenarios replay on a SQLite file
+    "test_sim",  # the simulations, on a SQLite file
+    "test_dashboard",
+    "test_hostile",
+    "test_job_exit",
+    "test_drone",
+    "test_tardis",
+    "test_engine_model",  # the engine against its model, on both databases
+}
+INTEGRATION_TESTS = {
+    # Graphviz's dot in a subprocess
+    "test_diagrams_check_sees_an_edited_svg",
+    "test_diagram_command_formats_and_files",
+    "test_the_checked_in_diagrams_are_current",
+    "test_graphviz_draws_every_machine",
+    # a store of their own
+    "test_states_named_on_and_off_are_strings",
+    "test_a_data_field_timeout_out_of_range_is_invalid_data",
+    "test_the_simulation_reproduces_the_seed_and_the_fix",
+    # the startd's FETCH_WORK hook, a program run in a subprocess
+    "test_fetch_work_hook_reads_the_slot_ad_and_prints_a_job_ad",
+    "test_fetch_work_hook_empty_output_is_no_work",
+    "test_a_hook_that_exits_non_zero_fails_with_its_status",
+    "test_a_hook_that_hangs_is_killed_at_its_timeout",
+}
+LEVELS = ("unit", "integration", "system")
+
+
+def level_of(item: pytest.Item) -> str:
+    """A test's marker when it names none itself: system for what needs real Slurm, Chromium,
+    processes crashing or the demo; integration for what opens a database or starts a
+    process; unit for the rest (which the unit_stays_in_process fixture holds to that)."""
+    module = item.path.stem
+    name = getattr(item, "originalname", item.name)
+    fixtures = set(getattr(item, "fixturenames", ()))
+    if module in SYSTEM_MODULES or name in SYSTEM_TESTS or fixtures & SYSTEM_FIXTURES:
+        return "system"
+    if module in INTEGRATION_MODULES or name in INTEGRATION_TESTS or \
+            fixtures & DATABASE_FIXTURES:
+        return "integration"
+    return "unit"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        named = [level for level in LEVELS if item.get_closest_marker(level)]
+        if not named:
+            item.add_marker(getattr(pytest.mark, level_of(item)))
+        elif len(named) > 1:
+            raise pytest.UsageError(f"{item.nodeid} is marked {' and '.join(named)}: a test is "
+                                    "exactly one of unit, integration and system")
+
+
+@pytest.fixture(autouse=True)
+def unit_stays_in_process(request: pytest.FixtureRequest,
+                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A unit test opens no database and starts no process: were it to, it fails, naming the
+    marker it should have (``-m unit`` is what runs in a minute, with no service)."""
+    if request.node.get_closest_marker("unit") is None:
+        return
+    import multiprocessing.process
+    import subprocess
+
+    import lifecycle.store
+
+    def refuse(what: str) -> Any:
+        def refused(*args: Any, **kwargs: Any) -> Any:
+            raise AssertionError(f"a unit test {what}: mark it integration or system "
+                                 "(tests/conftest.py)")
+        return refused
+
+    monkeypatch.setattr(lifecycle.store.Store, "__init__", refuse("opened a Store"))
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse("started a process"))
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start",
+                        refuse("started a process"))

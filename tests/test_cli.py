@@ -24,11 +24,12 @@ TOGGLE = {"name": "toggle", "initial": "off", "final": ["broken"],
 
 
 @pytest.fixture
-def run(db_url: str):  # type: ignore[no-untyped-def]
+def run(empty_db_url: str):  # type: ignore[no-untyped-def]
+    """The command on a database with no lifecycle schema yet (``upgraded`` migrates it)."""
     runner = CliRunner()
 
     def invoke(*args: str, code: int = 0) -> str:
-        result = runner.invoke(main, [*args, "--db", db_url], catch_exceptions=False)
+        result = runner.invoke(main, [*args, "--db", empty_db_url], catch_exceptions=False)
         output = result.output
         assert result.exit_code == code, f"exit {result.exit_code} != {code}:\n{output}"
         return output

@@ -5,6 +5,7 @@ edited SVG, and listings by a composite state."""
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from lifecycle.cli import main
-from lifecycle.demo import command_name
+from lifecycle.demo import _runnable, command_name
 from lifecycle.render import dot_program
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,6 +50,24 @@ def test_the_demo_names_a_command_that_runs_here(tmp_path: Path,
     shutil.copy(program, other / "lifecycle")
     assert command_name(str(program), path=f"{other}{os.pathsep}{venv}") == \
         ".venv/bin/lifecycle"
+    # beside it: relative, the shorter
+    monkeypatch.chdir(other)
+    assert command_name(str(program), path="/nonexistent") == "../.venv/bin/lifecycle"
+    # in its own folder: a path, not a name $PATH would look up
+    monkeypatch.chdir(venv)
+    assert command_name(str(program), path="/nonexistent") == "./lifecycle"
+    # far away (more ../ than the absolute path has characters): absolute, the shorter
+    far = tmp_path.joinpath(*["d"] * (len(str(program.resolve())) // 3 + 1))
+    far.mkdir(parents=True)
+    monkeypatch.chdir(far)
+    assert command_name(str(program), path="/nonexistent") == str(program.resolve())
+
+
+def test_the_demo_quotes_a_program_path_with_a_space(tmp_path: Path) -> None:
+    program = tmp_path / "a clone" / ".venv" / "bin" / "lifecycle"
+    shown = _runnable("lifecycle history drone:d1", str(program))
+    assert shlex.split(shown) == [str(program), "history", "drone:d1"]
+    assert _runnable("lifecycle history drone:d1", "lifecycle") == "lifecycle history drone:d1"
 
 
 def test_counts_are_in_good_english(db_url: str) -> None:

@@ -7,16 +7,20 @@ with ``COLUMNS`` set (rich reads the width when the program starts)."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from lifecycle import Engine, Store
 from lifecycle.cli.machines import describe_json
 from lifecycle.machines import builtins
 from lifecycle.render import dot_program
@@ -28,10 +32,9 @@ def user_env(columns: int) -> dict[str, str]:
     """A new user's environment: the virtualenv not activated, no database or plugins set."""
     path = [p for p in os.environ.get("PATH", "").split(os.pathsep)
             if p and Path(p).resolve() != PROGRAM.parent.resolve()]
-    env = {**os.environ, "COLUMNS": str(columns), "PATH": os.pathsep.join(path)}
-    env.pop("LIFECYCLE_DATABASE_URL", None)
-    env.pop("LIFECYCLE_PLUGINS", None)
-    return env
+    env = {name: value for name, value in os.environ.items()
+           if not name.startswith("LIFECYCLE_")}  # no database, plugins or settings
+    return {**env, "COLUMNS": str(columns), "PATH": os.pathsep.join(path)}
 
 
 def lifecycle(*args: str, cwd: Path, columns: int = 80, code: int = 0) -> str:
@@ -110,19 +113,77 @@ def test_machines_list_show_and_history_fit_80_columns(tmp_path: Path) -> None:
     assert re.search(r"^ data +demand=0$", show, re.MULTILINE)
 
 
-def test_the_demo_next_steps_run_as_printed_and_show_the_story(tmp_path: Path) -> None:
-    text = lifecycle("demo", cwd=tmp_path)
-    assert_fits(text, 80)
+# -- the demo, run once for the tests that read it ----------------------------------------------
+
+
+@dataclass
+class Demo:
+    folder: Path
+    first: str
+    second: str
+    journals: dict[str, int]
+    """Each resource's journal length after the first run."""
+
+
+def figures_of(output: str) -> list[str]:
+    """The demo table's lines with figures."""
+    return [line.strip() for line in output.splitlines()
+            if re.search(r"\s\d[\d,.]*\s+\d[\d,.]*\s*$", line)]
+
+
+@pytest.fixture(scope="session")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Demo:
+    """`lifecycle demo` as a user runs it, twice in one new folder: once per test session,
+    whichever pytest-xdist worker asks first (the others wait for it and read what it saw)."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the workers' base folders are in the session's
+    folder, seen = shared / "demo", shared / "demo.json"
+    with (shared / "demo.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not seen.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # what a failed run left
+            folder.mkdir()
+            first = lifecycle("demo", cwd=folder)
+            with Store(f"sqlite:///{folder / 'lifecycle.db'}") as store:
+                engine = Engine(store, [], strict=False)
+                journals = {f"{r.machine}:{r.key}": len(engine.history(f"{r.machine}:{r.key}"))
+                            for r in engine.resources()}
+            second = lifecycle("demo", cwd=folder)
+            seen.write_text(json.dumps({"first": first, "second": second,
+                                        "journals": journals}))
+    return Demo(folder, **json.loads(seen.read_text()))
+
+
+def test_lifecycle_demo_twice_in_one_folder_prints_the_same_figures(demo: Demo) -> None:
+    assert figures_of(demo.first) == figures_of(demo.second)
+    assert len(figures_of(demo.first)) >= 3
+    assert "drone_tardis:demo1-" in demo.first and "drone_tardis:demo2-" in demo.second
+    # the first run's resources are as it left them: the second wrote nothing to them
+    with Store(f"sqlite:///{demo.folder / 'lifecycle.db'}") as store:
+        engine = Engine(store, [], strict=False)
+        assert {key: len(engine.history(key)) for key in demo.journals} == demo.journals
+
+
+def test_the_demo_next_steps_run_as_printed_and_show_the_story(demo: Demo) -> None:
+    text, folder = demo.first, demo.folder
     after = text.split("Look further with:\n", 1)[1]
     commands = [line.strip() for line in after.splitlines()
                 if line.startswith("  ") and not line.startswith("      ")]
     assert len(commands) >= 5, after  # the simulations' hints, then three of its own
-    assert f"(`. {PROGRAM.parent / 'activate'}` puts lifecycle on your PATH" in after
+    program = shlex.split(commands[0])[0]  # as the demo spells it from here
+    assert Path(program).resolve() == PROGRAM.resolve(), commands[0]
+    activate = shlex.quote(str(Path(program).parent / "activate"))
+    assert f"(`. {activate}` puts lifecycle on your PATH, for this shell)\n" in after
+    # every line fits but for the program's path, which is wherever the clone is: as long as
+    # the path of a clone in the user's folder
+    assert_fits(text.replace(shlex.quote(program), ".venv/bin/lifecycle")
+                .replace(activate, ".venv/bin/activate"), 80)
     outputs = {}
     for command in commands:
         argv = shlex.split(command)
         assert Path(argv[0]).resolve() == PROGRAM.resolve(), command  # not on $PATH
-        done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True,
+        done = subprocess.run(argv, cwd=folder, capture_output=True, text=True,
                               timeout=600, env=user_env(80))
         assert done.returncode == 0, f"{command}:\n{done.stdout}{done.stderr}"
         outputs[" ".join(argv[1:3])] = "\n".join(
@@ -148,6 +209,6 @@ def test_the_demo_next_steps_run_as_printed_and_show_the_story(tmp_path: Path) -
     picture = next(v for k, v in outputs.items() if k.startswith("diagram drone"))
     if dot_program() is not None:
         assert picture.strip() == "wrote drone.svg"
-        assert "<svg" in (tmp_path / "drone.svg").read_text()
+        assert "<svg" in (folder / "drone.svg").read_text()
     else:
-        assert (tmp_path / "drone.mmd").read_text().startswith("stateDiagram-v2")
+        assert (folder / "drone.mmd").read_text().startswith("stateDiagram-v2")

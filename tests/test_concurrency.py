@@ -303,12 +303,12 @@ def _check(engine: Engine, store: Store, outcome: _Outcome, initial: dict[str, s
     assert not problems, "\n".join([summary, *problems[:50], "resources:", *table])
 
 
-def test_eight_processes_race_on_postgresql(postgres_url: str) -> None:
-    _race(postgres_url, processes=8, fires=500, seed=8)
+def test_eight_processes_race_on_postgresql(postgres_url: str, slow: bool) -> None:
+    _race(postgres_url, processes=8, fires=500 if slow else 150, seed=8)
 
 
-def test_four_processes_race_on_sqlite(sqlite_url: str) -> None:
-    _race(sqlite_url, processes=4, fires=500, seed=4)
+def test_four_processes_race_on_sqlite(sqlite_url: str, slow: bool) -> None:
+    _race(sqlite_url, processes=4, fires=500 if slow else 150, seed=4)
 
 
 def _register_worker(url: str, index: int, _fires: int, _seed: int, start: Any,

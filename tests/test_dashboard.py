@@ -265,23 +265,23 @@ def test_a_missing_sqlite_file_is_a_clear_page_and_stays_missing(tmp_path: Path)
     assert not path.exists()
 
 
-def test_an_unmigrated_database_is_a_clear_page_and_stays_unmigrated(db_url: str) -> None:
-    with Store(db_url, check=False) as store:
+def test_an_unmigrated_database_is_a_clear_page_and_stays_unmigrated(empty_db_url: str) -> None:
+    with Store(empty_db_url, check=False) as store:
         store.read().__enter__().close()  # an empty SQLite file, or an empty schema
         assert store.current_revision() is None
-    with served(db_url) as base:
+    with served(empty_db_url) as base:
         _unavailable(base, "has no lifecycle tables yet")
-    with Store(db_url, check=False) as store:
+    with Store(empty_db_url, check=False) as store:
         assert store.current_revision() is None
         assert all(not rows for _, rows in dump(store))
 
 
-def test_an_out_of_date_schema_is_a_clear_page_and_is_left_as_it_is(db_url: str) -> None:
-    with Store(db_url, check=False) as store:
+def test_an_out_of_date_schema_is_a_clear_page_and_is_left_as_it_is(empty_db_url: str) -> None:
+    with Store(empty_db_url, check=False) as store:
         store.upgrade("0006_claimants")
-    with served(db_url) as base:
+    with served(empty_db_url) as base:
         _unavailable(base, "is at schema revision 0006_claimants")
-    with Store(db_url, check=False) as store:
+    with Store(empty_db_url, check=False) as store:
         assert store.current_revision() == "0006_claimants"
 
 

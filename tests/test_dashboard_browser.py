@@ -92,9 +92,27 @@ def _shot(driver: Any, path: Path) -> None:
 
 
 def _wait(driver: Any, condition: Any) -> Any:
+    """``condition``'s first true value, asked until it has one; an element it read that the
+    page replaced meanwhile (the live page re-renders ``#rows`` every 2 s) is asked again."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(driver, WAIT_SECONDS, poll_frequency=0.1).until(condition)
+    return WebDriverWait(driver, WAIT_SECONDS, poll_frequency=0.1,
+                         ignored_exceptions=(StaleElementReferenceException,)).until(condition)
+
+
+def _text(driver: Any, element_id: str) -> str:
+    """The text of the element with ``element_id`` as the page shows it now, found again if
+    the page replaced it between the finding and the reading."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    for _ in range(100):
+        try:
+            return str(driver.find_element(By.ID, element_id).text)
+        except StaleElementReferenceException:
+            continue
+    raise AssertionError(f"#{element_id} was replaced each of 100 times it was read")
 
 
 def test_a_drone_followed_from_the_machines_to_its_history(drones: str, browser: Any,
@@ -123,17 +141,15 @@ def test_a_drone_followed_from_the_machines_to_its_history(drones: str, browser:
 
 def test_the_live_page_follows_writes_without_a_reload(drones: str, browser: Any,
                                                       tmp_path: Path) -> None:
-    from selenium.webdriver.common.by import By
 
     with served(drones) as base:
         browser.get(base + "/live")
         marker = browser.execute_script("window.sameDocument = 'yes'; return 1")
         assert marker == 1
-        rows = browser.find_element(By.ID, "rows").text
-        assert "toggle off 1" in rows
+        assert "toggle off 1" in _text(browser, "rows")
         with Store(drones) as store:
             Engine(store, [TOGGLE]).create("toggle", "live-1")
-        _wait(browser, lambda d: "toggle off 2" in d.find_element(By.ID, "rows").text)
+        _wait(browser, lambda d: "toggle off 2" in _text(d, "rows"))
         assert browser.execute_script("return window.sameDocument") == "yes"  # no reload
         _shot(browser, tmp_path / "live.png")
 

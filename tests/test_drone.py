@@ -414,37 +414,6 @@ def test_cobalds_linear_controller_drives_a_drone_pool(tmp_path: Any) -> None:
     assert tardis["removed_running"] > 0    # the same controller on TARDIS's machine does
 
 
-# -- the demo and the simulations touch only their own resources ------------------------------
-
-
-def figures_of(output: str) -> list[str]:
-    """The demo table's lines with figures."""
-    return [line.strip() for line in output.splitlines()
-            if __import__("re").search(r"\s\d[\d,.]*\s+\d[\d,.]*\s*$", line)]
-
-
-def test_lifecycle_demo_twice_in_one_folder_prints_the_same_figures(
-    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.chdir(tmp_path)
-    for name in [n for n in __import__("os").environ if n.startswith("LIFECYCLE_")]:
-        monkeypatch.delenv(name)
-    runner = CliRunner()
-    first = runner.invoke(main, ["demo"])
-    assert first.exit_code == 0, first.output
-    engine = Engine(Store(f"sqlite:///{tmp_path / 'lifecycle.db'}"), [], strict=False)
-    journals = {f"{r.machine}:{r.key}": len(engine.history(f"{r.machine}:{r.key}"))
-                for r in engine.resources()}
-    second = runner.invoke(main, ["demo"])
-    assert second.exit_code == 0, second.output
-    assert figures_of(first.output) == figures_of(second.output)
-    assert len(figures_of(first.output)) >= 3
-    assert "drone_tardis:demo1-" in first.output and "drone_tardis:demo2-" in second.output
-    # the first run's resources are as it left them: the second wrote nothing to them
-    assert {key: len(engine.history(key)) for key in journals} == journals
-    engine.store.dispose()
-
-
 def test_the_deploy_brings_the_sites_minimum_lifetime_along(store: Store) -> None:
     import subprocess
 

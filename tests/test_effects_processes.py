@@ -19,12 +19,15 @@ from lifecycle import Engine, Store, Worker, effect_records, outbox_counts
 RUN = [sys.executable, str(Path(__file__).parent / "procs" / "run_worker.py")]
 
 
-def test_crashes_at_every_point_lose_and_repeat_nothing(db_url: str, tmp_path: Path) -> None:
+def test_crashes_at_every_point_lose_and_repeat_nothing(db_url: str, tmp_path: Path,
+                                                       slow: bool) -> None:
     logs = tmp_path / "logs"
     logs.mkdir()
     store = Store(db_url, upgrade=True)
     engine = machines.exit_engine(db_url, logs, crasher=None)
-    jobs = [f"{cluster}.0" for cluster in range(100, 130)]
+    # 30 jobs with --slow; 10 by default, each point more likely to crash (some 8 crashes)
+    jobs = [f"{cluster}.0" for cluster in range(100, 130 if slow else 110)]
+    probability = "0.04" if slow else "0.05"
     for key in jobs:
         engine.create("exit3", key)
         engine.fire(key, "exited")
@@ -35,7 +38,7 @@ def test_crashes_at_every_point_lose_and_repeat_nothing(db_url: str, tmp_path: P
         if not left.get("pending") and not left.get("running"):
             break
         runs += 1
-        done = subprocess.run([*RUN, "exit", db_url, str(logs), str(runs), "0.04"],
+        done = subprocess.run([*RUN, "exit", db_url, str(logs), str(runs), probability],
                               capture_output=True, text=True, timeout=120)
         if done.returncode == -signal.SIGKILL:
             crashes += 1
@@ -74,17 +77,22 @@ def _in_order(calls: list[Any]) -> None:
         assert order == sorted(order), f"{resource} ran out of order: {order}"
 
 
-def test_four_workers_share_postgres_without_running_anything_twice(postgres_url: str) -> None:
+def test_four_workers_share_postgres_without_running_anything_twice(
+        postgres_url: str, tmp_path: Path, slow: bool) -> None:
     store, engine = _ticker_with_calls_table(postgres_url)
-    keys = [f"r{i:03d}" for i in range(500)]
+    keys = [f"r{i:03d}" for i in range(500 if slow else 100)]
+    effects = 2 * 5 * len(keys)  # each tick asks for two
     for key in keys:
         engine.create("ticker", key)
     for _ in range(5):
         for key in keys:
             engine.fire(key, "tick")
-    assert outbox_counts(engine) == {"pending": 5000}
+    assert outbox_counts(engine) == {"pending": effects}
     started = time.monotonic()
-    workers = [subprocess.Popen([*RUN, "ticker", postgres_url, "effect_calls", f"w{i}"],
+    # the workers start claiming together, when the last has started (not the first alone
+    # while the others still import)
+    workers = [subprocess.Popen([*RUN, "ticker", postgres_url, "effect_calls", f"w{i}",
+                                 str(tmp_path), "4"],
                                 stderr=subprocess.PIPE, text=True) for i in range(4)]
     for worker in workers:
         _, stderr = worker.communicate(timeout=300)
@@ -94,10 +102,10 @@ def test_four_workers_share_postgres_without_running_anything_twice(postgres_url
         calls = db.execute(text(
             "SELECT idempotency_key, effect_id, resource, worker FROM effect_calls "
             "ORDER BY n")).all()
-    print(f"5000 effects by 4 workers in {elapsed:.1f} s")
-    assert outbox_counts(engine) == {"done": 5000}
-    assert len(calls) == 5000
-    assert len({c.idempotency_key for c in calls}) == 5000, "an effect ran twice"
+    print(f"{effects} effects by 4 workers in {elapsed:.1f} s")
+    assert outbox_counts(engine) == {"done": effects}
+    assert len(calls) == effects
+    assert len({c.idempotency_key for c in calls}) == effects, "an effect ran twice"
     _in_order(calls)
     assert len({c.worker for c in calls}) == 4, "the work was not shared"
 

@@ -21,15 +21,14 @@ import itertools
 import shutil
 import sys
 import tempfile
-import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
+from databases import Templates, require_postgres
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -561,19 +560,15 @@ def _settings(max_examples: int, steps: int) -> settings:
 
 
 @contextmanager
-def _sqlite_stores() -> Iterator[StoreOpener]:
-    """A fresh SQLite file for each example."""
+def _sqlite_stores(templates: Templates) -> Iterator[StoreOpener]:
+    """A fresh SQLite file for each example: a copy of the session's migrated template
+    (migrating costs more than a short example)."""
     directory = Path(tempfile.mkdtemp(prefix="lifecycle-model-"))
     names = itertools.count()
-    # Migrating costs more than a short example; copy a migrated, closed (checkpointed) file.
-    template = directory / "template.db"
-    Store(f"sqlite:///{template}", upgrade=True).dispose()
-    assert not Path(f"{template}-wal").exists()
 
     def open_store() -> tuple[Store, Callable[[], None]]:
         path = directory / f"example-{next(names)}.db"
-        shutil.copyfile(template, path)
-        store = Store(f"sqlite:///{path}")
+        store = Store(templates.sqlite(path))
 
         def cleanup() -> None:
             for suffix in ("", "-wal", "-shm"):
@@ -587,34 +582,20 @@ def _sqlite_stores() -> Iterator[StoreOpener]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def _libpq(url: str) -> str:
-    return url.replace("postgresql+psycopg://", "postgresql://", 1)
-
-
 @contextmanager
-def _postgres_stores(postgres_url: str) -> Iterator[StoreOpener]:
-    """A fresh schema for each example, created and dropped the way conftest does it.
-
-    ``postgres_url`` (the fixture) already skips or fails when the server is unreachable; its
-    own schema is left alone and only its server address is used here."""
-    base = postgres_url.split("options=-csearch_path", 1)[0].rstrip("?&")
+def _postgres_stores(templates: Templates) -> Iterator[StoreOpener]:
+    """A fresh database for each example, made from the session's migrated template and
+    dropped afterwards as conftest's are (a connection left open fails the example)."""
 
     def open_store() -> tuple[Store, Callable[[], None]]:
-        schema = f"lc_model_{uuid.uuid4().hex[:12]}"
-        with psycopg.connect(_libpq(base), autocommit=True) as conn:
-            conn.execute(f'CREATE SCHEMA "{schema}"')
-        sep = "&" if "?" in base else "?"
-
-        def cleanup() -> None:
-            with psycopg.connect(_libpq(base), autocommit=True) as conn:
-                conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
-
+        database = ExitStack()
+        url = database.enter_context(templates.postgres())
         try:
-            store = Store(f"{base}{sep}options=-csearch_path%3D{schema}", upgrade=True)
+            store = Store(url)
         except BaseException:
-            cleanup()
+            database.close()
             raise
-        return store, cleanup
+        return store, database.close
 
     yield open_store
 
@@ -627,14 +608,17 @@ def _on(open_store: StoreOpener) -> type[EngineMatchesModel]:
     return EngineMatchesModelOnStore
 
 
-def test_engine_matches_model_on_sqlite() -> None:
-    with _sqlite_stores() as open_store:
-        run_state_machine_as_test(_on(open_store), settings=_settings(max_examples=250, steps=40))
+def test_engine_matches_model_on_sqlite(templates: Templates, slow: bool) -> None:
+    with _sqlite_stores(templates) as open_store:
+        run_state_machine_as_test(_on(open_store), settings=_settings(
+            max_examples=250 if slow else 50, steps=40))
 
 
-def test_engine_matches_model_on_postgresql(postgres_url: str) -> None:
-    with _postgres_stores(postgres_url) as open_store:
-        run_state_machine_as_test(_on(open_store), settings=_settings(max_examples=40, steps=30))
+def test_engine_matches_model_on_postgresql(templates: Templates, slow: bool) -> None:
+    require_postgres()
+    with _postgres_stores(templates) as open_store:
+        run_state_machine_as_test(_on(open_store), settings=_settings(
+            max_examples=40 if slow else 10, steps=30))
 
 
 # Runs the random search reaches only now and then, written out, each step checked against
@@ -712,8 +696,8 @@ SCRIPTS: dict[str, list[tuple[Any, ...]]] = {
 
 
 @pytest.mark.parametrize("name", list(SCRIPTS))
-def test_engine_matches_model_on_scripted_runs(name: str) -> None:
-    with _sqlite_stores() as open_store:
+def test_engine_matches_model_on_scripted_runs(name: str, templates: Templates) -> None:
+    with _sqlite_stores(templates) as open_store:
         run = EngineMatchesModel(open_store)
         try:
             for op, machine, key, *rest in SCRIPTS[name]:

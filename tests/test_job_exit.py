@@ -802,8 +802,14 @@ def _crash_run(url: str, tmp_path: Path, jobs: int, probability: float) -> None:
     store.dispose()
 
 
-def test_crashes_at_random_points_across_200_exits(db_url: str, tmp_path: Path) -> None:
-    _crash_run(db_url, tmp_path, jobs=200, probability=0.015)
+def test_crashes_at_random_points_across_many_exits(db_url: str, tmp_path: Path,
+                                                    slow: bool) -> None:
+    """40 job exits, each crash point taken with probability 0.04 (some 20 crashes); with
+    --slow, 200 exits at 0.015."""
+    if slow:
+        _crash_run(db_url, tmp_path, jobs=200, probability=0.015)
+    else:
+        _crash_run(db_url, tmp_path, jobs=40, probability=0.04)
 
 
 # -- identity: a payload never changes which job exits ------------------------------------------

@@ -31,13 +31,13 @@ def lifecycle_tables(store: Store) -> set[str]:
         return {t for t in inspect(connection).get_table_names() if t.startswith("lifecycle_")}
 
 
-def test_models_and_migrations_agree(db_url: str) -> None:
-    store = Store(db_url, upgrade=True)
+def test_models_and_migrations_agree(empty_db_url: str) -> None:
+    store = Store(empty_db_url, upgrade=True)
     assert differences(store) == []
 
 
-def test_upgrade_downgrade_upgrade(db_url: str) -> None:
-    store = Store(db_url, check=False)
+def test_upgrade_downgrade_upgrade(empty_db_url: str) -> None:
+    store = Store(empty_db_url, check=False)
     store.upgrade()
     assert store.current_revision() == migrate.head_revision()
     assert lifecycle_tables(store) >= {t for t in metadata.tables}
@@ -47,13 +47,13 @@ def test_upgrade_downgrade_upgrade(db_url: str) -> None:
     assert lifecycle_tables(store) == {migrate.VERSION_TABLE} or lifecycle_tables(store) == set()
     store.upgrade()
     assert differences(store) == []
-    engine = Engine(Store(db_url), [TOGGLE])
+    engine = Engine(Store(empty_db_url), [TOGGLE])
     engine.create("toggle", "x")
     assert engine.fire("x", "flip").dest == "b"
 
 
-def test_every_revision_steps_down_and_up(db_url: str) -> None:
-    store = Store(db_url, check=False)
+def test_every_revision_steps_down_and_up(empty_db_url: str) -> None:
+    store = Store(empty_db_url, check=False)
     chain = [revision for revision, _, _ in migrate.revisions()]
     for revision in chain:
         store.upgrade(revision)
@@ -63,49 +63,49 @@ def test_every_revision_steps_down_and_up(db_url: str) -> None:
         assert store.current_revision() == down
 
 
-def test_empty_database_is_refused_and_left_alone(db_url: str) -> None:
+def test_empty_database_is_refused_and_left_alone(empty_db_url: str) -> None:
     with pytest.raises(SchemaOutOfDate, match=r"has no lifecycle schema yet; run `lifecycle db "
                                               r"upgrade`"):
-        Store(db_url)
-    if db_url.startswith("sqlite"):
-        assert not Path(db_url.removeprefix("sqlite:///")).exists()
+        Store(empty_db_url)
+    if empty_db_url.startswith("sqlite"):
+        assert not Path(empty_db_url.removeprefix("sqlite:///")).exists()
     else:
-        assert lifecycle_tables(Store(db_url, check=False)) == set()
+        assert lifecycle_tables(Store(empty_db_url, check=False)) == set()
 
 
-def test_database_behind_the_code_is_refused(db_url: str) -> None:
+def test_database_behind_the_code_is_refused(empty_db_url: str) -> None:
     chain = [revision for revision, _, _ in migrate.revisions()]
-    store = Store(db_url, check=False)
+    store = Store(empty_db_url, check=False)
     if len(chain) < 2:
         # With a single revision, "behind" can only mean "not upgraded at all".
         store.upgrade()
         store.downgrade("base")
         with pytest.raises(SchemaOutOfDate):
-            Store(db_url)
+            Store(empty_db_url)
         return
     store.upgrade(chain[-2])
     with pytest.raises(SchemaOutOfDate, match=f"is at schema revision {chain[-2]}"):
-        Store(db_url)
-    assert Store(db_url, upgrade=True).current_revision() == chain[-1]
+        Store(empty_db_url)
+    assert Store(empty_db_url, upgrade=True).current_revision() == chain[-1]
 
 
-def test_a_revision_this_code_does_not_know_is_refused(db_url: str) -> None:
+def test_a_revision_this_code_does_not_know_is_refused(empty_db_url: str) -> None:
     from sqlalchemy import text
 
     from lifecycle import DatabaseError
 
-    store = Store(db_url, upgrade=True)
+    store = Store(empty_db_url, upgrade=True)
     with store.begin() as db:
         db.execute(text(f"UPDATE {migrate.VERSION_TABLE} SET version_num = '9999_future'"))
     with pytest.raises(DatabaseError, match="9999_future, which this version of lifecycle "
                                             "does not know"):
-        Store(db_url)
+        Store(empty_db_url)
 
 
-def test_upgrading_keeps_every_row(db_url: str) -> None:
+def test_upgrading_keeps_every_row(empty_db_url: str) -> None:
     """Each revision upgrades a database full of history without losing a row of it."""
     chain = [revision for revision, _, _ in migrate.revisions()]
-    store = Store(db_url, check=False)
+    store = Store(empty_db_url, check=False)
     store.upgrade(chain[0])
     from sqlalchemy import text
 
@@ -130,7 +130,7 @@ def test_upgrading_keeps_every_row(db_url: str) -> None:
                 {"rid": rid, "seq": seq, "kind": kind, "trigger": trigger, "source": source,
                  "dest": dest})
     store.upgrade()
-    engine = Engine(Store(db_url), [TOGGLE])
+    engine = Engine(Store(empty_db_url), [TOGGLE])
     assert [e.dest for e in engine.history("x")] == ["a", "b"]
     assert engine.verify() == []
     assert engine.fire("x", "flip").dest == "a"
@@ -140,19 +140,20 @@ def test_upgrading_keeps_every_row(db_url: str) -> None:
     assert count == 3
 
 
-def test_many_processes_upgrade_a_fresh_postgresql_database_at_once(postgres_url: str) -> None:
+def test_many_processes_upgrade_a_fresh_postgresql_database_at_once(
+        empty_postgres_url: str, slow: bool) -> None:
     """Processes starting together each run `lifecycle db upgrade`: they take turns on an
     advisory lock, and every one ends well (without it, most failed creating the same type)."""
     import subprocess
     import sys
 
-    command = [sys.executable, "-m", "lifecycle", "db", "upgrade", "--db", postgres_url]
+    command = [sys.executable, "-m", "lifecycle", "db", "upgrade", "--db", empty_postgres_url]
     processes = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True) for _ in range(20)]
+                                  text=True) for _ in range(20 if slow else 8)]
     outcomes = [(p.wait(timeout=300), p.communicate()) for p in processes]
     failed = [(code, err) for code, (_, err) in outcomes if code != 0]
     assert not failed, failed[:3]
-    store = Store(postgres_url)  # at head, or this raises
+    store = Store(empty_postgres_url)  # at head, or this raises
     try:
         assert differences(store) == []
     finally:

@@ -17,7 +17,14 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from render.chromium import Chromium, MermaidPage, RenderError, Unavailable, mermaid_js
+from render.chromium import (
+    Chromium,
+    MermaidPage,
+    RenderError,
+    Unavailable,
+    chromium_executable,
+    mermaid_js,
+)
 
 from lifecycle import MachineSpec, load_spec
 from lifecycle.cli import main  # before lifecycle.diagram_cli, which cli.py imports
@@ -375,9 +382,11 @@ def test_graphviz_draws_every_machine(name: str) -> None:
 
 @pytest.fixture(scope="module")
 def mermaid_page() -> Iterator[MermaidPage]:
-    try:
+    try:  # Chromium is looked for first: the mermaid package (200 MB from npm) is
+        # downloaded only when it will be used
+        executable = chromium_executable()
         script = mermaid_js()
-        browser = Chromium()
+        browser = Chromium(executable)
     except Unavailable as exc:
         unavailable(str(exc))
         return

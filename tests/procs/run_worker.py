@@ -21,10 +21,18 @@ def main() -> None:
         logs, seed, probability = Path(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
         engine = machines.exit_engine(url, logs, machines.Crasher(seed, probability))
         Worker(engine, lease=0.5, concurrency=2, seed=seed).run_until_idle()
-    elif kind == "ticker":
+    elif kind == "ticker":  # ticker URL TABLE NAME [GATE WORKERS]
         table, name = sys.argv[3], sys.argv[4]
         engine = machines.ticker_engine(url, table, name)
         worker = Worker(engine, concurrency=1, name=name)
+        if len(sys.argv) > 5:  # start when all the workers have started, however slowly
+            gate, workers = Path(sys.argv[5]), int(sys.argv[6])
+            (gate / f"{name}.ready").touch()
+            deadline = time.monotonic() + 300
+            while len(list(gate.glob("*.ready"))) < workers:
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"{name}: the other workers never started")
+                time.sleep(0.01)
         while True:  # until the outbox is empty: effects behind another worker's come due
             before = worker.stats.done
             worker.run_until_idle()
