@@ -179,6 +179,7 @@ SYSTEM_MODULES = {
     "test_dashboard_browser",  # Chromium, through chromedriver
     "test_effects_processes",  # worker processes killed with SIGKILL, real signals
     "test_readme",  # every page's examples in bash: the demo, servers, a mail server
+    "test_worker_claims",  # worker processes paused with SIGSTOP past their leases
 }
 SYSTEM_TESTS = {
     # the demo, as a user runs it
@@ -224,6 +225,7 @@ INTEGRATION_TESTS = {
     "test_fetch_work_hook_empty_output_is_no_work",
     "test_a_hook_that_exits_non_zero_fails_with_its_status",
     "test_a_hook_that_hangs_is_killed_at_its_timeout",
+    "test_a_hook_that_prints_300_mb_is_killed_at_the_limit",
 }
 LEVELS = ("unit", "integration", "system")
 

@@ -48,9 +48,10 @@ def _written_at_0001(url: str) -> None:
         store.dispose()
 
 
-def test_a_database_written_at_0001_verifies_after_upgrade_and_a_fire(db_url: str) -> None:
-    _written_at_0001(db_url)
-    store = Store(db_url, upgrade=True)
+def test_a_database_written_at_0001_verifies_after_upgrade_and_a_fire(
+        empty_db_url: str) -> None:
+    _written_at_0001(empty_db_url)
+    store = Store(empty_db_url, upgrade=True)
     try:
         engine = Engine(store, [], effects={"notify": lambda call: None})
         assert engine.spec("m1").version == OLD_VERSION    # as stored, not re-hashed
