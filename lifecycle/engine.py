@@ -770,8 +770,9 @@ class Engine:
         elif context.stale:
             outcome = self._refuse_stale(cursor, compiled, row, trigger, payload, actor,
                                          context, decision, tries)
-        else:
-            outcome = _not_fired(row, trigger, decision.reason, decision.guards)
+        else:  # refused by its guards, perhaps on the answer a probe just gave
+            outcome = _not_fired(row, trigger, decision.reason, decision.guards,
+                                 probed=tries.probes > 0)
         if within is not None and not isinstance(outcome, _Again):
             within.after(cursor, outcome.result if isinstance(outcome, _Stale) else outcome)
         return outcome

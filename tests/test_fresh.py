@@ -436,3 +436,22 @@ def test_an_engine_that_is_not_strict_runs_a_spec_without_its_probe(
     assert engine.fire("d1", "release").dest == "integrate"  # a fresh status is enough
     with pytest.raises(SpecError, match="guard 'running' is not registered"):
         Engine(store, [DRONE], clock=clock, strict=False)  # guards it still needs
+
+
+def test_probed_says_a_probe_ran_when_its_answer_made_the_guard_false(
+        store: Store, clock: SimulatedClock, site: Site) -> None:
+    """The held Booting lets `remove` through but is too old: the probe is asked, answers
+    Running, and the guard is false. Nothing fired, and the result says the probe ran."""
+    spec = {"name": "remover", "initial": "booting", "states": ["booting", "gone"],
+            "final": ["gone"],
+            "transitions": [{"trigger": "remove", "source": "booting", "dest": "gone",
+                             "guards": ["not_running"],
+                             "fresh": {"max_age": 30, "probe": "site"}}]}
+    engine = Engine(store, [spec], guards=GUARDS, probes={"site": site}, clock=clock)
+    engine.create("remover", "r1")
+    engine.observe("r1", {"resource_status": "Booting"})
+    clock.advance(100)
+    site.status = "Running"
+    result = engine.fire("r1", "remove")
+    assert (result.fired, result.probed, len(site.calls)) == (False, True, 1)
+    assert "not_running" in (result.reason or "")

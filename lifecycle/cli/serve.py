@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import ipaddress
+import os
+import socket
 
 import click
 
@@ -38,11 +41,28 @@ def serve(host: str, port: int, db_url: str | None) -> None:
         raise needs_serve_extra(exc) from None
     app = create_app(db_url)
     shown = app.state.dashboard.db.display_url
+    listening = _listen(host, port)   # before saying so: a busy port is one error line
+    port = listening.getsockname()[1]
     if not _loopback(host):
         err.print(f"[yellow]warning[/]: listening on {escape(host)}, reachable from other "
                   "hosts; the dashboard has no login")
     out.print(f"dashboard of {escape(shown)}, read-only: http://{escape(host)}:{port}/")
-    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning",
+                                           timeout_graceful_shutdown=5))
+    server.run(sockets=[listening])
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host``:``port`` (0: a free port), or a LifecycleError that says
+    why not (the port is taken, the address is not this host's)."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        return socket.create_server((host, port), family=family)
+    except OSError as exc:
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        hint = ("; is another `lifecycle serve` running? choose another with --port"
+                if exc.errno == errno.EADDRINUSE else "")
+        raise LifecycleError(f"cannot listen on {host}:{port}: {reason}{hint}") from None
 
 
 def _loopback(host: str) -> bool:

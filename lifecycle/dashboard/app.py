@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
 from sqlalchemy import Connection
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -259,8 +260,11 @@ class Dashboard:
                 "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'"})
         return Response(drawn, media_type="text/plain; charset=utf-8")
 
-    def metrics(self, _request: Request) -> Response:
-        return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
+    def metrics(self, request: Request) -> Response:
+        """The metrics in the format the scraper asks for (its ``Accept`` header): Prometheus'
+        text format 0.0.4 when it asks for nothing else, OpenMetrics when it prefers it."""
+        encode, content_type = choose_encoder(request.headers.get("accept", ""))
+        return Response(encode(self.registry), headers={"Content-Type": content_type})
 
 
 class SecurityHeaders:
