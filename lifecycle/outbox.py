@@ -7,7 +7,7 @@ from typing import Any
 
 from sqlalchemy import func, select, update
 
-from .effects import FAILED, PENDING
+from .effects import FAILED, PENDING, RUNNING
 from .engine import Engine
 from .queries import resource_id
 from .records import EffectRecord, TimerRecord
@@ -62,5 +62,20 @@ def outbox_counts(engine: Engine) -> dict[str, int]:
     return {status: count for status, count in rows}
 
 
+def unhandled(engine: Engine) -> dict[tuple[str, str], int]:
+    """Open effects (pending, running or failed) that no handler of ``engine`` can run, by
+    (machine, effect name): what a worker of this process would leave undone."""
+    names = sorted(engine.handlers)
+    query = (select(resources.c.machine, outbox.c.name, func.count())
+             .join(resources, resources.c.id == outbox.c.resource_id)
+             .where(outbox.c.status.in_((PENDING, RUNNING, FAILED)))
+             .group_by(resources.c.machine, outbox.c.name)
+             .order_by(resources.c.machine, outbox.c.name))
+    if names:
+        query = query.where(outbox.c.name.not_in(names))
+    with engine.store.read() as db:
+        return {(machine, name): count for machine, name, count in db.execute(query).all()}
+
+
 __all__ = ["EffectRecord", "TimerRecord", "effect_records", "outbox_counts", "retry_failed",
-           "timer_records"]
+           "timer_records", "unhandled"]

@@ -52,3 +52,10 @@ def test_read_only_commands_read_a_machine_whose_guards_are_not_loaded(
     assert (tmp_path / "vm.mmd").read_text().count("-->") >= 2
     code, output = run("fire", "vm:v1", "give")
     assert code != 0 and "guard 'idle' is not registered" in output
+    # a worker of this process cannot run vm's provision: it says so, and leaves it be
+    code, output = run("worker", "--until-idle")
+    assert code == 0 and "outbox: 1 pending" in output
+    assert ("not run here: vm's provision (1): no handler in this process; name the module "
+            "that defines it in LIFECYCLE_PLUGINS") in output
+    code, output = run("worker", "--until-idle", "--json")
+    assert json.loads(output)["not_run_here"] == {"vm": {"provision": 1}}

@@ -5,15 +5,25 @@ from __future__ import annotations
 import json
 import logging
 import time
+from typing import Any
 
 import click
 from rich.table import Table
 
 from ..effects import FAILED, PENDING, RUNNING
 from ..machines import builtins
-from ..outbox import effect_records, outbox_counts, retry_failed
+from ..outbox import effect_records, outbox_counts, retry_failed, unhandled
 from ..worker import DEFAULT_LEASE, HeldClaims, Worker, WorkerStats
-from .common import db_option, err, escape, json_option, out, plural, time_text
+from .common import (
+    PLUGINS_VARIABLE,
+    db_option,
+    err,
+    escape,
+    json_option,
+    out,
+    plural,
+    time_text,
+)
 from .context import make_engine
 from .serve import needs_serve_extra
 
@@ -47,16 +57,19 @@ def worker(until_idle: bool, concurrency: int, lease: float, poll: float,
     giving the running effects back."""
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    log = logging.getLogger(__name__)
     engine = make_engine(db_url)
     for name, builtin in builtins().items():
         spec = builtin.spec
         missing = sorted((spec.effect_names() - set(engine.handlers))
                          | (spec.probe_names() - set(engine.probes)))
         if missing:  # a machine whose adapters this process does not have (e.g. a site)
-            logging.getLogger(__name__).info(
-                "not serving %s: no %s here (LIFECYCLE_PLUGINS)", name, ", ".join(missing))
+            log.debug("not serving %s: no %s here (%s)", name, ", ".join(missing),
+                      PLUGINS_VARIABLE)
             continue
         engine.register(spec)
+    for line in _unhandled_lines(engine):   # said where it matters: work is waiting
+        log.warning("%s", line)
     stop_metrics = None
     if metrics_port is not None:
         try:
@@ -73,7 +86,11 @@ def worker(until_idle: bool, concurrency: int, lease: float, poll: float,
             stop_metrics()
     left = outbox_counts(engine)
     if as_json:
-        print(json.dumps({**stats.to_json(), "outbox": left}, indent=2))
+        not_run: dict[str, dict[str, int]] = {}
+        for (machine, name), count in unhandled(engine).items():
+            not_run.setdefault(machine, {})[name] = count
+        print(json.dumps({**stats.to_json(), "outbox": left, "not_run_here": not_run},
+                         indent=2))
     else:
         out.print(f"effects: {stats.done} done, {stats.retried} to retry, {stats.failed} "
                   f"failed for good; timers: {stats.timers_fired} fired, "
@@ -81,6 +98,18 @@ def worker(until_idle: bool, concurrency: int, lease: float, poll: float,
         waiting = {k: v for k, v in left.items() if k in (PENDING, RUNNING, FAILED)}
         if waiting:
             out.print("outbox: " + ", ".join(f"{v} {k}" for k, v in sorted(waiting.items())))
+        for line in _unhandled_lines(engine):
+            out.print(escape(line))
+
+
+def _unhandled_lines(engine: Any) -> list[str]:
+    """What this process cannot run though it waits in the outbox, one line a machine."""
+    by_machine: dict[str, list[str]] = {}
+    for (machine, name), count in unhandled(engine).items():
+        by_machine.setdefault(machine, []).append(f"{name} ({count})")
+    return [f"not run here: {machine}'s {', '.join(names)}: no handler in this process; name "
+            f"the module that defines it in {PLUGINS_VARIABLE}"
+            for machine, names in by_machine.items()]
 
 
 def _until_idle(worker: Worker) -> WorkerStats:
