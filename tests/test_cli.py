@@ -141,7 +141,12 @@ def test_db_commands(run) -> None:  # type: ignore[no-untyped-def]
     assert f"{head} -> 0001_core" in run("db", "downgrade", "0001_core")
     assert "behind" in run("db", "current", code=1)
     assert "0001_core -> empty" in run("db", "downgrade", "base")
-    assert "base -> 0001_core" in CliRunner().invoke(main, ["db", "history"]).output
+    history = CliRunner().invoke(main, ["db", "history"]).output
+    assert "base -> 0001_core" in history
+    # each revision's description whole, on its line (its file wraps it at 90 columns)
+    assert ("0001_core -> 0002_observations: observations: status reports from outside, the "
+            "newest one per resource, and the observation and fence each decision rested on\n"
+            ) in history
 
 
 def test_console_script_and_module_entry_point(tmp_path: Path) -> None:

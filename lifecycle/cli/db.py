@@ -76,6 +76,7 @@ def known_revision(store: Store) -> str | None:
 def db_history() -> None:
     """List the schema revisions, oldest first."""
     for revision, down, message in migrate.revisions():
-        out.print(f"{down or 'base'} -> {revision}: {message.splitlines()[0] if message else ''}")
+        # the revision's first paragraph whole: its file wraps it, the terminal may again
+        out.print(f"{down or 'base'} -> {revision}: {' '.join(message.split())}", soft_wrap=True)
 
 

@@ -1,5 +1,5 @@
 """``lifecycle simulate drone-race``: a pool of short-lived drones under fluctuating demand,
-with status delays like the seed's, run on TARDIS as it is (``drone_tardis``) and on the
+with status delays like the incident's, run on TARDIS as it is (``drone_tardis``) and on the
 ``drone`` machine.
 
 The world: a site whose jobs boot after a random delay and whose status view lags reality by
@@ -404,7 +404,7 @@ SIMULATION = Simulation(
         "start_gate": Option(bool, DEFAULTS["start_gate"],
                              "drones take payload only once integrated"),
         "policy": Option(str, DEFAULTS["policy"], "which drones to release: newest_first "
-                         "(COBalD's proposal in the seed's thread, the default here) or "
+                         "(COBalD's proposal in the incident's discussion, the default here) or "
                          "established_first", choices=("newest_first", "established_first")),
     },
     demo={"drones": 40, "hours": 1.0},

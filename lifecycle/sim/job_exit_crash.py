@@ -1,7 +1,7 @@
 """``lifecycle simulate job-exit-crash``: many local-universe job exits while the process
 doing them dies at random points and the job queue goes away for a while.
 
-Before, the seed's procedure (HTCondor's starter): the four steps run one after the other in
+Before, the incident's procedure (HTCondor's starter): the four steps run one after the other in
 memory; a death before the queue update leaves the job Running, so it runs again and exits
 again (a second 005 event, a second output ad); a death between the queue update and the
 mail loses the mail; a queue that does not answer is tried six times (HTCondor's default of
@@ -81,7 +81,7 @@ def draw(loop: EventLoop, options: Mapping[str, Any]) -> Plan:
 
 
 def before(plan: Plan) -> dict[str, Any]:
-    """Count what the seed's procedure does with the plan."""
+    """Count what the incident's procedure does with the plan."""
     events = ads = mails = lost = reruns = 0
     duplicated_events = duplicated_ads = 0
     longest_block = 0.0
@@ -282,7 +282,7 @@ DEFAULTS: dict[str, Any] = {"jobs": 200, "hours": 1.0, "crashes": 0.2, "outage":
 
 def simulate(*, seed: int = 1, progress: Progress | None = None, store: Store | None = None,
              prefix: str = "", **changes: Any) -> dict[str, Any]:
-    """Both: the seed's procedure and the machine, on one fault plan."""
+    """Both: the incident's procedure and the machine, on one fault plan."""
     del store, prefix  # the machine's run needs files beside its database: a directory
     options = {**DEFAULTS, **{k: v for k, v in changes.items() if v is not None}}
     started = time.perf_counter()
