@@ -3,8 +3,10 @@
 - :func:`atomic_write`: a file is replaced whole or not at all (temporary file in the same
   directory, fsync, rename, fsync of the directory).
 - :func:`verified_append`: before appending a record, the file's size is saved in the
-  effect's progress; on a retry, if the bytes at that offset are already the record, nothing
-  is appended again. This is what makes a log event exactly-once across crashes.
+  effect's progress; on a retry, if the bytes at that offset are already the record, or the
+  record is anywhere in the file (someone rewrote the log meanwhile, putting lines before
+  it) or in its rotated copy (``<path>.old``), nothing is appended again. This is what makes
+  a log event exactly-once across crashes.
 """
 
 from __future__ import annotations
@@ -53,7 +55,9 @@ def verified_append(call: EffectCall, path: str | os.PathLike[str], record: byte
     Returns True when it appended, False when an earlier attempt already had. The file is
     locked (``flock``) while appending, so cooperating writers of a shared log interleave
     whole records. The offset is saved in the effect's progress under ``name`` (default: the
-    path) before the bytes are written."""
+    path) before the bytes are written. On a retry whose record is not at that offset, the
+    file and its rotated copy ``<path>.old`` are searched for it whole (the record must be
+    the same bytes on every attempt: keep it in the effect's progress)."""
     target = Path(path)
     slot = name or f"append:{target}"
     with open(target, "ab+") as handle:
@@ -73,6 +77,8 @@ def verified_append(call: EffectCall, path: str | os.PathLike[str], record: byte
                     # it, so the torn bytes are ours to replace
                     handle.truncate(offset)
                     size = offset
+                elif _holds(handle, record) or _rotated_holds(target, record):
+                    return False  # written, then moved: the log was rewritten or rotated
             call.save_progress({slot: size})
             handle.seek(0, os.SEEK_END)
             handle.write(record)
@@ -81,6 +87,28 @@ def verified_append(call: EffectCall, path: str | os.PathLike[str], record: byte
             return True
         finally:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _holds(handle: BinaryIO, record: bytes, chunk: int = 1 << 20) -> bool:
+    """Whether the file holds ``record`` anywhere (read a chunk at a time)."""
+    handle.seek(0)
+    carry = b""
+    while True:
+        block = handle.read(chunk)
+        if not block:
+            return False
+        window = carry + block
+        if record in window:
+            return True
+        carry = window[-(len(record) - 1):] if len(record) > 1 else b""
+
+
+def _rotated_holds(target: Path, record: bytes) -> bool:
+    rotated = target.with_name(target.name + ".old")
+    if not rotated.is_file():
+        return False
+    with open(rotated, "rb") as handle:
+        return _holds(handle, record)
 
 
 def _read_at_most(handle: BinaryIO, count: int) -> bytes:
