@@ -16,12 +16,13 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from procs import gated
+from waiting import until
 
 from lifecycle import AsyncWorker, Effect, EffectCall, Engine, Store, Worker, effect_records
 from lifecycle.spec import load_spec
@@ -32,11 +33,6 @@ LEASE = 3.0
 """The paused worker's lease (a heartbeat a third of it): short, so the test waits little."""
 
 
-def _until(condition: Callable[[], bool], what: str, seconds: float = 120) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 @pytest.fixture
@@ -91,7 +87,7 @@ def _pause(process: subprocess.Popen[str], engine: Engine, db_url: str) -> None:
     deadline = time.monotonic() + 60
     while True:
         process.send_signal(signal.SIGSTOP)
-        _until(lambda: _stopped(process.pid), "the worker to stop")
+        until(lambda: _stopped(process.pid), "the worker to stop")
         if not _in_a_transaction(engine, db_url):
             return
         assert time.monotonic() < deadline, "the worker was always in a transaction"
@@ -131,13 +127,13 @@ def test_a_worker_paused_past_its_lease_starts_nothing_it_lost(
                           stderr=subprocess.PIPE, text=True, env=dict(os.environ))
     log = _stderr_lines(p1)
     try:
-        _until(lambda: sum(_starts(tmp_path).values()) == 2, "P1 to start two handlers")
+        until(lambda: sum(_starts(tmp_path).values()) == 2, "P1 to start two handlers")
         _pause(p1, engine, db_url)
         started_by_p1 = set(_starts(tmp_path))
         assert len(started_by_p1) == 2
         gate.unlink()
         # P1's leases run out while it sleeps
-        _until(lambda: all(r.status == "pending" or (r.lease_until is not None and
+        until(lambda: all(r.status == "pending" or (r.lease_until is not None and
                                                      r.lease_until < engine.clock.now())
                            for r in effect_records(engine)), "P1's leases to run out")
         Worker(engine, concurrency=4, name="p2").run_until_idle()
@@ -150,7 +146,7 @@ def test_a_worker_paused_past_its_lease_starts_nothing_it_lost(
             return ends >= 14 and (len(calls) > 28 or any("were not started" in line
                                                           for line in log))
 
-        _until(settled, "P1 to finish its running handlers and go on")
+        until(settled, "P1 to finish its running handlers and go on")
     finally:
         p1.send_signal(signal.SIGCONT)
         p1.send_signal(signal.SIGTERM)
@@ -252,7 +248,7 @@ def test_an_async_worker_whose_loop_was_closed_gives_its_claims_back(db_url: str
         loop.close()
         heart = worker._heartbeat_thread
         assert heart is not None
-        _until(lambda: not heart.is_alive(), "the heartbeat to see the loop closed")
+        until(lambda: not heart.is_alive(), "the heartbeat to see the loop closed")
         _given_back(engine, started)
         assert _each_runs_once_more(db_url) == dict.fromkeys(sorted(f"w{i}" for i in range(6)),
                                                               1)

@@ -12,15 +12,15 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
 from procs import gated
 from sqlalchemy import select, update
+from waiting import until
 
 from lifecycle import (
     Effect,
@@ -42,11 +42,6 @@ TESTS = Path(__file__).resolve().parent
 LIFECYCLE = [sys.executable, "-m", "lifecycle"]
 
 
-def _until(condition: Callable[[], bool], what: str, seconds: float = 120) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 @pytest.fixture
@@ -103,7 +98,7 @@ def test_a_killed_workers_claims_are_taken_over_within_its_lease(
                              env=plugin_env, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
     try:
-        _until(lambda: sum(_starts(tmp_path).values()) == 3, "three handlers to start")
+        until(lambda: sum(_starts(tmp_path).values()) == 3, "three handlers to start")
         leases = {lease for _, _, lease in _running(engine)}
         assert len(_running(engine)) >= 3 and None not in leases
     finally:
@@ -223,13 +218,13 @@ def test_a_handler_slower_than_its_lease_runs_once(store: Store) -> None:
         assert lease_until is not None
         claimed_until = engine.store.time_value(lease_until)
         # wait until the first lease has run out three times over, by the engine's clock
-        _until(lambda: engine.clock.now() > claimed_until + dt.timedelta(seconds=3 * lease),
+        until(lambda: engine.clock.now() > claimed_until + dt.timedelta(seconds=3 * lease),
                "the first lease to run out")
         [(_, still, renewed)] = _running(engine)
         assert still == holder and renewed is not None
         assert engine.store.time_value(renewed) > claimed_until  # the heartbeat renewed it
         release.set()
-        _until(lambda: engine.get("s1").state == "done", "the effect to finish")
+        until(lambda: engine.get("s1").state == "done", "the effect to finish")
     finally:
         release.set()
         for w in (first, second):
@@ -281,10 +276,10 @@ def test_lost_connections_cost_nothing_but_time(postgres_url: str, tmp_path: Pat
     try:
         for round_ in range(6):
             # cut when some work is done and more is left, on every round
-            _until(lambda r=round_: sum(_ends(tmp_path).values()) >= 15 * (r + 1),
+            until(lambda r=round_: sum(_ends(tmp_path).values()) >= 15 * (r + 1),
                    f"progress before cut {round_ + 1}")
             cuts += _terminate(postgres_url, worker_name)
-        _until(lambda: {engine.get(k).state for k in keys} == {"done"}, "every effect done")
+        until(lambda: {engine.get(k).state for k in keys} == {"done"}, "every effect done")
         assert process.poll() is None, "the worker died"
     finally:
         process.send_signal(signal.SIGTERM)
