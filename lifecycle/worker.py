@@ -444,10 +444,13 @@ class Worker:
                 self._claims.discard(effect_id)
                 self._confirmed.pop(effect_id, None)
                 self._lost.add(effect_id)
-        if lost:
+        # (one recorded done just now is gone from the renewal too, and is no news)
+        waiting = {call.id for call in list(self._queue)} | set(self._running)
+        taken = [effect_id for effect_id in lost if effect_id in waiting]
+        if taken:
             log.warning("worker %s: %d claims were taken over by another worker (their "
                         "leases ran out: was this process paused?); nothing more of them is "
-                        "started here", self.name, len(lost))
+                        "started here", self.name, len(taken))
 
     def _abandoned(self) -> bool:
         """Whether what runs this worker's handlers is gone for good (an event loop closed
