@@ -150,3 +150,18 @@ def test_a_huge_demand_is_bounded_and_spawned_a_bounded_number_at_a_time(
     pool.adjust()
     pool.adjust()
     assert len(pool.drones()) == 50                           # and never more than 50
+
+
+class Pool:
+    """A batch-system adapter whose machine status call fails for one drone."""
+
+    async def get_machine_status(self, drone_uuid: str) -> str:
+        if drone_uuid == "site-d3":
+            raise KeyError(drone_uuid)
+        return "Available"
+
+
+def test_one_drones_failed_machine_status_costs_only_its_own() -> None:
+    batch = tardis.TardisBatchSystem(Pool())
+    answer = asyncio.run(batch.machine_status(DRONES))
+    assert answer == {d.name: "Available" for d in DRONES} | {"site-d3": UNKNOWN}

@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from importlib import import_module
 from pathlib import Path
@@ -169,27 +169,7 @@ class TardisSite:
         themselves: Slurm's squeue asks for many jobs in one command). A drone whose call
         fails or does not answer within ``status_timeout`` is UNKNOWN; when every drone's
         fails, the site could not be asked: :class:`TardisSiteError`."""
-        answers = await asyncio.gather(*(self._one_status(d) for d in drones))
-        failed = [a for a in answers if isinstance(a, SiteError)]
-        if drones and len(failed) == len(drones):
-            raise failed[0]
-        return {d.name: UNKNOWN if isinstance(a, SiteError) else a
-                for d, a in zip(drones, answers, strict=True)}
-
-    async def _one_status(self, drone: Drone) -> str | SiteError:
-        failure: SiteError
-        try:
-            return await asyncio.wait_for(self._status(drone), self.status_timeout)
-        except TimeoutError:
-            failure = TardisSiteError(f"status of {drone.name} at {self.name}: no answer "
-                                      f"within {self.status_timeout:g} s")
-        except SiteError as exc:
-            failure = exc
-        except Exception as exc:  # an adapter's own bug (a KeyError...) is this drone's only
-            failure = TardisSiteError(f"status of {drone.name} at {self.name}: "
-                                      f"{type(exc).__name__} {exc}")
-        log.warning("drone %s is not observed this time: %s", drone.name, failure)
-        return failure
+        return await _each(drones, self._status, self.status_timeout, f"at {self.name}")
 
     async def _status(self, drone: Drone) -> str:
         attributes = self._attributes(drone)
@@ -248,8 +228,9 @@ class TardisBatchSystem:
     The drone's name is TARDIS's ``drone_uuid``. TARDIS's integrate has no gate: the
     drone machine's ``open_gate`` is not passed on."""
 
-    def __init__(self, batch_system_adapter: Any) -> None:
+    def __init__(self, batch_system_adapter: Any, *, status_timeout: float = 60.0) -> None:
         self.adapter = batch_system_adapter
+        self.status_timeout = status_timeout
 
     @property
     def translation(self) -> dict[str, float]:
@@ -275,20 +256,12 @@ class TardisBatchSystem:
     async def machine_status(self, drones: Sequence[Drone]) -> dict[str, str]:
         """Each drone's MachineStatus; one whose call fails is UNKNOWN (not observed), and
         when every call fails the pool could not be asked: :class:`TardisSiteError`."""
-        answers = await asyncio.gather(*(self._call(
-            "machine status of", self.adapter.get_machine_status, d) for d in drones),
-            return_exceptions=True)
-        failed = [a for a in answers if isinstance(a, BaseException)]
-        for failure in failed:
-            if not isinstance(failure, Exception):
-                raise failure                    # a cancellation, not the pool's answer
-        if drones and len(failed) == len(drones):
-            raise failed[0]
-        for drone, answer in zip(drones, answers, strict=True):
-            if isinstance(answer, Exception):
-                log.warning("drone %s is not observed this time: %s", drone.name, answer)
-        return {d.name: UNKNOWN if isinstance(a, Exception) else _named(a, NOT_AVAILABLE)
-                for d, a in zip(drones, answers, strict=True)}
+        async def machine_status(drone: Drone) -> str:
+            answer = await self._call("machine status of", self.adapter.get_machine_status,
+                                      drone)
+            return _named(answer, NOT_AVAILABLE)
+
+        return await _each(drones, machine_status, self.status_timeout, "in the pool")
 
     async def allocation(self, drones: Sequence[Drone]) -> dict[str, float]:
         answers = await asyncio.gather(*(self._call(
@@ -377,6 +350,35 @@ def _adapter(kind: str, name: str) -> Any:
                        f"{name}Adapter")
     except (ImportError, AttributeError) as exc:
         raise TardisSiteError(f"TARDIS has no {kind[:-1]} adapter {name!r}: {exc}") from None
+
+
+async def _each(drones: Sequence[Drone], ask: Callable[[Drone], Awaitable[str]],
+                timeout: float, where: str) -> dict[str, str]:
+    """``ask`` about each drone at once, each within ``timeout`` seconds: a drone whose call
+    fails (a SiteError, or an adapter's own bug such as a KeyError) or hangs is UNKNOWN, not
+    observed this time, and costs no other drone its answer. When every drone's call fails,
+    nothing could be asked: the first failure is raised."""
+    async def one(drone: Drone) -> str | SiteError:
+        try:
+            return await asyncio.wait_for(ask(drone), timeout)
+        except TimeoutError:
+            return TardisSiteError(f"{drone.name} {where}: no answer within {timeout:g} s")
+        except SiteError as exc:
+            return exc
+        except Exception as exc:
+            return TardisSiteError(f"{drone.name} {where}: {type(exc).__name__} {exc}")
+
+    answers = await asyncio.gather(*(one(d) for d in drones))
+    failed = [a for a in answers if isinstance(a, SiteError)]
+    if drones and len(failed) == len(drones):
+        raise failed[0]
+    found: dict[str, str] = {}
+    for drone, answer in zip(drones, answers, strict=True):
+        if isinstance(answer, SiteError):
+            log.warning("drone %s is not observed this time: %s", drone.name, answer)
+            answer = UNKNOWN
+        found[drone.name] = answer
+    return found
 
 
 def _named(status: Any, default: str) -> str:
