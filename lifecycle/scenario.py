@@ -105,9 +105,16 @@ Simulated = Callable[[World], tuple[Mapping[str, Any], Mapping[str, Any], Mappin
 """A machine's simulation: given the world, its guards, effect handlers and probes."""
 
 
+SCENARIO_SUFFIXES = (".yaml", ".yml", ".json")
+"""What a scenario file's name ends with (a directory is replayed file by file of these)."""
+
+
 def load(path: str | Path) -> Scenario:
     """Parse a scenario file; a malformed one raises :class:`ScenarioError` naming the line."""
     path = Path(path)
+    if path.suffix.lower() not in SCENARIO_SUFFIXES:
+        raise ScenarioError(f"{path}: not a scenario file: a scenario is a YAML or JSON file "
+                            f"({', '.join(SCENARIO_SUFFIXES)}) with `machine` and `steps`")
     try:
         text = read_text(path)
         root = compose_yaml(text, str(path))

@@ -167,3 +167,13 @@ def test_cli_summary_json_and_exit_status(tmp_path: Path, toggle: Path) -> None:
     assert [(d["file"].endswith("good.yaml"), d["passed"], d["steps"]) for d in doc] == [
         (True, True, 1), (False, False, 2)]
     assert doc[1]["failure"]["expected"] == {"state": "on"}
+
+
+def test_a_file_that_is_no_scenario_file_is_said_so(tmp_path: Path) -> None:
+    """Markdown (the startd's transition table, which only the suite replays) is not read as
+    YAML and reported as bad YAML: the error says what a scenario file is."""
+    page = tmp_path / "transitions.md"
+    page.write_text("# a table\n\n| ref | from |\n|---|---|\n")
+    with pytest.raises(ScenarioError, match=r"transitions\.md: not a scenario file: a "
+                                            r"scenario is a YAML or JSON file"):
+        replay(page)

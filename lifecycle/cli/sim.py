@@ -18,6 +18,7 @@ from rich.text import Text
 from ..demo import run_demo
 from ..errors import LifecycleError
 from ..machines import builtins, drone
+from ..scenario import SCENARIO_SUFFIXES
 from ..scenario import replay as replay_one
 from ..sim import simulations
 from ..sim.simulation import RANGES
@@ -37,7 +38,7 @@ def replay(files: tuple[str, ...], as_json: bool) -> None:
     for name in files:
         path = Path(name)
         if path.is_dir():
-            paths += sorted(p for p in path.rglob("*") if p.suffix in (".yaml", ".yml", ".json"))
+            paths += sorted(p for p in path.rglob("*") if p.suffix in SCENARIO_SUFFIXES)
         else:
             paths.append(path)
     results = [replay_one(path, builtins()) for path in paths]
