@@ -374,7 +374,14 @@ def test_refusals_are_those_of_the_window_asked_for(populated: str) -> None:
     with served(populated, clock=later) as base:
         assert _get(base, "/refusals", format="json").json()["total"] == 0
         assert _get(base, "/refusals", format="json", hours=4).json()["total"] == len(MARKUP)
-        assert 'id="none"' in _get(base, "/refusals").text
+        page = _get(base, "/refusals").text
+        assert 'id="none"' in page
+        # the refusals before the window are said, with the window that shows them (a
+        # simulation's, written on its own clock, would otherwise not be found at all)
+        earlier = _get(base, "/refusals", format="json").json()
+        assert earlier["earlier"] == len(MARKUP) and earlier["reach_hours"] == 4
+        assert f"{len(MARKUP)} earlier refusals" in page and 'href="?hours=4"' in page
+        assert _get(base, "/refusals", format="json", hours=4).json()["earlier"] == 0
 
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import socket
 import threading
 import time
@@ -235,8 +236,17 @@ class Dashboard:
                               "json")
 
         def compute(db: Connection) -> dict[str, Any]:
-            since = self.clock.now() - dt.timedelta(hours=hours)
-            return {"hours": hours, **reads.refusals(db, since)}
+            now = self.clock.now()
+            found = reads.refusals(db, now - dt.timedelta(hours=hours))
+            newest = found["newest_earlier"]
+            # the window that reaches the newest earlier refusal (a simulation's, say, whose
+            # clock was not this one's), in whole hours
+            reach = None
+            if newest:
+                at = dt.datetime.fromisoformat(newest)
+                at = at if at.tzinfo else at.replace(tzinfo=dt.UTC)   # SQLite's: UTC
+                reach = math.ceil((now - at).total_seconds() / 3600) + 1
+            return {"hours": hours, "reach_hours": reach, **found}
         return self.answer(request, "refusals.html", compute)
 
     def live(self, request: Request) -> Response:

@@ -304,7 +304,10 @@ def refusals(db: Connection, since: dt.datetime, limit: int = TROUBLE_SHOWN) -> 
                r.machine, r.key)
         .join(resources, r.id == j.resource_id).where(risky)
         .order_by(j.at.desc()).limit(limit)).all()
+    earlier, newest = db.execute(select(func.count(), func.max(j.at)).where(
+        text(REFUSALS_WHERE), j.at < since)).one()
     return {"since": iso(since), "total": sum(e["count"] for e in edges), "edges": edges,
+            "earlier": int(earlier or 0), "newest_earlier": iso(newest) if newest else None,
             "refusals": [{"machine": e.machine, "key": e.key, "seq": e.seq, "at": iso(e.at),
                           "trigger": e.trigger or EVENTLESS, "source": e.source,
                           "dest": e.dest, "actor": e.actor,
