@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
@@ -77,7 +78,7 @@ def verified_append(call: EffectCall, path: str | os.PathLike[str], record: byte
                     # it, so the torn bytes are ours to replace
                     handle.truncate(offset)
                     size = offset
-                elif _holds(handle, record) or _rotated_holds(target, record):
+                elif _holds(handle, record, size) or _rotated_holds(target, record):
                     return False  # written, then moved: the log was rewritten or rotated
             call.save_progress({slot: size})
             handle.seek(0, os.SEEK_END)
@@ -89,18 +90,24 @@ def verified_append(call: EffectCall, path: str | os.PathLike[str], record: byte
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
-def _holds(handle: BinaryIO, record: bytes, chunk: int = 1 << 20) -> bool:
-    """Whether the file holds ``record`` anywhere (read a chunk at a time)."""
+def _holds(handle: BinaryIO, record: bytes, size: int, chunk: int = 1 << 20) -> bool:
+    """Whether the first ``size`` bytes of a regular file hold ``record`` anywhere (read a
+    chunk at a time). A device or a pipe is not searched: it may never end."""
+    if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+        return False
     handle.seek(0)
     carry = b""
-    while True:
-        block = handle.read(chunk)
+    left = size
+    while left > 0:
+        block = handle.read(min(chunk, left))
         if not block:
             return False
+        left -= len(block)
         window = carry + block
         if record in window:
             return True
         carry = window[-(len(record) - 1):] if len(record) > 1 else b""
+    return False
 
 
 def _rotated_holds(target: Path, record: bytes) -> bool:
@@ -108,7 +115,7 @@ def _rotated_holds(target: Path, record: bytes) -> bool:
     if not rotated.is_file():
         return False
     with open(rotated, "rb") as handle:
-        return _holds(handle, record)
+        return _holds(handle, record, os.fstat(handle.fileno()).st_size)
 
 
 def _read_at_most(handle: BinaryIO, count: int) -> bytes:
