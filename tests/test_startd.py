@@ -486,6 +486,23 @@ def test_reply_fetch_and_evict_claim_stdin_as_startd_hook_mgr_writes_it(
     assert evict.endswith(f'ClaimId = "{slot.ids.full("slot1", fetch_claim)}"\n')
 
 
+def test_fetch_work_is_given_the_slot_ad_with_its_state_and_activity(
+        tmp_path: Path, store: Store) -> None:
+    """As publish_single_slot_ad(for_workfetch): the slot's machine attributes, its Name,
+    State and Activity, and its public claim id; no ClaimId."""
+    seen = tmp_path / "fetch-stdin"
+    hooks = Hooks({"FETCH_HOOK_FETCH_WORK": _hook(tmp_path, "fetch", f"cat > {seen}\n")})
+    slot, engine = _slot_engine(store, hooks)
+    engine.update(KEY, {"ad": {"Memory": 2048, "Cpus": 2}})
+    engine.fire(KEY, "fetch")
+    Worker(engine).run_until_idle()
+    ad = parse_job_ad(seen.read_text())
+    assert ad is not None
+    assert {k: ad[k] for k in ("Name", "State", "Activity", "Memory", "Cpus")} == {
+        "Name": "slot1", "State": "Owner", "Activity": "Idle", "Memory": 2048, "Cpus": 2}
+    assert ad["PublicClaimId"] == slot.data["advertised_claim_id"] and "ClaimId" not in ad
+
+
 def test_a_rejected_fetch_hands_out_no_claim_secret(
         tmp_path: Path, store: Store, caplog: pytest.LogCaptureFixture) -> None:
     """The slot is not willing (START refuses the job): REPLY_FETCH reject gets the job and slot

@@ -209,10 +209,16 @@ def _leaving_edges() -> list[dict[str, Any]]:
 def _fetch_edges() -> list[dict[str, Any]]:
     accept = ({"name": "reply_fetch", "args": {"accept": True}},)
     job = ("has_job", "willing")
-    # a fetch that fails for good still ends (fetched_work without a job clears fetching)
-    fetch = {"name": "fetch_work", "on_failure": "fetched_work"}
+    # a fetch that fails for good still ends (fetched_work without a job clears fetching);
+    # the hook is given the slot ad with the slot's State and Activity, as the startd's
+    # publish_single_slot_ad(for_workfetch) has them
+    def fetch(leaf: str) -> dict[str, Any]:
+        state, activity = leaf.split(".")
+        return {"name": "fetch_work", "on_failure": "fetched_work",
+                "args": {"State": state.title(), "Activity": activity.title()}}
+
     edges = [_e("fetch", leaf, leaf, "fetch", "run FETCH_WORK", ("may_fetch",),
-                effects=(fetch,))
+                effects=(fetch(leaf),))
              for leaf in ("owner.idle", "unclaimed.idle", "claimed.idle")]
     edges += [
         _e("fetched_work", "owner.idle", "claimed.busy", "fetch", "fetched work accepted: "
@@ -427,7 +433,7 @@ def effects(hooks: Hooks, collector: Collector, schedds: Schedd,
     def fetch_work(call: EffectCall) -> FollowUp:
         keyword = str(call.data.get("hook_keyword"))
         try:
-            job = hooks.fetch_work(keyword, _public_ad(call))
+            job = hooks.fetch_work(keyword, {**_public_ad(call), **call.args})
         except HookFailed as exc:
             log.warning("%s: fetch abandoned: %s", call.key, exc)
             return FollowUp("fetched_work", {"job": None, "error": str(exc)})
