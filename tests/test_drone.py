@@ -21,7 +21,7 @@ from lifecycle import (
     Worker,
     effect_records,
 )
-from lifecycle.adapters.sites import Drone, Terminated
+from lifecycle.adapters.sites import UNKNOWN, Drone, Terminated
 from lifecycle.cli import main
 from lifecycle.machines import drone
 from lifecycle.machines.drone_sim import ScenarioBatch, ScenarioSite
@@ -81,14 +81,20 @@ class DownSite:
         raise SiteError("down")
 
 
-def test_reconcile_steps_every_drone_on_one_status_call(store: Store) -> None:
+def _booting_drones(store: Store, count: int) -> tuple[Engine, World, SimulatedClock]:
+    """The drone machine on the scenario site and pool, with drones d0, d1, ... booting."""
     world = World()
     clock = SimulatedClock("2026-01-01T00:00:00Z")
     guards, effects, probes = drone.BUILTIN.simulation(world)
     engine = Engine(store, [drone.SPEC], guards=guards, effects=effects, probes=probes,
                     clock=clock)
-    for i in range(3):
+    for i in range(count):
         engine.create("drone", f"d{i}", state="booting", data={"remote_id": f"job-{i}"})
+    return engine, world, clock
+
+
+def test_reconcile_steps_every_drone_on_one_status_call(store: Store) -> None:
+    engine, world, clock = _booting_drones(store, 3)
     world.status.update({"d0": {"resource_status": "Running"},
                          "d1": {"resource_status": "Booting"},
                          "d2": {"resource_status": "Deleted"}})
@@ -458,3 +464,25 @@ def test_a_deploy_that_fails_for_good_by_surprise_still_releases_the_demand(
     assert [e.trigger for e in engine.history("d1")][1:] == ["deploy_failed", "released"]
     assert [(e.name, e.status) for e in effect_records(engine)] == [
         ("deploy", "gave_up"), ("release", "done")]
+
+
+class OneUnknown(ScenarioSite):
+    """The scenario site, but one drone's own status call failed."""
+
+    def status(self, drones: Any) -> dict[str, str]:
+        return {**super().status(drones), "d1": UNKNOWN}
+
+
+def test_the_heartbeat_neither_observes_nor_steps_a_drone_it_could_not_ask(
+        store: Store) -> None:
+    """A drone the site answered Unknown for (its own status call failed) is not observed
+    and stays where it is, while the others move: left out of the answer, it would have read
+    as Deleted."""
+    engine, world, clock = _booting_drones(store, 3)
+    for i in range(3):
+        world.status[f"d{i}"] = {"resource_status": "Deleted"}
+    clock.advance(10)
+    report = drone.reconcile(engine, OneUnknown(world), ScenarioBatch(world))
+    assert report["errors"] == 1
+    assert [engine.get(f"d{i}").state for i in range(3)] == ["down", "booting", "down"]
+    assert engine.observations("drone:d1") == []

@@ -1,8 +1,8 @@
 """One drone's failure costs that drone's observation only: a TARDIS site adapter whose call
-raises or hangs for one drone among five answers the other four, the heartbeat neither
-observes nor steps the fifth (a drone left out of an answer would read as Deleted), a site
-answer cannot rename a drone, and a malformed one is a SiteError naming the site and the
-drone. A COBalD pool owns its own drones only, and its demand is finite and bounded."""
+raises or hangs for one drone among five answers the other four (the heartbeat's side is in
+tests/test_drone.py), a site answer cannot rename a drone, and a malformed one is a
+SiteError naming the site and the drone. A COBalD pool owns its own drones only, and its
+demand is finite and bounded."""
 
 from __future__ import annotations
 
@@ -17,8 +17,6 @@ from lifecycle import Engine, SimulatedClock, Store
 from lifecycle.adapters.sites import UNKNOWN, Drone
 from lifecycle.errors import SiteError
 from lifecycle.machines import drone
-from lifecycle.machines.drone_sim import ScenarioBatch, ScenarioSite
-from lifecycle.scenario import World
 
 tardis = pytest.importorskip("lifecycle.adapters.tardis")
 from tardis.exceptions.tardisexceptions import (  # type: ignore[import-untyped]  # noqa: E402
@@ -79,30 +77,6 @@ def test_a_site_answer_cannot_rename_a_drone_and_a_malformed_one_names_both(
     site = tardis.TardisSite(Adapter(answer=answer))
     with pytest.raises(SiteError, match=f"deploy of site-d0 at Site: the site adapter {said}"):
         asyncio.run(site.deploy(Drone("site-d0")))
-
-
-class OneUnknown(ScenarioSite):
-    """The scenario site, but one drone's own status call failed."""
-
-    def status(self, drones: Any) -> dict[str, str]:
-        return {**super().status(drones), "d1": UNKNOWN}
-
-
-def test_the_heartbeat_neither_observes_nor_steps_a_drone_it_could_not_ask(
-        store: Store) -> None:
-    world = World()
-    clock = SimulatedClock("2026-01-01T00:00:00Z")
-    guards, effects, probes = drone.BUILTIN.simulation(world)
-    engine = Engine(store, [drone.SPEC], guards=guards, effects=effects, probes=probes,
-                    clock=clock)
-    for i in range(3):
-        engine.create("drone", f"d{i}", state="booting", data={"remote_id": f"job-{i}"})
-        world.status[f"d{i}"] = {"resource_status": "Deleted"}
-    clock.advance(10)
-    report = drone.reconcile(engine, OneUnknown(world), ScenarioBatch(world))
-    assert report["errors"] == 1
-    assert [engine.get(f"d{i}").state for i in range(3)] == ["down", "booting", "down"]
-    assert engine.observations("drone:d1") == []       # not Deleted: not observed at all
 
 
 def _pool(store: Store, prefix: str, **options: Any) -> Any:
