@@ -709,6 +709,38 @@ def test_a_failed_squeue_moves_nobody(sqlite_store: Store) -> None:
     assert engine.observations("c1") == []
 
 
+def test_squeue_json_is_given_up_only_when_lines_answer_where_json_did_not() -> None:
+    """slurmctld down at the first poll: both forms fail, and whether this Slurm has --json
+    stays open (the next poll asks again); lines answering where --json did not is what
+    settles it."""
+    calls: list[str] = []
+    answers = {"json": (1, "", "squeue: error: Unable to contact slurm controller"),
+               "lines": (1, "", "squeue: error: Unable to contact slurm controller")}
+
+    def runner(argv: Sequence[str], timeout: float,
+               env: Mapping[str, str] | None) -> subprocess.CompletedProcess[str]:
+        kind = "json" if "--json" in argv else "lines"
+        calls.append(kind)
+        code, out, err = answers[kind]
+        return subprocess.CompletedProcess(list(argv), code, out, err)
+
+    slurm = SlurmDispatch(wrap="true", runner=runner)
+    with pytest.raises(SiteError, match="Unable to contact"):
+        slurm.queue()
+    assert slurm.squeue_json is None and calls == ["json", "lines"]
+    answers["json"] = (0, json.dumps({"jobs": [{"job_id": 7, "name": "c", "nice": 0,
+                                                "priority": 1, "job_state": "RUNNING",
+                                                "state_reason": "None"}]}), "")
+    assert list(slurm.queue().jobs) == ["7"] and slurm.squeue_json is True
+    slurm = SlurmDispatch(wrap="true", runner=runner)
+    answers["json"] = (1, "", "squeue: unrecognized option '--json'")
+    answers["lines"] = (0, "7|0|1|RUNNING|None|c\n", "")
+    assert list(slurm.queue().jobs) == ["7"] and slurm.squeue_json is False
+    calls.clear()
+    slurm.queue()
+    assert calls == ["lines"]                        # settled: no --json asked again
+
+
 def test_the_cancel_stops_at_the_first_failing_step() -> None:
     calls: list[list[str]] = []
 

@@ -369,6 +369,7 @@ class SlurmDispatch(SlurmCommands):
     def queue(self) -> Listing:
         """Every job in squeue, by job id; SiteError when squeue fails. Outside the pool:
         a poll never waits behind the scancels it decides about."""
+        refused = ""
         if self.squeue_json is not False:
             argv = [self.squeue, "--json"]
             done = super().run(argv)
@@ -379,13 +380,15 @@ class SlurmDispatch(SlurmCommands):
                 return parse_squeue_json(done.stdout)
             if self.squeue_json:
                 raise self.failed(argv, done)
-            log.info("squeue has no --json here (%s): squeue is read line by line, the job "
-                     "id first and the name last", (done.stderr.strip() or "no JSON")[:200])
-            self.squeue_json = False
+            refused = (done.stderr.strip() or "no JSON")[:200]
         argv = [self.squeue, "--all", "--noheader", f"--format={SQUEUE_FORMAT}"]
         done = super().run(argv)
-        if done.returncode != 0:
+        if done.returncode != 0:   # Slurm is not answering: whether it has --json is open
             raise self.failed(argv, done)
+        if self.squeue_json is None:  # lines answer where JSON did not: this Slurm lacks it
+            log.info("squeue has no --json here (%s): squeue is read line by line, the job "
+                     "id first and the name last", refused)
+            self.squeue_json = False
         return parse_squeue(done.stdout)
 
     def cancel(self, job_id: str, steps: Sequence[int] = (0, 1, 2)) -> CancelOutcome:
