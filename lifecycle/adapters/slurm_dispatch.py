@@ -10,9 +10,10 @@ blanks, ``|`` and line breaks included, so a name can look like another job's li
   script|--wrap``; the job id it prints is kept in the container's data. A name that
   squeue could not print on one line (a line feed or another control character) is refused
   before anything runs (:func:`~lifecycle.adapters.slurm.job_name_problem`).
-- the queue: one ``squeue --json`` when this Slurm has it (checked at the first poll Slurm answers; Slurm
-  21.08 and later): every field is exact, whatever the names hold. Otherwise one ``squeue
-  --all --noheader --format=%A|%y|%Q|%T|%r|%j``: the job id first and the name last, split
+- the queue: one ``squeue --json`` when this Slurm has it (Slurm 21.08 and later; settled at
+  the first poll Slurm answers): every field is exact, whatever the names hold. Otherwise
+  one ``squeue --all --noheader --format=%A|%y|%Q|%T|%r|%j``: the job id first and the
+  name last, split
   once, so blanks and ``|`` in a name are the name's. A line that does not parse (the rest
   of a name that holds a line break) is skipped with a warning, and a job id found on two
   lines (one of them forged by such a name) is *unsure*: neither listed nor gone, so nothing
@@ -338,7 +339,8 @@ class SlurmDispatch(SlurmCommands):
     SlurmCommands` (``script`` or ``wrap``, ``sbatch_options``, the commands,
     ``command_prefix``, ``environment``, ``timeout``: seconds per command, and the longest
     wait for a slot in the pool), the limits, and ``squeue_json``: read squeue as JSON
-    (True), as lines (False), or whichever this Slurm has, asked at the first poll that Slurm answers (None)."""
+    (True), as lines (False), or whichever this Slurm has, settled at the first poll that
+    Slurm answers (None)."""
 
     max_in_flight: int = 3
     scancels_per_second: float | None = SCANCELS_PER_SECOND
