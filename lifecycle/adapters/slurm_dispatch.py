@@ -12,13 +12,13 @@ blanks, ``|`` and line breaks included, so a name can look like another job's li
   before anything runs (:func:`~lifecycle.adapters.slurm.job_name_problem`).
 - the queue: one ``squeue --json`` when this Slurm has it (Slurm 21.08 and later; settled at
   the first poll Slurm answers): every field is exact, whatever the names hold. Otherwise
-  one ``squeue --all --noheader --format=%A|%y|%Q|%T|%r|%j``: the job id first and the
-  name last, split
-  once, so blanks and ``|`` in a name are the name's. A line that does not parse (the rest
-  of a name that holds a line break) is skipped with a warning, and a job id found on two
-  lines (one of them forged by such a name) is *unsure*: neither listed nor gone, so nothing
-  is decided on it until a poll lists it once. Jobs are keyed by id; no line is attributed
-  to a container by its name. squeue runs outside the pool below, as Arvados runs it.
+  one ``squeue --all --noheader --format=%A|%y|%Q|%T|%r|%j``: the job id first and the name
+  last, split once, so blanks and ``|`` in a name are the name's. A line that does not parse
+  (the rest of a name that holds a line break) is skipped with a warning, and a job id found
+  on two lines (one of them forged by such a name) is *unsure*: neither listed nor gone, so
+  nothing is decided on it until a poll lists it once. Jobs are keyed by id; no line is
+  attributed to a container by its name. squeue runs outside the pool below, as Arvados runs
+  it.
 - cancel: one ``scancel -v`` of the job id per turn, the step that reaches the job in the
   state squeue showed (:data:`CANCEL_STEPS`, :func:`cancel_step`): ``--state=pending``;
   ``--batch --signal=TERM --state=running`` (TERM to the batch shell only, so that the
