@@ -115,9 +115,6 @@ class Listing:
     jobs: Mapping[str, QueueEntry]
     unsure: frozenset[str] = frozenset()
 
-    def __len__(self) -> int:
-        return len(self.jobs)
-
     def find(self, job_id: str | None, name: str) -> tuple[QueueEntry | None, bool]:
         """The job ``job_id`` (None: not listed), and whether the listing is sure of it.
         Without a job id (a container submitted before ids were kept), the one job named

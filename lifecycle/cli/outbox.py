@@ -60,14 +60,13 @@ def worker(until_idle: bool, concurrency: int, lease: float, poll: float,
     log = logging.getLogger(__name__)
     engine = make_engine(db_url)
     for name, builtin in builtins().items():
-        spec = builtin.spec
-        missing = sorted((spec.effect_names() - set(engine.handlers))
-                         | (spec.probe_names() - set(engine.probes)))
+        lacking = engine.missing_names(name)
+        missing = sorted(lacking["effects"] + lacking["probes"])
         if missing:  # a machine whose adapters this process does not have (e.g. a site)
             log.debug("not serving %s: no %s here (%s)", name, ", ".join(missing),
                       PLUGINS_VARIABLE)
             continue
-        engine.register(spec)
+        engine.register(builtin.spec)
     for line in _unhandled_lines(engine):   # said where it matters: work is waiting
         log.warning("%s", line)
     stop_metrics = None
