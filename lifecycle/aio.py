@@ -370,10 +370,7 @@ class AsyncWorker(Worker):
             task.cancel()
         if tasks:
             await asyncio.wait(tasks, timeout=1.0)
-        self._give_back(list(self._queue))
-        self._queue.clear()
-        self._give_back([call for call, _, _ in self._running.values()], refund=False)
-        self._running.clear()
+        self._give_back_all()
         self._heartbeat_stopped()
         log.warning("worker %s: cancelled; its claims were given back", self.name)
 

@@ -458,16 +458,23 @@ class Worker:
         return False
 
     def _give_back_abandoned(self) -> None:
-        """Give back every claim of a worker whose driver is gone: the effects never started
-        as unattempted, the started ones as attempts that did not finish (they run again,
-        once)."""
+        """Give back every claim of a worker whose driver is gone (see :meth:`_give_back_all`)."""
+        waiting, started = self._give_back_all()
+        log.warning("worker %s: its event loop is gone; gave back %d claimed effects and %d "
+                    "whose handlers were running", self.name, waiting, started)
+
+    def _give_back_all(self) -> tuple[int, int]:
+        """Give back every claim this worker holds: the effects never started as unattempted,
+        the started ones as attempts that did not finish (they run again, once); how many of
+        each."""
         with self._lock:
             started = [call for call, _, _ in self._running.values()]
             waiting = list(self._queue)
-        log.warning("worker %s: its event loop is gone; giving back %d claimed effects and "
-                    "%d whose handlers were running", self.name, len(waiting), len(started))
+            self._running.clear()
+            self._queue.clear()
         self._give_back(waiting)
         self._give_back(started, refund=False)
+        return len(waiting), len(started)
 
     def _take_over_the_dead(self) -> int:
         """End the leases of claims whose worker process ran on this host and is gone, so
