@@ -14,9 +14,12 @@ import datetime as dt
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .records import DONE, FAILED, GAVE_UP, PENDING, RUNNING
+
+if TYPE_CHECKING:
+    from .store import Transaction
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,11 +45,11 @@ class FollowUp:
 
     trigger: str
     payload: Mapping[str, Any] = field(default_factory=dict)
-    writes: Callable[[Any], None] | None = None
-    """Database writes of the handler's own, given the DBAPI cursor of the transaction that
-    marks the effect done (after the worker's claim was checked) and fires ``trigger``: they
-    commit exactly once, with the effect's completion (a job-queue update). No I/O in them;
-    if they raise, the attempt failed."""
+    writes: Callable[[Transaction], None] | None = None
+    """Database writes of the handler's own, given the transaction
+    (:class:`lifecycle.store.Transaction`) that marks the effect done (after the worker's
+    claim was checked) and fires ``trigger``: they commit exactly once, with the effect's
+    completion (a job-queue update). No I/O in them; if they raise, the attempt failed."""
 
 
 Handler = Callable[["EffectCall"], FollowUp | None]

@@ -57,7 +57,7 @@ from .graph import EVENTLESS, stored_triggers
 from .logs import logger
 from .records import FireResult, JournalEntry, Mismatch, Observation, Resource
 from .spec import Edge, EffectSpec, MachineSpec, SpecSource, load_spec
-from .store import Store
+from .store import Store, Transaction
 from .transaction import Within
 from .verify import verify
 
@@ -301,10 +301,10 @@ class Engine:
         any transaction) when that is why."""
         tries = _Tries()
         for _ in range(self.max_attempts):
-            with self.store.write() as cursor:
-                outcome = attempt(cursor, tries)
+            with self.store.write() as tx:
+                outcome = attempt(tx, tries)
                 if isinstance(outcome, _Again):
-                    self.store.rollback(cursor)
+                    tx.rollback()
             if not isinstance(outcome, _Again):
                 return outcome
             if outcome.machine is not None:
@@ -363,19 +363,19 @@ class Engine:
         now = self.clock.now()
         store = self.store
         try:
-            with store.write() as cursor:
-                cursor.execute(store.sql.insert_resource, {
+            with store.write() as tx:
+                tx.execute(store.sql.insert_resource, {
                     "machine": machine, "key": key, "spec_version": spec.version,
                     "state": dest, "version": 1, "seq": 1,
                     "data": store.json_param(document), "now": store.time_param(now),
                 })
-                resource_id = cursor.fetchone()[0]
-                self._journal(cursor, resource_id, 1, kind, source=None, dest=dest, version=1,
+                resource_id = tx.fetchone()[0]
+                self._journal(tx, resource_id, 1, kind, source=None, dest=dest, version=1,
                               spec_version=spec.version, actor=actor,
                               at=store.time_param(now), payload=document or None)
                 if compiled.on_entry:
                     row = _Row(resource_id, machine, key, dest, 1, 1, document, now, now, None)
-                    self._enter(cursor, compiled, _Entry(
+                    self._enter(tx, compiled, _Entry(
                         row, 1, document, None, now,
                         entered=list(reversed(spec.graph.ancestors(dest)))))
         except store.integrity_error:
@@ -389,12 +389,12 @@ class Engine:
         """Merge ``data`` into the resource's data: a new version and a journal row of kind
         ``update``, no change of state (so no risky edge's observation goes stale by it)."""
         changes = _document(values.split_key(_looked_up(key))[0], key, data, "data", actor)
-        return self._retrying(key, "update", lambda cursor, _tries: self._update(
-            cursor, key, changes, actor))
+        return self._retrying(key, "update", lambda tx, _tries: self._update(
+            tx, key, changes, actor))
 
-    def _update(self, cursor: Any, key: str, changes: dict[str, Any],
+    def _update(self, tx: Transaction, key: str, changes: dict[str, Any],
                 actor: str | None) -> Resource | _Again:
-        row = self._locate(cursor, key)
+        row = self._locate(tx, key)
         compiled = self._compiled.get(row.machine)
         if compiled is None:
             return _Again(machine=row.machine)
@@ -403,13 +403,13 @@ class Engine:
         now = self.clock.now()
         store = self.store
         try:
-            cursor.execute(store.sql.change_data, {
+            tx.execute(store.sql.change_data, {
                 "id_": row.id, "version_": row.version, "seq_": row.seq,
                 "new_data": store.json_param(merged), "new_version": row.version + 1,
                 "new_seq": row.seq + 1, "now": store.time_param(now)})
-            if cursor.rowcount != 1:
+            if tx.rowcount != 1:
                 return _MOVED
-            self._journal(cursor, row.id, row.seq + 1, "update", source=row.state,
+            self._journal(tx, row.id, row.seq + 1, "update", source=row.state,
                           dest=row.state, version=row.version + 1, spec_version=spec.version,
                           actor=actor, at=store.time_param(now), payload=changes)
         except (TypeError, ValueError) as exc:
@@ -436,10 +436,10 @@ class Engine:
         A time ahead of the engine's clock is taken as now."""
         document, observed_at, recorded_at = self._checked_observation(
             key, status, observed_at, source)
-        with self.store.write() as cursor:
-            row = self._locate(cursor, key)
+        with self.store.write() as tx:
+            row = self._locate(tx, key)
             [observation] = self._record_observations(
-                cursor, [((row.id, row.machine, row.key), document, observed_at, recorded_at)],
+                tx, [((row.id, row.machine, row.key), document, observed_at, recorded_at)],
                 source)
         if isinstance(observation, LifecycleError):
             raise observation
@@ -468,7 +468,7 @@ class Engine:
         return document, observed_at, recorded_at
 
     def _record_observations(
-            self, cursor: Any,
+            self, tx: Transaction,
             items: list[tuple[tuple[int, str, str], dict[str, Any], dt.datetime, dt.datetime]],
             source: str) -> list[Observation | LifecycleError]:
         """Write observations (of a resource (id, machine, key): status, observed at,
@@ -489,9 +489,9 @@ class Engine:
             rows.append({"resource_id": resource_id, "status": status,
                          "observed_at": store.time_param(observed_at),
                          "recorded_at": store.time_param(recorded_at), "source": source})
-        ids = iter(store.insert_many(cursor, store.sql.insert_observation, rows))
+        ids = iter(tx.insert_many(store.sql.insert_observation, rows))
         out = [replace(o, id=next(ids)) if isinstance(o, Observation) else o for o in out]
-        cursor.executemany(store.sql.newest_observation, [
+        tx.executemany(store.sql.newest_observation, [
             {"id_": row["resource_id"], "observation_id": o.id,
              "observed_at_": row["observed_at"]}
             for row, o in zip(rows, (o for o in out if isinstance(o, Observation)),
@@ -562,8 +562,8 @@ class Engine:
 
     def _firing(self, key: str, trigger: str, payload: dict[str, Any], actor: str | None,
                 on_stale: OnStale, within: Within | None) -> Deciding[FireResult]:
-        def attempt(cursor: Any, tries: _Tries) -> FireResult | _Stale | _Again:
-            return self._attempt(cursor, key, trigger, payload, actor, within, tries)
+        def attempt(tx: Transaction, tries: _Tries) -> FireResult | _Stale | _Again:
+            return self._attempt(tx, key, trigger, payload, actor, within, tries)
 
         # (mypy cannot solve T from ``T | _Again`` when T is itself a union: say it)
         outcome = cast(FireResult | _Stale,
@@ -599,8 +599,8 @@ class Engine:
         todo = [i for i in range(len(items)) if i not in refused]
         for start in range(0, len(todo), batch):
             chunk = todo[start:start + batch]
-            with self.store.write() as cursor:
-                rows = self._rows(cursor, [items[i][0] for i in chunk], whole=False)
+            with self.store.write() as tx:
+                rows = self._rows(tx, [items[i][0] for i in chunk], whole=False)
                 found = []
                 for i in chunk:
                     row = rows[items[i][0]]
@@ -609,7 +609,7 @@ class Engine:
                     else:
                         found.append(i)
                 written = self._record_observations(
-                    cursor, [(rows[items[i][0]], *checked[i]) for i in found],
+                    tx, [(rows[items[i][0]], *checked[i]) for i in found],
                     source)
             results.update(zip(found, written, strict=True))
         return [results[i] for i in range(len(items))]
@@ -647,9 +647,9 @@ class Engine:
             except LifecycleError as exc:
                 refused[i] = exc
 
-        def attempt(cursor: Any, row: _Row, _i: int,
+        def attempt(tx: Transaction, row: _Row, _i: int,
                     tries: _Tries) -> FireResult | LifecycleError | _Again:
-            outcome = self._attempt(cursor, row.key, EVENTLESS, {}, actor, None, tries, row)
+            outcome = self._attempt(tx, row.key, EVENTLESS, {}, actor, None, tries, row)
             if outcome is _MOVED and not retry_conflicts:
                 return ConcurrencyError(f"{row.machine}:{row.key}: another writer moved it "
                                         "between the batch's read and its write; nothing was "
@@ -713,18 +713,18 @@ class Engine:
             done: dict[int, T | LifecycleError] = {}
             again: list[tuple[int, _Again]] = []
             failed: tuple[int, LifecycleError] | None = None
-            with self.store.write() as cursor:
-                rows = self._rows(cursor, [keys[i] for i in chunk])
+            with self.store.write() as tx:
+                rows = self._rows(tx, [keys[i] for i in chunk])
                 for i in chunk:
                     row = rows[keys[i]]
                     if isinstance(row, LifecycleError):
                         done[i] = row
                         continue
                     try:
-                        outcome = attempt(cursor, row, i, tries.setdefault(i, _Tries()))
+                        outcome = attempt(tx, row, i, tries.setdefault(i, _Tries()))
                     except LifecycleError as exc:
                         failed = (i, exc)
-                        self.store.rollback(cursor)
+                        tx.rollback()
                         break
                     if isinstance(outcome, _Again):
                         again.append((i, outcome))
@@ -736,19 +736,19 @@ class Engine:
             results[failed[0]] = failed[1]
             chunk = [i for i in chunk if i != failed[0]]
 
-    def _attempt(self, cursor: Any, key: str, trigger: str, payload: dict[str, Any],
+    def _attempt(self, tx: Transaction, key: str, trigger: str, payload: dict[str, Any],
                  actor: str | None, within: Within | None, tries: _Tries,
                  row: _Row | None = None) -> FireResult | _Stale | _Again:
         """Read (unless a batch read ``row`` in this transaction), decide and write one fire,
-        in the transaction of ``cursor``."""
+        in the transaction of ``tx``."""
         if row is None:
-            row = self._locate(cursor, key)
+            row = self._locate(tx, key)
         compiled = self._compiled.get(row.machine)
         if compiled is None:
             return _Again(machine=row.machine)
         if trigger != EVENTLESS and trigger not in compiled.triggers:
             raise UnknownTrigger(row.machine, trigger, sorted(compiled.triggers))
-        withheld = within.before(cursor, row.id) if within is not None else None
+        withheld = within.before(tx, row.id) if within is not None else None
         if withheld is not None:
             return _not_fired(row, trigger, withheld)
         context = GuardContext(row.machine, row.key, row.state, row.version, row.data,
@@ -765,19 +765,19 @@ class Engine:
                         row.observation)))
         outcome: FireResult | _Stale | _Again
         if decision.fired:
-            outcome = self._transition(cursor, compiled, row, trigger, payload, actor,
+            outcome = self._transition(tx, compiled, row, trigger, payload, actor,
                                        decision, context.now, probed=tries.probes > 0)
         elif context.stale:
-            outcome = self._refuse_stale(cursor, compiled, row, trigger, payload, actor,
+            outcome = self._refuse_stale(tx, compiled, row, trigger, payload, actor,
                                          context, decision, tries)
         else:  # refused by its guards, perhaps on the answer a probe just gave
             outcome = _not_fired(row, trigger, decision.reason, decision.guards,
                                  probed=tries.probes > 0)
         if within is not None and not isinstance(outcome, _Again):
-            within.after(cursor, outcome.result if isinstance(outcome, _Stale) else outcome)
+            within.after(tx, outcome.result if isinstance(outcome, _Stale) else outcome)
         return outcome
 
-    def _transition(self, cursor: Any, compiled: CompiledMachine, row: _Row, trigger: str,
+    def _transition(self, tx: Transaction, compiled: CompiledMachine, row: _Row, trigger: str,
                     payload: dict[str, Any], actor: str | None, decision: Decision,
                     now: dt.datetime, *, probed: bool) -> FireResult | _Again:
         """Write the transition decided: the compare-and-swap, its journal row, what its
@@ -804,11 +804,11 @@ class Engine:
                     "trigger": trigger, "source": row.state, "dest": dest,
                     "payload": payload, "now": now, "seq": seq} if moves else None)
                 params["new_data"] = store.json_param(data)
-            cursor.execute(store.sql.move[with_data, risky], params)
-            if cursor.rowcount != 1:
+            tx.execute(store.sql.move[with_data, risky], params)
+            if tx.rowcount != 1:
                 return _MOVED
             fence = _fence(edge, row.observation) if risky else None
-            self._journal(cursor, row.id, seq, "transition", trigger=trigger, source=row.state,
+            self._journal(tx, row.id, seq, "transition", trigger=trigger, source=row.state,
                           dest=dest, version=row.version + 1,
                           spec_version=compiled.spec.version, actor=actor, at=params["now"],
                           payload=payload or None, guards=decision.guards or None,
@@ -823,13 +823,13 @@ class Engine:
             entry = _Entry(row, seq, data, fence, now, edge.effects)
             if compiled.on_entry:
                 entry.exited, entry.entered = compiled.crossed(row.state, dest, edge.dest)
-            asked = self._enter(cursor, compiled, entry)
+            asked = self._enter(tx, compiled, entry)
         return FireResult(fired=True, machine=row.machine, key=row.key,
                           trigger=_shown(trigger), source=row.state, dest=dest,
                           version=row.version + 1, guards=decision.guards, fence=fence,
                           probed=probed, seq=seq, effects=asked)
 
-    def _refuse_stale(self, cursor: Any, compiled: CompiledMachine, row: _Row, trigger: str,
+    def _refuse_stale(self, tx: Transaction, compiled: CompiledMachine, row: _Row, trigger: str,
                       payload: dict[str, Any], actor: str | None, context: GuardContext,
                       decision: Decision, tries: _Tries) -> _Stale | _Again:
         """Journal the refusal of a risky edge (state and version unchanged)."""
@@ -838,12 +838,12 @@ class Engine:
         assert edge.fresh is not None
         dest = compiled.spec.graph.enter(edge.dest)
         observation_id = row.observation.id if row.observation else None
-        cursor.execute(store.sql.refuse, {
+        tx.execute(store.sql.refuse, {
             "id_": row.id, "version_": row.version, "seq_": row.seq,
             "observation_id_": observation_id, "new_seq": row.seq + 1})
-        if cursor.rowcount != 1:
+        if tx.rowcount != 1:
             return _MOVED
-        self._journal(cursor, row.id, row.seq + 1, "refusal", trigger=trigger,
+        self._journal(tx, row.id, row.seq + 1, "refusal", trigger=trigger,
                       source=row.state, dest=dest, version=row.version,
                       spec_version=compiled.spec.version, actor=actor,
                       at=store.time_param(context.now),
@@ -867,7 +867,7 @@ class Engine:
 
     # -- what a write asks for besides the row ---------------------------------------------
 
-    def _journal(self, cursor: Any, resource_id: int, seq: int, kind: str, *,
+    def _journal(self, tx: Transaction, resource_id: int, seq: int, kind: str, *,
                  source: str | None, dest: str, version: int, spec_version: str,
                  actor: str | None, at: Any, trigger: str | None = None,
                  payload: Mapping[str, Any] | None = None,
@@ -876,7 +876,7 @@ class Engine:
         """The journal row of a write: the one place it is made. ``at`` is the write's time
         as a statement parameter (``Store.time_param``), converted once per write."""
         store = self.store
-        cursor.execute(store.sql.insert_journal, {
+        tx.execute(store.sql.insert_journal, {
             "resource_id": resource_id, "seq": seq, "kind": kind,
             "trigger": None if trigger in (None, EVENTLESS) else trigger,
             "source": source, "dest": dest, "version": version, "spec_version": spec_version,
@@ -887,7 +887,7 @@ class Engine:
             "fence": store.json_param(fence) if fence else None,
         })
 
-    def _enter(self, cursor: Any, compiled: CompiledMachine, entry: _Entry) -> int:
+    def _enter(self, tx: Transaction, compiled: CompiledMachine, entry: _Entry) -> int:
         """What crossing state boundaries asks for: the transition's effects, then those of
         the states entered (outermost first); timers cancelled and set. How many effects."""
         effects = (*entry.effects, *(effect for state in entry.entered
@@ -896,10 +896,10 @@ class Engine:
         row, when = entry.row, store.time_param(entry.now)
         head: int | None = None
         if effects:  # the first is its resource's queue head when nothing else is open
-            cursor.execute(store.sql.open_effect, {"resource_id": row.id})
-            head = 1 if cursor.fetchone()[0] is None else None
+            tx.execute(store.sql.open_effect, {"resource_id": row.id})
+            head = 1 if tx.fetchone()[0] is None else None
         for position, effect in enumerate(effects):  # the outbox: one row per effect
-            cursor.execute(store.sql.insert_effect, {
+            tx.execute(store.sql.insert_effect, {
                 "resource_id": row.id, "seq": entry.seq, "position": position,
                 "name": effect.name, "args": store.json_param(effect.args), "status": PENDING,
                 "attempts": 0, "next_attempt_at": when,
@@ -910,16 +910,16 @@ class Engine:
                 "head": head if position == 0 else None,
             })
         if compiled.timeouts:
-            self._set_timers(cursor, compiled, entry)
+            self._set_timers(tx, compiled, entry)
         return len(effects)
 
-    def _set_timers(self, cursor: Any, compiled: CompiledMachine, entry: _Entry) -> None:
+    def _set_timers(self, tx: Transaction, compiled: CompiledMachine, entry: _Entry) -> None:
         """Cancel the timers of the states left; schedule those of the states entered."""
         store = self.store
         row, when = entry.row, store.time_param(entry.now)
         for state in entry.exited:
             if state in compiled.timeouts:
-                cursor.execute(store.sql.cancel_timers, {
+                tx.execute(store.sql.cancel_timers, {
                     "resource_id": row.id, "state_": state, "now": when})
         for state in entry.entered:
             timeout = compiled.timeouts.get(state)
@@ -934,7 +934,7 @@ class Engine:
                                       f"data field {after!r}, which is {value!r}, not a "
                                       f"number of seconds from 0 to {_LONGEST_TIMEOUT:g}")
                 after = float(value)
-            cursor.execute(store.sql.insert_timer, {
+            tx.execute(store.sql.insert_timer, {
                 "resource_id": row.id, "seq": entry.seq, "state": state,
                 "trigger": timeout.trigger,
                 "due_at": store.time_param(entry.now + dt.timedelta(seconds=after)),
@@ -943,14 +943,14 @@ class Engine:
 
     # -- reading inside a write --------------------------------------------------------
 
-    def _locate(self, cursor: Any, key: str) -> _Row:
+    def _locate(self, tx: Transaction, key: str) -> _Row:
         machine, plain = values.split_key(key)
         store = self.store
         if machine is not None:
-            cursor.execute(store.sql.resource_by_machine_key, {"machine": machine, "key": plain})
+            tx.execute(store.sql.resource_by_machine_key, {"machine": machine, "key": plain})
         else:
-            cursor.execute(store.sql.resource_by_key, {"key": plain})
-        rows = cursor.fetchall()
+            tx.execute(store.sql.resource_by_key, {"key": plain})
+        rows = tx.fetchall()
         if not rows:
             raise UnknownResource(plain, machine)
         if len(rows) > 1:
@@ -970,9 +970,9 @@ class Engine:
         return _Row(rid, rmachine, rkey, state, version, seq, store.json_value(data),
                     store.time_value(last_transition_at), created_at, observation)
 
-    def _rows(self, cursor: Any, keys: list[str], *,
+    def _rows(self, tx: Transaction, keys: list[str], *,
               whole: bool = True) -> dict[str, Any]:
-        """The resources of ``keys`` read in the transaction of ``cursor`` (``_Row``s; with
+        """The resources of ``keys`` read in the transaction of ``tx`` (``_Row``s; with
         ``whole=False`` only ``(id, machine, key)``), or why not (a ``LifecycleError``): one
         statement per machine named (``MACHINE:KEY``), one per plain key."""
         found: dict[str, Any] = {}
@@ -983,7 +983,7 @@ class Engine:
                 by_machine.setdefault(machine, {})[plain] = key
                 continue
             try:
-                row = self._locate(cursor, key)
+                row = self._locate(tx, key)
                 found[key] = row if whole else (row.id, row.machine, row.key)
             except LifecycleError as exc:
                 found[key] = exc
@@ -991,8 +991,8 @@ class Engine:
         statement = (sql.resources_by_machine_keys if whole
                      else sql.resource_ids_by_machine_keys)
         for machine, named in by_machine.items():
-            cursor.execute(statement, {"machine": machine, "keys": sql.keys_param(list(named))})
-            for fetched in cursor.fetchall():
+            tx.execute(statement, {"machine": machine, "keys": sql.keys_param(list(named))})
+            for fetched in tx.fetchall():
                 found[named[fetched[2]]] = self._row(fetched) if whole else tuple(fetched[:3])
             for plain, key in named.items():
                 found.setdefault(key, UnknownResource(plain, machine))
@@ -1090,15 +1090,15 @@ class _TimerFired(Within):
     def __init__(self, engine: Engine, timer_id: int) -> None:
         self.engine, self.timer_id = engine, timer_id
 
-    def before(self, cursor: Any, resource_id: int) -> str | None:
+    def before(self, tx: Transaction, resource_id: int) -> str | None:
         store = self.engine.store
-        cursor.execute(store.sql.fire_timer, {
+        tx.execute(store.sql.fire_timer, {
             "id_": self.timer_id, "now": store.time_param(self.engine.clock.now())})
-        return None if cursor.rowcount == 1 else _STALE_TIMER
+        return None if tx.rowcount == 1 else _STALE_TIMER
 
-    def after(self, cursor: Any, result: FireResult) -> None:
+    def after(self, tx: Transaction, result: FireResult) -> None:
         if not result.fired:
-            cursor.execute(self.engine.store.sql.refuse_timer, {
+            tx.execute(self.engine.store.sql.refuse_timer, {
                 "id_": self.timer_id, "outcome": result.reason})
 
 

@@ -1,16 +1,17 @@
-"""Reading resources, their journals and observations (SQLAlchemy Core; not the hot path)."""
+"""Reading resources, their journals and observations, as records (the statements are the
+store's: :mod:`lifecycle.store.statements`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import select
-
 from . import values
 from .errors import AmbiguousKey, LifecycleError, UnknownResource
 from .graph import SEPARATOR
 from .records import JournalEntry, Observation, Resource, shown_resource
-from .store import Store, journal, observations, resources
+from .store import Store
+from .store.statements import journal as journal_rows
+from .store.statements import resources as resource_rows
 from .values import LONGEST_KEY, split_key
 
 
@@ -22,43 +23,21 @@ def _observation(row: Any, prefix: str = "o_") -> Observation | None:
                        getattr(row, f"{prefix}recorded_at"), getattr(row, f"{prefix}source"))
 
 
-_OBSERVATION = [observations.c[n].label(f"o_{n}")
-                for n in ("id", "status", "observed_at", "recorded_at", "source")]
-
-
-def _resource_query() -> Any:
-    return select(resources, *_OBSERVATION).select_from(
-        resources.outerjoin(observations, observations.c.id == resources.c.observation_id))
-
-
 def _resource(r: Any) -> Resource:
     return Resource(r.machine, r.key, r.state, r.version, r.seq, r.data, r.spec_version,
                     r.created_at, r.updated_at, _observation(r))
-
-
-def _row(db: Any, key: str) -> Any:
-    machine, plain = values.asked_key(key)
-    query = _resource_query().where(resources.c.key == plain)
-    if machine is not None:
-        query = query.where(resources.c.machine == machine)
-    rows = db.execute(query).all()
-    if not rows:
-        raise UnknownResource(plain, machine)
-    if len(rows) > 1:
-        raise AmbiguousKey(plain, [r.machine for r in rows])
-    return rows[0]
 
 
 def get(store: Store, key: str) -> Resource:
     """The resource with its newest observation, read on the raw path (``Store.reading``)."""
     machine, plain = values.asked_key(key)
     sql = store.sql
-    with store.reading() as cursor:
+    with store.reading() as tx:
         if machine is not None:
-            cursor.execute(sql.shown_by_machine_key, {"machine": machine, "key": plain})
+            tx.execute(sql.shown_by_machine_key, {"machine": machine, "key": plain})
         else:
-            cursor.execute(sql.shown_by_key, {"key": plain})
-        rows = cursor.fetchall()
+            tx.execute(sql.shown_by_key, {"key": plain})
+        rows = tx.fetchall()
     if not rows:
         raise UnknownResource(plain, machine)
     if len(rows) > 1:
@@ -67,21 +46,17 @@ def get(store: Store, key: str) -> Resource:
 
 
 def resource_id(db: Any, key: str) -> tuple[int, Resource]:
-    """The resource's row id (for joins), read in the same query as the resource."""
-    row = _row(db, key)
+    """The resource's row id (for joins), read in the same query as the resource, on a
+    connection of ``Store.read()``/``Store.begin()``."""
+    machine, plain = values.asked_key(key)
+    row = resource_rows.find(db, machine, plain)
     return int(row.id), _resource(row)
 
 
 def history(store: Store, key: str) -> list[JournalEntry]:
     with store.read() as db:
         rid, _ = resource_id(db, key)
-        rows = db.execute(
-            select(journal, *_OBSERVATION)
-            .select_from(journal.outerjoin(observations,
-                                           observations.c.id == journal.c.observation_id))
-            .where(journal.c.resource_id == rid)
-            .order_by(journal.c.seq)
-        ).all()
+        rows = journal_rows.history(db, rid)
     return [JournalEntry(r.seq, r.kind, r.trigger, r.source, r.dest, r.version, r.spec_version,
                          r.actor, r.at, r.payload, r.guards, _observation(r), r.fence)
             for r in rows]
@@ -91,8 +66,7 @@ def observations_of(store: Store, key: str) -> list[Observation]:
     """Every observation of the resource, in the order they were recorded."""
     with store.read() as db:
         rid, _ = resource_id(db, key)
-        rows = db.execute(select(observations).where(observations.c.resource_id == rid)
-                          .order_by(observations.c.id)).all()
+        rows = journal_rows.observations_of(db, rid)
     return [Observation(r.id, r.status, r.observed_at, r.recorded_at, r.source) for r in rows]
 
 
@@ -128,9 +102,9 @@ def page(store: Store, machine: str | None, state: str | None, limit: int,
     if after is not None:
         params["after_machine"], params["after_key"] = after
     statement = store.sql.page(machine is not None, state is not None, after is not None)
-    with store.reading() as cursor:
-        cursor.execute(statement, params, **store.planned_each_time)
-        rows = cursor.fetchall()
+    with store.reading() as tx:
+        tx.execute(statement, params, **store.planned_each_time)
+        rows = tx.fetchall()
     return [shown_resource(row) for row in rows]
 
 
@@ -142,10 +116,10 @@ def counts(store: Store, machine: str | None) -> dict[str, dict[str, int]]:
     """How many resources each machine has in each state, added up from the rows the
     database's triggers append (``lifecycle_state_counts``); when those have grown by
     :data:`FOLD_AFTER`, they are folded into one row per machine and state."""
-    with store.reading() as cursor:
-        cursor.execute(store.sql.counts[machine is not None],
+    with store.reading() as tx:
+        tx.execute(store.sql.counts[machine is not None],
                        {"machine": machine} if machine is not None else {})
-        rows = cursor.fetchall()
+        rows = tx.fetchall()
     if sum(row[3] for row in rows) > len(rows) + FOLD_AFTER:
         fold_counts(store)
     out: dict[str, dict[str, int]] = {}
@@ -157,10 +131,10 @@ def counts(store: Store, machine: str | None) -> dict[str, dict[str, int]]:
 
 def fold_counts(store: Store) -> None:
     """Fold the count rows into one per machine and state (the sums do not change)."""
-    with store.write() as cursor:
+    with store.write() as tx:
         params: dict[str, Any] = {}
         if store.dialect == "sqlite":
-            cursor.execute("SELECT max(id) FROM lifecycle_state_counts")
-            params["upto"] = cursor.fetchone()[0] or 0
+            tx.execute("SELECT max(id) FROM lifecycle_state_counts")
+            params["upto"] = tx.fetchone()[0] or 0
         for statement in store.sql.FOLD_COUNTS[store.dialect]:
-            cursor.execute(statement, params)
+            tx.execute(statement, params)

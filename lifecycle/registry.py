@@ -8,12 +8,11 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from sqlalchemy import select, text
-
 from .errors import StrandedResources, UnknownMachine
 from .logs import logger
 from .spec import MachineSpec
-from .store import Store, machines, resources, specs
+from .store import Store
+from .store.statements import resources, specs
 
 log = logger(__name__)
 
@@ -22,28 +21,18 @@ def store_spec(store: Store, spec: MachineSpec, now: dt.datetime) -> None:
     """Store ``spec`` if it is new and make it its machine's current version. A changed spec
     is refused when live resources are in states it no longer has."""
     with store.begin() as db:
-        if store.dialect == "postgresql":
-            # processes starting together register one machine one at a time (SQLite's
-            # BEGIN IMMEDIATE already serialises them); held until this transaction ends
-            db.execute(text("SELECT pg_advisory_xact_lock(hashtext(:name))"),
-                       {"name": f"lifecycle.register:{spec.name}"})
-        known = db.execute(select(specs.c.version).where(
-            specs.c.machine == spec.name, specs.c.version == spec.version)).first()
-        current = db.execute(
-            select(machines.c.spec_version).where(machines.c.name == spec.name)).scalar()
+        specs.lock_registration(db, spec.name)
+        known = specs.is_stored(db, spec.name, spec.version)
+        current = specs.current_version(db, spec.name)
         if current != spec.version:
             stranded = _stranded(db, spec)
             if stranded:
                 raise StrandedResources(spec.name, spec.version, stranded)
-        if known is None:
-            db.execute(specs.insert().values(
-                machine=spec.name, version=spec.version, spec=spec.to_json(), created_at=now))
-        if current is None:
-            db.execute(machines.insert().values(
-                name=spec.name, spec_version=spec.version, updated_at=now))
-        elif current != spec.version:
-            db.execute(machines.update().where(machines.c.name == spec.name).values(
-                spec_version=spec.version, updated_at=now))
+        if not known:
+            specs.store(db, spec.name, spec.version, spec.to_json(), now)
+        if current != spec.version:
+            specs.make_current(db, spec.name, spec.version, now, known=current is not None)
+        if current is not None and current != spec.version:
             log.info("machine %s: spec version %s replaces %s", spec.name, spec.version,
                      current)
 
@@ -52,17 +41,11 @@ def _stranded(db: Any, spec: MachineSpec) -> list[tuple[str, str]]:
     """Live resources (not in a final state of the spec they run under) whose state the new
     spec does not have."""
     finals_of: dict[str, set[str]] = {}
-    rows = db.execute(
-        select(resources.c.key, resources.c.state, resources.c.spec_version)
-        .where(resources.c.machine == spec.name,
-               resources.c.state.not_in(set(spec.graph.names)))
-        .order_by(resources.c.key)
-    ).all()
     stranded = []
-    for key, state, version in rows:
+    for key, state, version in resources.stranded_candidates(db, spec.name,
+                                                             set(spec.graph.names)):
         if version not in finals_of:
-            old = MachineSpec.model_validate(db.execute(select(specs.c.spec).where(
-                specs.c.machine == spec.name, specs.c.version == version)).scalar_one())
+            old = MachineSpec.model_validate(specs.document(db, spec.name, version))
             finals_of[version] = {n for n in old.graph.leaves
                                   if old.graph.is_final(n, old.final)}
         if state not in finals_of[version]:
@@ -74,15 +57,9 @@ def stored_spec(store: Store, machine: str, known: list[str]) -> MachineSpec:
     """The machine's current spec as the database last registered it, under the version it
     was stored as."""
     with store.read() as db:
-        stored = db.execute(
-            select(specs.c.spec, specs.c.version)
-            .join(machines, (machines.c.name == specs.c.machine)
-                  & (machines.c.spec_version == specs.c.version))
-            .where(machines.c.name == machine)
-        ).first()
+        stored = specs.current(db, machine)
         if stored is None:
-            names = db.execute(select(machines.c.name)).scalars().all()
-            raise UnknownMachine(machine, [*known, *names])
+            raise UnknownMachine(machine, [*known, *specs.names(db)])
     return _as_stored(stored.spec, stored.version)
 
 
@@ -98,10 +75,9 @@ def _as_stored(document: Any, version: str) -> MachineSpec:
 
 def stored_names(store: Store) -> list[str]:
     with store.read() as db:
-        return list(db.execute(select(machines.c.name)).scalars().all())
+        return specs.names(db)
 
 
 def spec_at(db: Any, machine: str, version: str) -> MachineSpec | None:
-    stored = db.execute(select(specs.c.spec).where(
-        specs.c.machine == machine, specs.c.version == version)).scalar()
+    stored = specs.document(db, machine, version)
     return _as_stored(stored, version) if stored is not None else None

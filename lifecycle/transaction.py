@@ -1,17 +1,21 @@
 """Writes of a caller's own in a fire's transaction: the hook the worker and timers use.
 
-``Engine.fire(..., within=hook)`` runs ``hook.before`` after the resource was read and before
-the decision, and ``hook.after`` once the outcome is known, both on the DBAPI cursor of the
-fire's one transaction: what they write commits with the transition (or the refusal), or not
-at all. That is how an effect's outcome is recorded exactly once with the trigger it fires,
-and a timer is marked fired with the transition it caused. No I/O in them.
+``Engine.fire(..., within=hook)`` runs ``hook.before`` after the resource was read and
+before the decision, and ``hook.after`` once the outcome is known, both in the fire's one
+transaction (a :class:`lifecycle.store.Transaction`: statements, rows, value conversions):
+what they write commits with the transition (or the refusal), or not at all. That is how an
+effect's outcome is recorded exactly once with the trigger it fires, and a timer is marked
+fired with the transition it caused. No I/O in them.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .records import FireResult
+
+if TYPE_CHECKING:
+    from .store import Transaction
 
 
 class Within:
@@ -20,10 +24,10 @@ class Within:
     decided again (another writer moved the resource first), both run again in the new
     transaction, the first one's writes having been rolled back."""
 
-    def before(self, cursor: Any, resource_id: int) -> str | None:
+    def before(self, tx: Transaction, resource_id: int) -> str | None:
         return None
 
-    def after(self, cursor: Any, result: FireResult) -> None:
+    def after(self, tx: Transaction, result: FireResult) -> None:
         return None
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from .records import Mismatch
 from .spec import MachineSpec
-from .store import Store
+from .store import Store, Transaction
 
 BATCH = 5000
 """Rows fetched at a time: memory stays flat whatever the journal's length."""
@@ -45,16 +45,16 @@ class _Specs:
     """The stored spec versions met, and whether each transition met is one of them
     (``covered_leaves`` is worked out once per spec, trigger, source and dest)."""
 
-    def __init__(self, store: Store, cursor: Any) -> None:
-        self.store, self.cursor = store, cursor
+    def __init__(self, store: Store, tx: Transaction) -> None:
+        self.store, self.tx = store, tx
         self.specs: dict[tuple[str, str], MachineSpec | None] = {}
         self.allowed: dict[tuple[str, str, str | None, str, str], bool | None] = {}
 
     def spec(self, machine: str, version: str) -> MachineSpec | None:
         if (machine, version) not in self.specs:
-            self.cursor.execute(self.store.sql.stored_spec,
+            self.tx.execute(self.store.sql.stored_spec,
                                 {"machine": machine, "version": version})
-            found = self.cursor.fetchone()
+            found = self.tx.fetchone()
             self.specs[machine, version] = (
                 None if found is None else
                 MachineSpec.model_validate(self.store.json_value(found[0])))
@@ -70,9 +70,9 @@ class _Specs:
         return self.allowed[key]
 
 
-def _rows(cursor: Any) -> Iterator[tuple[Any, ...]]:
-    """The rows of ``cursor``, :data:`BATCH` at a time."""
-    return chain.from_iterable(iter(partial(cursor.fetchmany, BATCH), []))
+def _rows(tx: Transaction) -> Iterator[tuple[Any, ...]]:
+    """The rows of ``tx``, :data:`BATCH` at a time."""
+    return chain.from_iterable(iter(partial(tx.fetchmany, BATCH), []))
 
 
 def _grouped(resources: Any, journal: Any

@@ -37,27 +37,16 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from sqlalchemy import (
-    and_,
-    bindparam,
-    func,
-    literal,
-    literal_column,
-    or_,
-    select,
-    text,
-    update,
-)
-
 from . import redact
-from .effects import DONE, FAILED, GAVE_UP, PENDING, RUNNING, Effect, EffectCall, FollowUp, Retry
+from .effects import DONE, FAILED, GAVE_UP, Effect, EffectCall, FollowUp, Retry
 from .engine import Engine
 from .errors import DatabaseError, LostClaim, PermanentError, RetryableError, UnknownResource
 from .logs import logger
 from .processes import host_prefix, is_gone, this_process
 from .records import FireResult
-from .store import journal, outbox, resources, timers
-from .store.schema import HEADS_WHERE
+from .store import Transaction
+from .store.statements import effects as effect_rows
+from .store.statements import timers as timer_rows
 from .transaction import Within
 
 log = logger(__name__)
@@ -190,13 +179,8 @@ class Worker:
         ``run_until_idle`` leaves to them (they are renewed while their worker lives, and
         taken over when it dies)."""
         now = self.engine.clock.now()
-        t = outbox.c
         with self.store.read() as db:
-            rows = db.execute(
-                select(t.claimed_by, func.count(), func.max(t.lease_until))
-                .where(t.status == RUNNING, t.lease_until >= now, t.claimed_by != self.name,
-                       t.name.in_(sorted(self.engine.handlers)))
-                .group_by(t.claimed_by).order_by(t.claimed_by)).all()
+            rows = effect_rows.held_elsewhere(db, self.name, self.engine.handlers, now)
         return [HeldClaims(str(by), int(count), self.store.time_value(until))
                 for by, count, until in rows]
 
@@ -226,7 +210,7 @@ class Worker:
         of (the connection broke after the database committed): their handlers never ran."""
         with self._lock:
             held = sorted(self._claims)
-        given = self._unclaim(outbox.c.id.not_in(held))
+        given = self._unclaim(except_ids=held)
         if given:
             log.info("worker %s: gave back %d effects claimed as the connection broke",
                      self.name, given)
@@ -308,16 +292,16 @@ class Worker:
         (claim, claim_params), (claimed, claimed_params) = self._claim_sql()
         lease_until = store.time_param(now + dt.timedelta(seconds=self.lease))
         asked = time.monotonic()
-        with store.write() as cursor:
-            cursor.execute(claim, {**claim_params, "now": store.time_param(now),
+        with store.write() as tx:
+            tx.execute(claim, {**claim_params, "now": store.time_param(now),
                                    "limit": min(limit, self.batch), "claimed_by": self.name,
                                    "claimant": self.claimant, "lease_until": lease_until})
-            ids = {row[0] for row in cursor.fetchall()}
+            ids = {row[0] for row in tx.fetchall()}
             if not ids:
                 return []
-            cursor.execute(claimed, {**claimed_params, "claimed_by": self.name,
+            tx.execute(claimed, {**claimed_params, "claimed_by": self.name,
                                      "low": min(ids), "high": max(ids)})
-            rows = [row for row in cursor.fetchall() if row[0] in ids]
+            rows = [row for row in tx.fetchall() if row[0] in ids]
         self._hold(ids, asked)
         value = store.json_value
         return [EffectCall(id_, name, machine, key, dict(value(args)), idempotency_key,
@@ -328,18 +312,11 @@ class Worker:
                      key, data, trigger, payload) in rows]
 
     def _claim_sql(self) -> tuple[tuple[str, dict[str, Any]], tuple[str, dict[str, Any]]]:
-        """The claim as two statements on the held connection, compiled once per worker
-        (the names of its handlers are part of them): an UPDATE of the effects it picks,
-        RETURNING their ids, then what the handlers need of them."""
+        """The claim's two statements, compiled once per worker (the names of its handlers
+        are part of them)."""
         if self._claim_compiled is None:
-            statements = _claim_statements(self.store.dialect == "postgresql",
-                                           sorted(self.engine.handlers))
-            dialect = self.store.sql.dialect
-            claim, claimed = (s.compile(dialect=dialect)
-                              for s in (statements.claim, statements.claimed))
-            # each with the values of its constants (statuses, names)
-            self._claim_compiled = ((str(claim), dict(claim.params)),
-                                    (str(claimed), dict(claimed.params)))
+            self._claim_compiled = effect_rows.claim(self.store.sql.dialect,
+                                                     sorted(self.engine.handlers))
         return self._claim_compiled
 
     # -- keeping claims alive, and taking over those of the dead ------------------------
@@ -418,10 +395,7 @@ class Worker:
             asked = time.monotonic()
             try:
                 with self.store.begin() as db:
-                    kept = set(db.execute(update(outbox).where(
-                        outbox.c.id.in_(ids), outbox.c.claimed_by == self.name,
-                        outbox.c.status == RUNNING).values(lease_until=until)
-                        .returning(outbox.c.id)).scalars())
+                    kept = effect_rows.renew(db, ids, self.name, until)
             except Exception as exc:  # the next beat tries again; the lease has slack
                 if not failing:
                     log.warning("worker %s: could not renew %d leases: %s", self.name,
@@ -483,18 +457,14 @@ class Worker:
         prefix = host_prefix()
         if prefix is None:
             return 0
-        t = outbox.c
         with self.store.read() as db:
-            claimants = db.execute(select(t.claimant).distinct().where(
-                t.status == RUNNING, t.claimant.like(f"{prefix}%"))).scalars().all()
+            claimants = effect_rows.claimants(db, prefix)
         dead = [c for c in claimants if c != self.claimant and is_gone(c, prefix)]
         if not dead:
             return 0
         expired = self.engine.clock.now() - dt.timedelta(seconds=1)
         with self.store.begin() as db:
-            taken = db.execute(update(outbox).where(t.status == RUNNING,
-                                                    t.claimant.in_(dead))
-                               .values(lease_until=expired)).rowcount
+            taken = effect_rows.expire(db, dead, expired)
         log.warning("worker %s: %d effects were held by %d worker processes of this host "
                     "that are gone; they are claimed again now", self.name, taken, len(dead))
         return int(taken)
@@ -630,30 +600,30 @@ class Worker:
             log.warning("effect %s of %s:%s: the claim was lost; its new owner records it",
                         call.name, call.machine, call.key)
 
-    def _held(self, cursor: Any, statement: str, call: EffectCall, **values: Any) -> None:
+    def _held(self, tx: Transaction, statement: str, call: EffectCall, **values: Any) -> None:
         """Write to the effect, if this worker still holds its claim (the fence is in the
         store's statements, once)."""
-        cursor.execute(statement, {"id_": call.id, "claimed_by_": self.name,
+        tx.execute(statement, {"id_": call.id, "claimed_by_": self.name,
                                    "attempts_": call.attempt, **values})
-        if cursor.rowcount != 1:
+        if tx.rowcount != 1:
             raise LostClaim(call.idempotency_key)
 
-    def _mark(self, cursor: Any, call: EffectCall, status: str, error: str | None) -> None:
+    def _mark(self, tx: Transaction, call: EffectCall, status: str, error: str | None) -> None:
         """Record the effect's outcome, if this worker still holds its claim; a done effect
         (or one given up on) passes its resource's queue head to the next (a failed one
         keeps it: the effects behind it wait for ``retry``)."""
         sql = self.store.sql
-        self._held(cursor, sql.finish_effect, call, new_status=status,
+        self._held(tx, sql.finish_effect, call, new_status=status,
                    now=self.store.time_param(self.engine.clock.now()), error=error)
         if status in (DONE, GAVE_UP):
             if sql.lock_resource_of_effect is not None:
-                cursor.execute(sql.lock_resource_of_effect, {"id_": call.id})
-            cursor.execute(sql.pass_head, {"id_": call.id})
+                tx.execute(sql.lock_resource_of_effect, {"id_": call.id})
+            tx.execute(sql.pass_head, {"id_": call.id})
 
     def _done(self, call: EffectCall, follow_up: FollowUp | None) -> None:
         if follow_up is None:
-            with self.store.write() as cursor:
-                self._mark(cursor, call, DONE, None)
+            with self.store.write() as tx:
+                self._mark(tx, call, DONE, None)
         else:
             result = self._fire_with(call, follow_up.trigger, dict(follow_up.payload),
                                      _Outcome(self, call, DONE, None, follow_up.writes))
@@ -668,8 +638,8 @@ class Worker:
         delay = retry.delay(call.attempt, self.rng)
         store = self.store
         due = self.engine.clock.now() + dt.timedelta(seconds=delay)
-        with store.write() as cursor:
-            self._held(cursor, store.sql.reschedule_effect, call,
+        with store.write() as tx:
+            self._held(tx, store.sql.reschedule_effect, call,
                        next_attempt_at=store.time_param(due), error=message[:2000])
         self.stats.retried += 1
         log.info("effect %s of %s:%s failed (attempt %d: %s); next attempt in %.1f s",
@@ -678,8 +648,8 @@ class Worker:
     def _fail(self, call: EffectCall, message: str) -> None:
         on_failure = self._on_failure(call)
         if on_failure is None:
-            with self.store.write() as cursor:
-                self._mark(cursor, call, FAILED, message[:2000])
+            with self.store.write() as tx:
+                self._mark(tx, call, FAILED, message[:2000])
             log.error("effect %s of %s:%s failed for good after %d attempts: %s; the resource "
                       "is stuck until `lifecycle retry %s:%s`", call.name, call.machine,
                       call.key, call.attempt, message, call.machine, call.key)
@@ -701,9 +671,7 @@ class Worker:
 
     def _on_failure(self, call: EffectCall) -> str | None:
         with self.store.read() as db:
-            value = db.execute(select(outbox.c.on_failure).where(
-                outbox.c.id == call.id)).scalar()
-        return str(value) if value else None
+            return effect_rows.on_failure(db, call.id)
 
     def _fire_with(self, call: EffectCall, trigger: str, payload: dict[str, Any],
                    outcome: Within) -> FireResult:
@@ -714,8 +682,8 @@ class Worker:
 
     def _save_progress(self, call: EffectCall) -> None:
         store = self.store
-        with store.write(held=False) as cursor:  # from a handler's thread: no connection kept
-            self._held(cursor, store.sql.save_progress, call,
+        with store.write(held=False) as tx:  # from a handler's thread: no connection kept
+            self._held(tx, store.sql.save_progress, call,
                        progress=store.json_param(dict(call.progress)))
 
     def _give_back(self, calls: list[EffectCall], *, refund: bool = True) -> None:
@@ -728,21 +696,19 @@ class Worker:
         ids = [call.id for call in calls]
         self._let_go(ids)
         try:
-            self._unclaim(outbox.c.id.in_(ids), refund=refund)
+            self._unclaim(ids=ids, refund=refund)
         except Exception as exc:  # the leases will expire instead
             log.warning("worker %s: could not give back %d effects (%s); they are claimed "
                         "again when their leases expire", self.name, len(ids), exc)
 
-    def _unclaim(self, which: Any, *, refund: bool = True) -> int:
-        """Put the effects this worker holds that match ``which`` back in the queue; with
-        ``refund`` (their handlers never ran) the attempt their claim counted is returned;
-        how many."""
-        t = outbox.c
+    def _unclaim(self, *, ids: list[int] | None = None, except_ids: list[int] | None = None,
+                 refund: bool = True) -> int:
+        """Put the effects this worker holds (of ``ids``, or all but ``except_ids``) back in
+        the queue; with ``refund`` (their handlers never ran) the attempt their claim counted
+        is returned; how many."""
         with self.store.begin() as db:
-            return int(db.execute(update(outbox).where(
-                which, t.claimed_by == self.name, t.status == RUNNING).values(
-                status=PENDING, claimed_by=None, claimant=None, lease_until=None,
-                attempts=t.attempts - 1 if refund else t.attempts)).rowcount)
+            return effect_rows.unclaim(db, self.name, ids=ids, except_ids=except_ids,
+                                       refund=refund)
 
     # -- timers ----------------------------------------------------------------------
 
@@ -750,7 +716,7 @@ class Worker:
         self._timers_seen = time.monotonic()
         now = self.engine.clock.now()
         with self.store.read() as db:
-            due = db.execute(_DUE_TIMERS, {"now": now, "limit": self.batch}).all()
+            due = timer_rows.due(db, now, self.batch)
         fired = 0
         for timer_id, trigger, machine, key in due:
             if self._stop.is_set():
@@ -783,10 +749,10 @@ class _Outcome(Within):
         self.worker, self.call, self.status, self.error = worker, call, status, error
         self.writes = writes
 
-    def before(self, cursor: Any, resource_id: int) -> str | None:
-        self.worker._mark(cursor, self.call, self.status, self.error)
+    def before(self, tx: Transaction, resource_id: int) -> str | None:
+        self.worker._mark(tx, self.call, self.status, self.error)
         if self.writes is not None:
-            self.writes(cursor)
+            self.writes(tx)
         return None
 
 
@@ -800,58 +766,12 @@ class _GivingUp(Within):
     def __init__(self, worker: Worker, call: EffectCall, error: str) -> None:
         self.worker, self.call, self.error = worker, call, error
 
-    def after(self, cursor: Any, result: FireResult) -> None:
+    def after(self, tx: Transaction, result: FireResult) -> None:
         status = GAVE_UP if result.fired and result.effects else FAILED
-        self.worker._mark(cursor, self.call, status, self.error)
+        self.worker._mark(tx, self.call, status, self.error)
 
 
 # -- the worker's statements, built once (building them per call cost more than running them)
-
-
-@dataclass(frozen=True, slots=True)
-class _ClaimStatements:
-    claim: Any
-    claimed: Any
-
-
-def _claim_statements(postgresql: bool, names: list[str]) -> _ClaimStatements:
-    e = outbox.alias("e")
-    now: Any = bindparam("now")
-    # effects of one resource run in order: only the head of its queue may run, and the
-    # claim walks the heads alone (a partial index), however many effects wait behind them
-    # (a running head was due when it was claimed: it is taken again once its lease ended)
-    due = and_(e.c.next_attempt_at <= now,
-               or_(e.c.status == literal_column(f"'{PENDING}'"), e.c.lease_until < now))
-    # a worker claims only what it has handlers for: others may serve the rest
-    picked = (select(e.c.id).where(text(HEADS_WHERE.replace("head", "e.head")
-                                        .replace("status", "e.status")), due,
-                                   e.c.name.in_([literal(n) for n in names]))
-              .order_by(e.c.next_attempt_at, e.c.id).limit(bindparam("limit")))
-    if postgresql:
-        picked = picked.with_for_update(skip_locked=True, of=e)
-    t = outbox.c
-    claim = (update(outbox).where(t.id.in_(picked))
-             .values(status=RUNNING, claimed_by=bindparam("claimed_by"),
-                     claimant=bindparam("claimant"), lease_until=bindparam("lease_until"),
-                     attempts=t.attempts + 1)
-             .returning(t.id))
-    claimed = (
-        select(t.id, t.name, t.args, t.idempotency_key, t.fence, t.attempts, t.seq, t.progress,
-               resources.c.machine, resources.c.key, resources.c.data, journal.c.trigger,
-               journal.c.payload)
-        .join(resources, resources.c.id == t.resource_id)
-        .join(journal, and_(journal.c.resource_id == t.resource_id, journal.c.seq == t.seq))
-        .where(t.claimed_by == bindparam("claimed_by"), t.status == RUNNING,
-               t.id.between(bindparam("low"), bindparam("high")))
-        .order_by(t.id))
-    return _ClaimStatements(claim, claimed)
-
-
-_DUE_TIMERS = (
-    select(timers.c.id, timers.c.trigger, resources.c.machine, resources.c.key)
-    .join(resources, resources.c.id == timers.c.resource_id)
-    .where(timers.c.status == PENDING, timers.c.due_at <= bindparam("now"))
-    .order_by(timers.c.due_at, timers.c.id).limit(bindparam("limit")))
 
 
 __all__ = ["DEFAULT_LEASE", "IDLE_THREAD_SECONDS", "TIMER_LOOK", "HeldClaims", "Worker",

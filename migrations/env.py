@@ -5,7 +5,6 @@ from alembic import context
 from sqlalchemy import Connection
 
 # tables that adapters keep in lifecycle's database, beside the core's
-import lifecycle.adapters.job_queue  # noqa: F401  (the job queue of job_exit)
 from lifecycle.store.database import create_sa_engine
 from lifecycle.store.migrate import VERSION_TABLE
 from lifecycle.store.schema import metadata

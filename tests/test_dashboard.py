@@ -28,10 +28,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from lifecycle import Effect, Engine, Retry, Store, Worker
 from lifecycle.clock import SimulatedClock
 from lifecycle.dashboard.app import serve_in_thread as served
-from lifecycle.dashboard.database import ReadOnlyDatabase
 from lifecycle.dashboard.metrics import History, ProbeCalls
-from lifecycle.dashboard.reads import Specs
 from lifecycle.errors import StaleObservation
+from lifecycle.store.readonly import ReadOnlyDatabase
+from lifecycle.store.statements.dashboard import Specs
 
 START = "2026-01-01T00:00:00Z"
 ERROR = "<b>site said</b> <script>no()</script> & gone"
@@ -480,14 +480,13 @@ def test_pages_answer_while_a_writer_holds_its_transaction(populated: str,
     up no page, and no page sees what it has not committed."""
     before = {"off": len(MARKUP) - len(MARKUP) // 2, "on": len(MARKUP) // 2}
     with Store(populated) as store, served(populated, clock=clock) as base:
-        with store.write() as cursor:
-            cursor.execute("UPDATE lifecycle_resources SET state = 'on' WHERE machine = "
-                           "'toggle'")
+        with store.write() as tx:
+            tx.execute("UPDATE lifecycle_resources SET state = 'on' WHERE machine = 'toggle'")
             for path, params in [("/", {}), ("/machines/toggle", {"format": "json"}),
                                  ("/metrics", {}), ("/live", {"format": "json"})]:
                 assert _get(base, path, **params).status_code == 200
             assert _get(base, "/live", format="json").json()["counts"]["toggle"] == before
-            Store.rollback(cursor)
+            tx.rollback()
         assert _get(base, "/live", format="json").json()["counts"]["toggle"] == before
 
 

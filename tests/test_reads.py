@@ -4,6 +4,7 @@ on the raw path, ``verify`` streamed, and ``lifecycle list`` a page at a time.""
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
 import threading
 from typing import Any
@@ -24,7 +25,7 @@ from lifecycle import (
 from lifecycle import verify as verify_module
 from lifecycle.cli import main
 from lifecycle.records import FireResult
-from lifecycle.store import resources
+from lifecycle.store import Transaction, resources
 
 TOGGLE: dict[str, Any] = {
     "name": "toggle", "initial": "off",
@@ -245,6 +246,37 @@ def test_get_inside_a_write_of_the_same_thread(engine: Engine) -> None:
 
     assert engine.fire("t", "flip", within=Peek())
     assert seen == ["on.low"] and engine.get("t").state == "on.low"
+
+
+def test_a_within_hook_writes_its_own_rows_the_same_on_either_database(
+        engine: Engine, store: Store) -> None:
+    """A caller's writes in a fire's transaction get a ``Transaction``: its own statement in
+    the database's parameter style, a document and a time converted as the database stores
+    them, read back in the same transaction, on SQLite and PostgreSQL alike."""
+    engine.create("toggle", "t")
+    at = dt.datetime(2026, 12, 3, 18, 0, tzinfo=dt.UTC)
+    mark = ":{}" if store.dialect == "sqlite" else "%({})s"
+    insert = ("INSERT INTO lifecycle_job_queue (cluster, proc, ad, job_status, updates, "
+              "submitted_at) VALUES ({}, {}, {}, 2, 0, {})").format(
+        *(mark.format(n) for n in ("cluster", "proc", "ad", "at")))
+    read = "SELECT ad, submitted_at FROM lifecycle_job_queue WHERE cluster = 7"
+    seen: list[tuple[Any, Any]] = []
+
+    class Records(Within):
+        def after(self, tx: Transaction, result: FireResult) -> None:
+            assert tx.paramstyle == ("named" if tx.dialect == "sqlite" else "pyformat")
+            tx.execute(insert, {"cluster": 7, "proc": 0, "ad": tx.json({"Owner": "ana"}),
+                                "at": tx.time(at)})
+            assert tx.rowcount == 1
+            tx.execute(read)
+            ad, submitted = tx.fetchone()
+            seen.append((tx.json_value(ad), tx.time_value(submitted)))
+
+    assert engine.fire("t", "flip", within=Records())
+    assert seen == [({"Owner": "ana"}, at)]
+    with store.reading() as tx:   # committed with the transition
+        tx.execute(read)
+        assert tx.fetchall()[0][0] is not None
 
 
 # -- verify ---------------------------------------------------------------------------------

@@ -13,13 +13,12 @@ import click
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
-from sqlalchemy import select
 
 from ..effects import DONE, FAILED, GAVE_UP, PENDING
 from ..engine import Engine
 from ..queries import resource_id
 from ..records import FireResult, JournalEntry, Observation
-from ..store import outbox
+from ..store.statements import effects as effect_rows
 from . import layout
 from .common import (
     PLUGINS_VARIABLE,
@@ -333,11 +332,7 @@ def _effects_by_seq(engine: Engine, key: str) -> dict[int, list[Any]]:
     journal row that asked for them."""
     with engine.store.read() as db:
         rid, _ = resource_id(db, key)
-        rows = db.execute(select(outbox.c.seq, outbox.c.name, outbox.c.status,
-                                 outbox.c.attempts, outbox.c.next_attempt_at,
-                                 outbox.c.last_error, outbox.c.progress,
-                                 outbox.c.finished_at)
-                          .where(outbox.c.resource_id == rid).order_by(outbox.c.id)).all()
+        rows = effect_rows.of_resource(db, rid)
     found: dict[int, list[Any]] = {}
     for row in rows:
         found.setdefault(row.seq, []).append(row)

@@ -22,7 +22,6 @@ from typing import Any
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
-from sqlalchemy import Connection
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -34,9 +33,9 @@ from .. import render
 from ..clock import Clock, SystemClock
 from ..errors import LifecycleError
 from ..logs import logger
+from ..store.readonly import Connection, ReadOnlyDatabase, Unavailable
+from ..store.statements import dashboard as reads
 from ..values import text_problem
-from . import reads
-from .database import ReadOnlyDatabase, Unavailable
 from .metrics import LifecycleCollector
 
 log = logger(__name__)

@@ -16,8 +16,8 @@ from prometheus_client.registry import Collector
 
 from ..clock import Clock, SystemClock
 from ..logs import logger
-from . import reads
-from .database import ReadOnlyDatabase, Unavailable
+from ..store.readonly import ReadOnlyDatabase, Unavailable
+from ..store.statements import dashboard as reads
 
 log = logger(__name__)
 

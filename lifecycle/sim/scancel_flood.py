@@ -56,8 +56,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, select
-
 from ..adapters.container_api import COMPLETE, RUNNING, MemoryContainerAPI
 from ..adapters.slurm_dispatch import (
     SCANCELS_PER_SECOND,
@@ -67,10 +65,10 @@ from ..adapters.slurm_dispatch import (
     ScancelRate,
 )
 from ..clock import SimulatedClock
-from ..effects import PENDING
 from ..engine import Engine
 from ..machines import slurm_dispatch as machine
-from ..store import Store, timers
+from ..store import Store
+from ..store.statements import timers as timer_rows
 from ..worker import Worker
 from .loop import EventLoop, Progress
 from .simulation import Option, Simulation
@@ -363,8 +361,7 @@ def after(seed: int, options: dict[str, Any], store: Store, prefix: str,
     def work() -> None:
         worker.run_until_idle()
         with store.read() as db:   # the next timer, to wake the worker then
-            soonest = db.execute(select(func.min(timers.c.due_at)).where(
-                timers.c.status == PENDING)).scalar()
+            soonest = timer_rows.soonest_due(db)
         if soonest is not None:
             due = (store.time_value(soonest) - loop.start).total_seconds()
             if due > loop.elapsed and due not in woken:

@@ -233,6 +233,26 @@ timers = Table(
     comment="timeouts of states: fired only while the resource is in the visit that set them",
 )
 
+# The job_exit machine's database job queue (lifecycle.adapters.job_queue); migration 0004
+# creates it.
+job_queue = Table(
+    "lifecycle_job_queue",
+    metadata,
+    Column("cluster", Integer, nullable=False),
+    Column("proc", Integer, nullable=False),
+    Column("ad", Document(), nullable=False, comment="the job's ClassAd: attribute -> value"),
+    Column("job_status", Integer, nullable=False,
+           comment="JobStatus: 1 Idle, 2 Running, 3 Removed, 4 Completed, 5 Held, ..."),
+    Column("updates", Integer, nullable=False,
+           comment="how many times the job's completion was recorded"),
+    Column("submitted_at", UtcDateTime(), nullable=False),
+    Column("updated_at", UtcDateTime()),
+    Column("updated_by", String(400), comment="idempotency key of the effect that recorded it"),
+    PrimaryKeyConstraint("cluster", "proc"),
+    comment="the job queue the job_exit machine updates (step c): one row per job",
+)
+
+
 state_counts = Table(
     "lifecycle_state_counts",
     metadata,

@@ -15,10 +15,13 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, func, select, text
 
-from ..graph import SEPARATOR
-from ..records import FAILED, PENDING, RUNNING
-from ..spec import MachineSpec
-from ..store import (
+from ...graph import SEPARATOR
+from ...records import FAILED, PENDING, RUNNING
+from ...spec import MachineSpec
+from ..schema import (
+    FENCED_WHERE,
+    HEADS_WHERE,
+    REFUSALS_WHERE,
     journal,
     machines,
     observations,
@@ -28,7 +31,6 @@ from ..store import (
     state_counts,
     timers,
 )
-from ..store.schema import FENCED_WHERE, HEADS_WHERE, REFUSALS_WHERE
 
 PAGE = 50
 """Resources on one page of a machine's listing."""

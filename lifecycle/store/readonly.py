@@ -1,8 +1,8 @@
-"""The dashboard's database, opened for reading only: a SQLite file in SQLite's read-only
-mode (``mode=ro``, and ``query_only``), PostgreSQL sessions whose transactions are read-only
-and whose statements time out. It never creates a file, a table or a row, and never
-migrates: a database that is missing, empty of lifecycle's tables or at another schema
-revision is :class:`Unavailable`, with what to do about it."""
+"""A database opened for reading only (the dashboard's, and a worker's /metrics): a SQLite file
+in SQLite's read-only mode (``mode=ro``, and ``query_only``), PostgreSQL sessions whose
+transactions are read-only and whose statements time out. It never creates a file, a table
+or a row, and never migrates: a database that is missing, empty of lifecycle's tables or at
+another schema revision is :class:`Unavailable`, with what to do about it."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ from sqlalchemy.exc import DBAPIError, OperationalError, ProgrammingError
 from sqlalchemy.pool import QueuePool
 
 from ..errors import DatabaseError
-from ..store import migrate
-from ..store.database import SQLITE_BUSY_TIMEOUT_MS, parse_url, sqlite_file
 from ..urls import display_url, resolve_url
+from . import migrate
+from .database import SQLITE_BUSY_TIMEOUT_MS, parse_url, sqlite_file
 
 STATEMENT_TIMEOUT_MS = 10_000
 """PostgreSQL: the longest a dashboard statement may run (a page is never worth more)."""
@@ -142,3 +142,6 @@ def _postgresql_engine(url: str) -> SAEngine:
         dbapi_connection.autocommit = autocommit
 
     return engine
+
+
+__all__ = ["Connection", "ReadOnlyDatabase", "STATEMENT_TIMEOUT_MS", "Unavailable"]

@@ -1,0 +1,66 @@
+"""Statements of ``lifecycle_job_queue``, the ``job_exit`` machine's database job queue (one
+row per job, holding its ad): step (c) of a job exit, written in the transaction that marks
+the effect done, and the reads and entries of ``lifecycle queue``."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import Connection, bindparam, insert, literal_column, select, update
+
+from ..schema import job_queue
+from ..transaction import Transaction
+from .compiling import Compiling
+
+COMPLETED = 4
+"""HTCondor's ``JobStatus`` of a completed job."""
+
+
+class JobQueueStatements(Compiling):
+    """Step (c)'s statements, compiled for one dialect."""
+
+    def __init__(self, dialect: Any) -> None:
+        self.dialect = dialect
+        q, sql = job_queue.c, self._sql
+        which = (q.cluster == bindparam("cluster"), q.proc == bindparam("proc"))
+        read = select(q.ad, q.job_status).where(*which)
+        self.read = sql(read if dialect.name == "sqlite" else read.with_for_update())
+        completed: Any = literal_column(str(COMPLETED))  # written as a constant
+        self.update = sql(update(job_queue).where(
+            *which, q.job_status != completed).values(
+            ad=bindparam("ad"), job_status=completed, updates=q.updates + literal_column("1"),
+            updated_at=bindparam("now"), updated_by=bindparam("key")))
+        self.insert = sql(insert(job_queue).values(
+            cluster=bindparam("cluster"), proc=bindparam("proc"), ad=bindparam("ad"),
+            job_status=bindparam("job_status"), updates=bindparam("updates"),
+            submitted_at=bindparam("now"), updated_at=bindparam("updated_at"),
+            updated_by=bindparam("key")))
+
+
+_COMPILED: dict[str, JobQueueStatements] = {}
+
+
+def statements(tx: Transaction) -> JobQueueStatements:
+    """Step (c)'s statements for the database of ``tx``, compiled on first use."""
+    found = _COMPILED.get(tx.dialect)
+    if found is None:
+        assert tx.sql is not None
+        found = _COMPILED[tx.dialect] = JobQueueStatements(tx.sql.dialect)
+    return found
+
+
+def enter(db: Connection, cluster: int, proc: int, ad: dict[str, Any], status: int,
+          now: dt.datetime) -> None:
+    """Enter a job into the queue."""
+    db.execute(insert(job_queue).values(cluster=cluster, proc=proc, ad=ad, job_status=status,
+                                        updates=0, submitted_at=now))
+
+
+def job(db: Connection, cluster: int, proc: int) -> Any:
+    """The job's row, or None."""
+    q = job_queue.c
+    return db.execute(select(job_queue).where(q.cluster == cluster, q.proc == proc)).first()
+
+
+__all__ = ["JobQueueStatements", "enter", "job", "statements"]

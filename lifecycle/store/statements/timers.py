@@ -1,0 +1,56 @@
+"""Statements of ``lifecycle_timers``: a timeout set on entering a state, cancelled on
+leaving it, fired (or refused) when due."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import Connection, bindparam, func, insert, select, update
+
+from ...records import CANCELLED, FIRED, PENDING, REFUSED
+from ..schema import resources, timers
+from .compiling import Compiling, constant
+
+
+class TimerStatements(Compiling):
+    """The hot path's statements of timers."""
+
+    def _timers(self) -> None:
+        sql, t = self._sql, timers.c
+        self.insert_timer = sql(insert(timers).values(**{
+            name: bindparam(name) for name in (
+                "resource_id", "seq", "state", "trigger", "due_at", "status", "created_at")}))
+        self.cancel_timers = sql(
+            update(timers)
+            .where(t.resource_id == bindparam("resource_id"), t.state == bindparam("state_"),
+                   t.status == constant(PENDING))
+            .values(status=constant(CANCELLED), finished_at=bindparam("now")))
+        self.fire_timer = sql(
+            update(timers).where(t.id == bindparam("id_"), t.status == constant(PENDING))
+            .values(status=constant(FIRED), finished_at=bindparam("now")))
+        self.refuse_timer = sql(update(timers).where(t.id == bindparam("id_")).values(
+            status=constant(REFUSED), outcome=bindparam("outcome")))
+
+
+# -- beside the hot path ----------------------------------------------------------------------
+
+_DUE = (
+    select(timers.c.id, timers.c.trigger, resources.c.machine, resources.c.key)
+    .join(resources, resources.c.id == timers.c.resource_id)
+    .where(timers.c.status == PENDING, timers.c.due_at <= bindparam("now"))
+    .order_by(timers.c.due_at, timers.c.id).limit(bindparam("limit")))
+
+
+def due(db: Connection, now: dt.datetime, limit: int) -> list[Any]:
+    """(timer id, trigger, machine, key) of pending timers due by ``now``, soonest first."""
+    return list(db.execute(_DUE, {"now": now, "limit": limit}).all())
+
+
+def soonest_due(db: Connection) -> Any:
+    """When the soonest pending timer is due (as the database stores it), or None."""
+    return db.execute(select(func.min(timers.c.due_at)).where(
+        timers.c.status == PENDING)).scalar()
+
+
+__all__ = ["TimerStatements", "due", "soonest_due"]
