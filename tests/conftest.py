@@ -196,6 +196,7 @@ DATABASE_FIXTURES = {"postgres_url", "sqlite_url", "db_url", "store", "empty_pos
 INTEGRATION_MODULES = {
     "test_concurrency",  # processes racing on one database
     "test_migrations",
+    "test_old_databases",  # databases written at every earlier revision, upgraded
     "test_worker_faults",
     "test_cli",  # `lifecycle` on a database, in a subprocess too
     "test_cli_output",  # the installed program in a subprocess
