@@ -290,7 +290,7 @@ def run_page(page: Path, directory: Path, *, exclusive: bool = True) -> Iterator
 
 
 @pytest.mark.parametrize("page", [p for p in PAGES if any(
-    b.lang in ("console", "python") for b in runnable(p))], ids=lambda p: p.name)
+    b.lang in ("console", "python") for b in runnable(p))], ids=lambda p: str(p.relative_to(REPO)))
 def test_examples_run_as_shown(page: Path, tmp_path: Path) -> None:
     failures = []
     for failure in run_page(page, tmp_path):
@@ -300,7 +300,7 @@ def test_examples_run_as_shown(page: Path, tmp_path: Path) -> None:
     assert not failures, "\n\n".join(failures)
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
 def test_every_example_is_in_a_form_that_runs(page: Path) -> None:
     """No shell or Python example escapes the checker: shell examples are console blocks,
     and a block that is not run says why."""
