@@ -5,8 +5,9 @@ relative paths in the repository: to another page (``glossary.md#fence``), and t
 outside docs/ (``../tests/test_readme.py``, ``../ARCHITECTURE.md``). The site keeps the
 first, and these hooks take care of the second:
 
-- ARCHITECTURE.md, at the repository's top, is a page of the site (``architecture.md``):
-  read from where it is, its links turned into the site's.
+- ARCHITECTURE.md, at the repository's top, is a page of the site (``architecture.md``),
+  and so are the diagrams of the built-in machines (``diagrams/``, as ``machines/``, with
+  each SVG shown): read from where they are, their links turned into the site's.
 - A link to any other file of the repository goes to that file in the repository on the web
   (``repo_url`` in mkdocs.yml); while the project names none, the link becomes its text
   with the file's path.
@@ -26,17 +27,29 @@ import griffe
 from mkdocs.structure.files import File, Files
 
 REPO = Path(__file__).resolve().parent
-INCLUDED = {"ARCHITECTURE.md": "architecture.md"}
-"""Files outside docs/ that are pages of the site: repository path -> the page's path."""
+INCLUDED = {"ARCHITECTURE.md": "architecture.md", "diagrams": "machines"}
+"""Files and folders outside docs/ that are part of the site: repository path -> site path
+(tests/test_docs.py knows the pages too)."""
+SVG_LINK = re.compile(r"^\[SVG\]\((\w+)\.svg\)")
 
 LINK = re.compile(r"(!?)\[([^\]]*)\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^\s*(```|~~~)")
 log = logging.getLogger("mkdocs.hooks.lifecycle")
 
 
+def _included() -> dict[Path, str]:
+    """Each file of the repository that the site includes -> its path in the site."""
+    found = {}
+    for source, target in INCLUDED.items():
+        path = REPO / source
+        for file in sorted(path.iterdir()) if path.is_dir() else [path]:
+            found[file.resolve()] = f"{target}/{file.name}" if path.is_dir() else target
+    return found
+
+
 def on_files(files: Files, config: Any) -> Files:
-    for source, page in INCLUDED.items():
-        files.append(File.generated(config, page, abs_src_path=str(REPO / source)))
+    for path, target in _included().items():
+        files.append(File.generated(config, target, abs_src_path=str(path)))
     return files
 
 
@@ -44,6 +57,7 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str
     docs = Path(config["docs_dir"]).resolve()
     source = Path(page.file.abs_src_path).resolve()
     here = (docs / page.file.src_uri).parent  # where the page is in the site
+    included = _included()
 
     def rewrite(match: re.Match[str]) -> str:
         bang, text, target = match.groups()
@@ -53,8 +67,8 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str
         linked = (source.parent / path).resolve()
         if docs in (linked, *linked.parents):
             relative = os.path.relpath(linked, here)
-        elif REPO in linked.parents and linked.relative_to(REPO).as_posix() in INCLUDED:
-            relative = os.path.relpath(docs / INCLUDED[linked.relative_to(REPO).as_posix()], here)
+        elif linked in included:
+            relative = os.path.relpath(docs / included[linked], here)
         elif REPO in (linked, *linked.parents) and linked.exists():
             in_repo = linked.relative_to(REPO).as_posix()
             if config.get("repo_url"):
@@ -74,6 +88,9 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str
         if FENCE.match(line):
             fenced = not fenced
         lines.append(line if fenced else LINK.sub(rewrite, line))
+        svg = None if fenced else SVG_LINK.match(line)
+        if svg and source.parent == REPO / "diagrams":  # the diagram itself, not only a link
+            lines.append(f"\n![{svg[1]}]({svg[1]}.svg)\n")
     return "\n".join(lines)
 
 
