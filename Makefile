@@ -58,7 +58,7 @@ docs: $(VENV)/.docs-installed
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 lint: $(STAMP)
-	$(BIN)/ruff check lifecycle tests benchmarks
+	$(BIN)/ruff check lifecycle tests benchmarks mkdocs_hooks.py
 	$(BIN)/mypy lifecycle
 
 clean:
