@@ -110,3 +110,12 @@ class SphinxRoles(griffe.Extension):
     def _code(match: re.Match[str]) -> str:
         name = match[1]
         return f"`{name.rsplit('.', 1)[-1] if '`~' in match[0] else name}`"
+
+
+CODE = re.compile(r"<code>(.*?)</code>", re.S)
+
+
+def on_page_content(html: str, page: Any, config: Any, files: Files) -> str:
+    """A ``|`` in code in a table is written ``\\|`` (GitHub's tables drop the backslash);
+    Python-Markdown's keep it in code, so it goes here."""
+    return CODE.sub(lambda m: f"<code>{m[1].replace(chr(92) + '|', '|')}</code>", html)
