@@ -53,9 +53,10 @@ diagrams: $(RUNTIME)
 	$(BIN)/lifecycle diagrams --dir diagrams
 
 # the documentation site, from docs/ (mkdocs.yml), into site/; --strict: a broken link,
-# anchor or API reference, or a page left out of the nav, fails the build
+# anchor or API reference, or a page left out of the nav, fails the build (never --quiet:
+# it drops the warnings before --strict counts them)
 docs: $(VENV)/.docs-installed
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 lint: $(STAMP)
 	$(BIN)/ruff check lifecycle tests benchmarks mkdocs_hooks.py
