@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # databases, Slurm and worker processes, so two share even a small machine well
 TEST_JOBS ?= 2
 
-.PHONY: demo test test-loaded bench lint diagrams clean
+.PHONY: demo test test-loaded bench lint diagrams docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,10 @@ $(STAMP): $(RUNTIME)
 	# TARDIS's adapters (its pydantic<2 pin is for its REST service, which is not used)
 	$(BIN)/python -m pip install --quiet --no-deps 'cobald-tardis>=0.8'
 	touch $(STAMP)
+
+$(VENV)/.docs-installed: $(RUNTIME)
+	$(BIN)/python -m pip install --quiet -e '.[docs]'
+	touch $@
 
 $(VENV)/.bench-installed: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
@@ -48,9 +52,15 @@ bench: $(VENV)/.bench-installed
 diagrams: $(RUNTIME)
 	$(BIN)/lifecycle diagrams --dir diagrams
 
+# the documentation site, from docs/ (mkdocs.yml), into site/; --strict: a broken link,
+# anchor or API reference, or a page left out of the nav, fails the build (never --quiet:
+# it drops the warnings before --strict counts them)
+docs: $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 lint: $(STAMP)
-	$(BIN)/ruff check lifecycle tests benchmarks
+	$(BIN)/ruff check lifecycle tests benchmarks mkdocs_hooks.py
 	$(BIN)/mypy lifecycle
 
 clean:
-	rm -rf $(VENV) lifecycle.db lifecycle.db-wal lifecycle.db-shm
+	rm -rf $(VENV) site lifecycle.db lifecycle.db-wal lifecycle.db-shm

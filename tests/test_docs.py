@@ -1,6 +1,7 @@
 """The repository explains itself: every relative link in README.md, ARCHITECTURE.md and
 docs/ resolves to a file of the repository (and, with an anchor, to a heading in it), and
-nothing points at material outside the repository."""
+nothing points at material outside the repository. The documentation site (mkdocs.yml)
+shows every page of docs/, and the README stays a short way into it."""
 
 from __future__ import annotations
 
@@ -60,3 +61,51 @@ def test_no_merge_conflict_is_left_in_the_sources() -> None:
             for n, line in enumerate(p.read_text().splitlines(), 1)
             if line.startswith(markers) or line == "======="]
     assert not left, left
+
+
+def _nav_pages(entries: object) -> list[str]:
+    """The pages named in a MkDocs nav (a list of pages, {title: page} or {title: [...]})."""
+    if isinstance(entries, str):
+        return [entries]
+    if isinstance(entries, list):
+        return [page for entry in entries for page in _nav_pages(entry)]
+    if isinstance(entries, dict):
+        return [page for value in entries.values() for page in _nav_pages(value)]
+    raise AssertionError(f"not a nav entry: {entries!r}")
+
+
+SITE_ONLY = {"architecture.md", "machines/README.md"}
+"""The site's pages that mkdocs_hooks.py adds from outside docs/: ARCHITECTURE.md and
+diagrams/README.md."""
+
+
+def test_the_site_shows_every_page_of_docs() -> None:
+    """Every page in docs/ is in mkdocs.yml's nav, and the nav names no page that is not there
+    (but SITE_ONLY). `make docs` fails on either too; this says so in `make test`, where a
+    new page is usually written."""
+    import yaml
+
+    config = yaml.safe_load((REPO / "mkdocs.yml").read_text())
+    nav = _nav_pages(config["nav"])
+    assert len(nav) == len(set(nav)), f"a page is in the nav twice: {nav}"
+    pages = {p.name for p in (REPO / "docs").glob("*.md")} | SITE_ONLY
+    assert sorted(pages - set(nav)) == [], "pages of docs/ missing from mkdocs.yml's nav"
+    assert sorted(set(nav) - pages) == [], "mkdocs.yml's nav names pages docs/ does not have"
+
+
+def test_the_readme_stays_short_and_opens_the_site() -> None:
+    """The README is the way in: the quick start, what lifecycle is, a first example, and
+    links into the site, whose home (docs/README.md) links to every page; the rest lives in
+    docs/."""
+    text = (REPO / "README.md").read_text()
+    assert len(text.splitlines()) <= 250, "README.md has grown past 250 lines: move to docs/"
+    opening = text.split("\n## ")[0]
+    assert "$ make demo" in opening and "$ make test" in opening
+    assert "docs/README.md" in LINK.findall(text)
+    home = REPO / "docs" / "README.md"
+    linked = {(home.parent / target.partition("#")[0]).resolve()
+              for target in LINK.findall(home.read_text())}
+    pages = {p.resolve() for p in (REPO / "docs").glob("*.md") if p != home}
+    pages.add((REPO / "ARCHITECTURE.md").resolve())
+    unlinked = sorted(p.name for p in pages - linked)
+    assert unlinked == [], f"pages the site's home (docs/README.md) does not link to: {unlinked}"

@@ -18,7 +18,11 @@ The convention the pages are written to:
 - A block directly preceded by ``<!-- not run: REASON -->`` is skipped. Use it sparingly,
   for what cannot run here (a remote host, a real cluster). One preceded by
   ``<!-- needs: PROGRAM -->`` is skipped when PROGRAM (Graphviz's ``dot``) is not on PATH,
-  unless ``LIFECYCLE_REQUIRE_RENDERERS=1``, as the diagram tests do.
+  unless ``LIFECYCLE_REQUIRE_RENDERERS=1``, as the diagram tests do. One preceded by
+  ``<!-- needs: postgresql -->`` runs with ``POSTGRES`` set to the URL of an empty
+  PostgreSQL database of the page's own (``postgresql://USER@HOST:PORT/NAME``, made on the
+  server of ``LIFECYCLE_TEST_POSTGRES_URL`` and dropped afterwards); it is skipped when that
+  server or ``psql`` is missing, unless ``LIFECYCLE_REQUIRE_POSTGRES=1``.
 - The blocks of one page run in the order they appear, in one fresh temporary directory:
   the console blocks in one bash session (so ``export`` and files carry over) with the
   virtualenv's ``bin`` first on PATH, ``COLUMNS=80``, no ``LIFECYCLE_*`` variable set but
@@ -49,13 +53,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from databases import REQUIRE_POSTGRES, postgres_problem
 from procs.mail_sink import MailSink
+from sqlalchemy.engine import make_url
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 PAGES = [REPO / "README.md", REPO / "ARCHITECTURE.md", *sorted((REPO / "docs").glob("*.md"))]
 DRIVER = Path(__file__).parent / "procs" / "readme_python.py"
 REQUIRE = "LIFECYCLE_REQUIRE_RENDERERS"
+POSTGRES = ("needs", "postgresql")
+"""The directive of a block that runs on a PostgreSQL database of the page's own."""
 TIMEOUT = 900.0
 """Seconds a command may take before the page is given up as hung (not a speed test)."""
 
@@ -235,18 +243,45 @@ class Python:
             self.process.wait()
 
 
-def environment(smtp_url: str) -> dict[str, str]:
+def environment(smtp_url: str, postgres: str | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LIFECYCLE_")}
     env.update(PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", COLUMNS="80",
                LIFECYCLE_SMTP_URL=smtp_url, PYTHONDONTWRITEBYTECODE="1")
     env.pop("VIRTUAL_ENV", None)
+    env.pop("POSTGRES", None)
+    if postgres is not None:
+        env["POSTGRES"] = postgres
     return env
 
 
-def runnable(page: Path) -> list[Block]:
+def runnable(page: Path, postgres: str | None = None) -> list[Block]:
+    """The page's blocks that run here; those that need PostgreSQL only with its URL."""
     return [b for b in blocks(page) if b.directive is None or b.directive[0] == "file"
-            or (b.directive[0] == "needs" and (shutil.which(b.directive[1]) is not None
-                                               or os.environ.get(REQUIRE) == "1"))]
+            or (b.directive == POSTGRES and postgres is not None)
+            or (b.directive[0] == "needs" and b.directive != POSTGRES
+                and (shutil.which(b.directive[1]) is not None
+                     or os.environ.get(REQUIRE) == "1"))]
+
+
+def page_database(page: Path, request: pytest.FixtureRequest) -> str | None:
+    """The URL of an empty PostgreSQL database for the page's ``needs: postgresql`` blocks,
+    as a user writes it (no driver, no connection options); None when the page has none of
+    them, or when they cannot run here and need not (see the module's docstring)."""
+    if not any(b.directive == POSTGRES for b in blocks(page)):
+        return None
+    psql = shutil.which("psql")
+    if not REQUIRE_POSTGRES and (postgres_problem() is not None or psql is None):
+        return None
+    if psql is None:
+        pytest.fail(f"LIFECYCLE_REQUIRE_POSTGRES=1 but psql, which {page.name} runs, is not "
+                    "on PATH (apt-get install postgresql-client)")
+    url = make_url(request.getfixturevalue("empty_postgres_url"))
+    if "options" in url.query:  # the role may not create databases: only a schema of its own
+        if REQUIRE_POSTGRES:
+            pytest.fail(f"{page.name} needs a database of its own, and the role of "
+                        "LIFECYCLE_TEST_POSTGRES_URL may not create one")
+        return None
+    return url.set(drivername="postgresql", query={}).render_as_string(hide_password=False)
 
 
 LOCK = Path(tempfile.gettempdir()) / "lifecycle-readme-examples.lock"
@@ -254,19 +289,21 @@ LOCK = Path(tempfile.gettempdir()) / "lifecycle-readme-examples.lock"
 mail server on 8025), so two test runs on one machine take turns instead of colliding."""
 
 
-def run_page(page: Path, directory: Path, *, exclusive: bool = True) -> Iterator[str]:
+def run_page(page: Path, directory: Path, *, exclusive: bool = True,
+             postgres: str | None = None) -> Iterator[str]:
     """Run the page's examples; yield a description of each one that is not as shown.
     ``exclusive``: in turn with every other page (LOCK); a page that serves no fixed port
-    need not wait for them."""
+    need not wait for them. ``postgres``: the URL its ``needs: postgresql`` blocks run on
+    (None: they do not run)."""
     name = page.relative_to(REPO) if REPO in page.parents else page.name
     with LOCK.open("a") as lock, MailSink() as sink:
         if exclusive:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        env = environment(sink.url)
+        env = environment(sink.url, postgres)
         shell = Shell(directory, env)
         python: Python | None = None
         try:
-            for block in runnable(page):
+            for block in runnable(page, postgres):
                 if block.directive is not None and block.directive[0] == "file":
                     (directory / block.directive[1]).write_text("\n".join(block.lines) + "\n")
                 elif block.lang == "console":
@@ -289,18 +326,24 @@ def run_page(page: Path, directory: Path, *, exclusive: bool = True) -> Iterator
                 python.close()
 
 
+def _name(page: Path) -> str:
+    """A page's test id: its path in the repository (README.md, docs/tardis.md)."""
+    return str(page.relative_to(REPO))
+
+
 @pytest.mark.parametrize("page", [p for p in PAGES if any(
-    b.lang in ("console", "python") for b in runnable(p))], ids=lambda p: p.name)
-def test_examples_run_as_shown(page: Path, tmp_path: Path) -> None:
+    b.lang in ("console", "python") for b in runnable(p, postgres="any"))], ids=_name)
+def test_examples_run_as_shown(page: Path, tmp_path: Path,
+                               request: pytest.FixtureRequest) -> None:
     failures = []
-    for failure in run_page(page, tmp_path):
+    for failure in run_page(page, tmp_path, postgres=page_database(page, request)):
         failures.append(failure)
         if len(failures) == 3:  # later examples usually fail because of the first
             break
     assert not failures, "\n\n".join(failures)
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+@pytest.mark.parametrize("page", PAGES, ids=_name)
 def test_every_example_is_in_a_form_that_runs(page: Path) -> None:
     """No shell or Python example escapes the checker: shell examples are console blocks,
     and a block that is not run says why."""
@@ -367,3 +410,18 @@ def test_the_checker_runs_a_page_and_reports_what_differs(tmp_path: Path) -> Non
     assert "exit status 1" in failures[1]
     assert "expected: 'a: 2\\n'" in failures[2] and "actual:   'a: 1\\n'" in failures[2]
 
+
+def test_the_checker_runs_postgresql_blocks_only_with_a_database(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("\n".join([
+        "```console", "$ echo before", "before", "```",
+        "<!-- needs: postgresql -->", "```console", '$ echo "db=$POSTGRES"',
+        "db=postgresql://u@h:5432/d", "```",
+    ]) + "\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    assert [b.line for b in runnable(page)] == [2]
+    assert list(run_page(page, work, exclusive=False)) == []  # the second block is left out
+    assert list(run_page(page, work, exclusive=False, postgres="postgresql://u@h:5432/d")) == []
+    failures = list(run_page(page, work, exclusive=False, postgres="postgresql://u@h:5432/e"))
+    assert len(failures) == 1 and "actual:\ndb=postgresql://u@h:5432/e" in failures[0], failures
