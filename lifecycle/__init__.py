@@ -12,138 +12,215 @@ pydantic until a name that needs them is asked for.
 import importlib
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from .aio import AsyncEngine, AsyncWorker
-    from .clock import Clock, SimulatedClock, SystemClock
-    from .compiled import GuardContext
-    from .effects import Effect, EffectCall, FollowUp, Handler, Retry
-    from .engine import Engine, Guard, OnStale, SpecFor
-    from .errors import (
-        AmbiguousKey,
-        ConcurrencyError,
-        DatabaseError,
-        EffectError,
-        GuardError,
-        InvalidData,
-        LifecycleError,
-        LostClaim,
-        MailConfigError,
-        PermanentError,
-        ProbeFailed,
-        Problem,
-        RendererMissing,
-        RenderFailed,
-        ResourceExists,
-        RetryableError,
-        ScenarioError,
-        SchemaOutOfDate,
-        SiteError,
-        SpecError,
-        StaleObservation,
-        StrandedResources,
-        UnknownMachine,
-        UnknownResource,
-        UnknownState,
-        UnknownTrigger,
+PUBLIC: dict[str, tuple[str, ...]] = {
+    "spec": ("Edge", "EffectSpec", "EventlessSpec", "Freshness", "MachineSpec", "StateSpec",
+        "Timeout", "TransitionSpec", "load_spec"),
+    "engine": ("Engine", "Guard", "OnStale", "SpecFor"),
+    "store": ("Store",),
+    "records": ("EffectRecord", "FireResult", "JournalEntry", "Mismatch", "Observation",
+        "Resource", "TimerRecord"),
+    "compiled": ("GuardContext",),
+    "fresh": ("Probe", "ProbeRequest"),
+    "effects": ("Effect", "EffectCall", "FollowUp", "Handler", "Retry"),
+    "transaction": ("Within",),
+    "worker": ("Worker", "WorkerStats"),
+    "aio": ("AsyncEngine", "AsyncWorker"),
+    "outbox": ("effect_records", "outbox_counts", "retry_failed", "timer_records"),
+    "clock": ("Clock", "SimulatedClock", "SystemClock"),
+    "errors": ("AmbiguousKey", "ConcurrencyError", "Conflict", "DatabaseError", "EffectError",
+        "GuardError", "InvalidData", "InvalidInput", "LifecycleError", "LostClaim", "NotFound",
+        "OutsideError", "PermanentError", "ProbeFailed", "Problem", "RenderFailed",
+        "RendererMissing", "ResourceExists", "RetryableError", "ScenarioError", "SchemaOutOfDate",
+        "SetupError", "SpecError", "StaleObservation", "StorageError", "StrandedResources",
+        "UnknownMachine", "UnknownResource", "UnknownState", "UnknownTrigger"),
+}
+"""Every public name, by the module it comes from: the one list the lazy imports, ``dir()``
+and ``__all__`` follow (``tests/test_api.py`` checks that the imports below say the same)."""
+
+_WHERE = {name: module for module, names in PUBLIC.items() for name in names}
+
+if TYPE_CHECKING:  # what a type checker sees (explicit re-exports): the names of PUBLIC
+    from .aio import AsyncEngine as AsyncEngine
+    from .aio import AsyncWorker as AsyncWorker
+    from .clock import Clock as Clock
+    from .clock import SimulatedClock as SimulatedClock
+    from .clock import SystemClock as SystemClock
+    from .compiled import GuardContext as GuardContext
+    from .effects import (
+        Effect as Effect,
     )
-    from .fresh import Probe, ProbeBatch, ProbeCall, ProbeRequest
-    from .outbox import effect_records, outbox_counts, retry_failed, timer_records
+    from .effects import (
+        EffectCall as EffectCall,
+    )
+    from .effects import (
+        FollowUp as FollowUp,
+    )
+    from .effects import (
+        Handler as Handler,
+    )
+    from .effects import (
+        Retry as Retry,
+    )
+    from .engine import Engine as Engine
+    from .engine import Guard as Guard
+    from .engine import OnStale as OnStale
+    from .engine import SpecFor as SpecFor
+    from .errors import (
+        AmbiguousKey as AmbiguousKey,
+    )
+    from .errors import (
+        ConcurrencyError as ConcurrencyError,
+    )
+    from .errors import (
+        Conflict as Conflict,
+    )
+    from .errors import (
+        DatabaseError as DatabaseError,
+    )
+    from .errors import (
+        EffectError as EffectError,
+    )
+    from .errors import (
+        GuardError as GuardError,
+    )
+    from .errors import (
+        InvalidData as InvalidData,
+    )
+    from .errors import (
+        InvalidInput as InvalidInput,
+    )
+    from .errors import (
+        LifecycleError as LifecycleError,
+    )
+    from .errors import (
+        LostClaim as LostClaim,
+    )
+    from .errors import (
+        NotFound as NotFound,
+    )
+    from .errors import (
+        OutsideError as OutsideError,
+    )
+    from .errors import (
+        PermanentError as PermanentError,
+    )
+    from .errors import (
+        ProbeFailed as ProbeFailed,
+    )
+    from .errors import (
+        Problem as Problem,
+    )
+    from .errors import (
+        RendererMissing as RendererMissing,
+    )
+    from .errors import (
+        RenderFailed as RenderFailed,
+    )
+    from .errors import (
+        ResourceExists as ResourceExists,
+    )
+    from .errors import (
+        RetryableError as RetryableError,
+    )
+    from .errors import (
+        ScenarioError as ScenarioError,
+    )
+    from .errors import (
+        SchemaOutOfDate as SchemaOutOfDate,
+    )
+    from .errors import (
+        SetupError as SetupError,
+    )
+    from .errors import (
+        SpecError as SpecError,
+    )
+    from .errors import (
+        StaleObservation as StaleObservation,
+    )
+    from .errors import (
+        StorageError as StorageError,
+    )
+    from .errors import (
+        StrandedResources as StrandedResources,
+    )
+    from .errors import (
+        UnknownMachine as UnknownMachine,
+    )
+    from .errors import (
+        UnknownResource as UnknownResource,
+    )
+    from .errors import (
+        UnknownState as UnknownState,
+    )
+    from .errors import (
+        UnknownTrigger as UnknownTrigger,
+    )
+    from .fresh import Probe as Probe
+    from .fresh import ProbeRequest as ProbeRequest
+    from .outbox import (
+        effect_records as effect_records,
+    )
+    from .outbox import (
+        outbox_counts as outbox_counts,
+    )
+    from .outbox import (
+        retry_failed as retry_failed,
+    )
+    from .outbox import (
+        timer_records as timer_records,
+    )
     from .records import (
-        EffectRecord,
-        FireResult,
-        JournalEntry,
-        Mismatch,
-        Observation,
-        Resource,
-        TimerRecord,
+        EffectRecord as EffectRecord,
+    )
+    from .records import (
+        FireResult as FireResult,
+    )
+    from .records import (
+        JournalEntry as JournalEntry,
+    )
+    from .records import (
+        Mismatch as Mismatch,
+    )
+    from .records import (
+        Observation as Observation,
+    )
+    from .records import (
+        Resource as Resource,
+    )
+    from .records import (
+        TimerRecord as TimerRecord,
     )
     from .spec import (
-        Edge,
-        EffectSpec,
-        EventlessSpec,
-        Freshness,
-        MachineSpec,
-        StateSpec,
-        Timeout,
-        TransitionSpec,
-        load_spec,
+        Edge as Edge,
     )
-    from .store import Store
-    from .transaction import Within
-    from .worker import Worker, WorkerStats
-
-_WHERE: dict[str, str] = {
-    "AmbiguousKey": "errors",
-    "AsyncEngine": "aio",
-    "AsyncWorker": "aio",
-    "Clock": "clock",
-    "ConcurrencyError": "errors",
-    "DatabaseError": "errors",
-    "Edge": "spec",
-    "Effect": "effects",
-    "EffectCall": "effects",
-    "EffectError": "errors",
-    "EffectRecord": "records",
-    "EffectSpec": "spec",
-    "Engine": "engine",
-    "EventlessSpec": "spec",
-    "FireResult": "records",
-    "FollowUp": "effects",
-    "Freshness": "spec",
-    "Guard": "engine",
-    "GuardContext": "compiled",
-    "GuardError": "errors",
-    "Handler": "effects",
-    "InvalidData": "errors",
-    "JournalEntry": "records",
-    "LifecycleError": "errors",
-    "LostClaim": "errors",
-    "MachineSpec": "spec",
-    "MailConfigError": "errors",
-    "Mismatch": "records",
-    "Observation": "records",
-    "OnStale": "engine",
-    "PermanentError": "errors",
-    "Probe": "fresh",
-    "ProbeBatch": "fresh",
-    "ProbeCall": "fresh",
-    "ProbeFailed": "errors",
-    "ProbeRequest": "fresh",
-    "Problem": "errors",
-    "RenderFailed": "errors",
-    "RendererMissing": "errors",
-    "Resource": "records",
-    "ResourceExists": "errors",
-    "Retry": "effects",
-    "RetryableError": "errors",
-    "ScenarioError": "errors",
-    "SchemaOutOfDate": "errors",
-    "SimulatedClock": "clock",
-    "SiteError": "errors",
-    "SpecError": "errors",
-    "SpecFor": "engine",
-    "StaleObservation": "errors",
-    "StateSpec": "spec",
-    "Store": "store",
-    "StrandedResources": "errors",
-    "SystemClock": "clock",
-    "Timeout": "spec",
-    "TimerRecord": "records",
-    "TransitionSpec": "spec",
-    "UnknownMachine": "errors",
-    "UnknownResource": "errors",
-    "UnknownState": "errors",
-    "UnknownTrigger": "errors",
-    "Within": "transaction",
-    "Worker": "worker",
-    "WorkerStats": "worker",
-    "effect_records": "outbox",
-    "load_spec": "spec",
-    "outbox_counts": "outbox",
-    "retry_failed": "outbox",
-    "timer_records": "outbox",
-}
-"""The module of each public name."""
+    from .spec import (
+        EffectSpec as EffectSpec,
+    )
+    from .spec import (
+        EventlessSpec as EventlessSpec,
+    )
+    from .spec import (
+        Freshness as Freshness,
+    )
+    from .spec import (
+        MachineSpec as MachineSpec,
+    )
+    from .spec import (
+        StateSpec as StateSpec,
+    )
+    from .spec import (
+        Timeout as Timeout,
+    )
+    from .spec import (
+        TransitionSpec as TransitionSpec,
+    )
+    from .spec import (
+        load_spec as load_spec,
+    )
+    from .store import Store as Store
+    from .transaction import Within as Within
+    from .worker import Worker as Worker
+    from .worker import WorkerStats as WorkerStats
 
 
 def __getattr__(name: str) -> Any:
@@ -159,74 +236,4 @@ def __dir__() -> list[str]:
     return sorted([*globals(), *_WHERE])
 
 
-__all__ = [
-    "AmbiguousKey",
-    "AsyncEngine",
-    "AsyncWorker",
-    "Clock",
-    "ConcurrencyError",
-    "DatabaseError",
-    "Edge",
-    "Effect",
-    "EffectCall",
-    "EffectError",
-    "EffectRecord",
-    "EffectSpec",
-    "Engine",
-    "EventlessSpec",
-    "FireResult",
-    "FollowUp",
-    "Freshness",
-    "Guard",
-    "GuardContext",
-    "GuardError",
-    "Handler",
-    "InvalidData",
-    "JournalEntry",
-    "LifecycleError",
-    "LostClaim",
-    "MachineSpec",
-    "MailConfigError",
-    "Mismatch",
-    "Observation",
-    "OnStale",
-    "PermanentError",
-    "Probe",
-    "ProbeBatch",
-    "ProbeCall",
-    "ProbeFailed",
-    "ProbeRequest",
-    "Problem",
-    "RenderFailed",
-    "RendererMissing",
-    "Resource",
-    "ResourceExists",
-    "Retry",
-    "RetryableError",
-    "ScenarioError",
-    "SchemaOutOfDate",
-    "SimulatedClock",
-    "SiteError",
-    "SpecError",
-    "SpecFor",
-    "StaleObservation",
-    "StateSpec",
-    "Store",
-    "StrandedResources",
-    "SystemClock",
-    "Timeout",
-    "TimerRecord",
-    "TransitionSpec",
-    "UnknownMachine",
-    "UnknownResource",
-    "UnknownState",
-    "UnknownTrigger",
-    "Within",
-    "Worker",
-    "WorkerStats",
-    "effect_records",
-    "load_spec",
-    "outbox_counts",
-    "retry_failed",
-    "timer_records",
-]
+__all__ = sorted(_WHERE)

@@ -816,6 +816,8 @@ class Engine:
                           observation_id=params["observation_id_"]
                           if risky or decision.guards else None,
                           fence=fence)
+        except InvalidData:  # the data model refused it, and said why
+            raise
         except (TypeError, ValueError) as exc:  # a payload that JSON cannot hold
             raise InvalidData(row.machine, row.key, f"payload is not JSON: {exc}") from None
         asked = 0

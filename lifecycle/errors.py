@@ -1,4 +1,20 @@
-"""The exception tree. Every error names what was wrong, where, and what to do."""
+"""The exception tree, grouped by cause. Every error names what was wrong, where, and what
+to do.
+
+- :class:`NotFound` (also a ``LookupError``): a machine, resource, trigger or state that
+  does not exist;
+- :class:`InvalidInput` (also a ``ValueError``): a spec, data, a payload, a key or a scenario
+  that is not what lifecycle accepts;
+- :class:`Conflict`: the request met a state that refuses it: the resource exists already,
+  another writer kept winning, the observation was not fresh, the effect's claim was lost;
+- :class:`StorageError`: the database could not be reached, refused, or is at another
+  revision;
+- :class:`EffectError`: raised by an effect handler (retry, or give up);
+- :class:`OutsideError`: the world outside could not be asked, or answered badly (a probe,
+  and the adapters' ``SiteError``);
+- :class:`SetupError`: something this process was not given or cannot find (a guard, a
+  renderer, mail settings).
+"""
 
 from __future__ import annotations
 
@@ -21,6 +37,30 @@ class LifecycleError(Exception):
         return str(self)
 
 
+class NotFound(LifecycleError, LookupError):
+    """What was asked for does not exist."""
+
+
+class InvalidInput(LifecycleError, ValueError):
+    """An argument, document or file that lifecycle does not accept."""
+
+
+class Conflict(LifecycleError):
+    """The request is refused by the state it met (of the database or of the world)."""
+
+
+class StorageError(LifecycleError):
+    """The database could not be used."""
+
+
+class OutsideError(LifecycleError):
+    """The world outside could not be asked, or answered badly."""
+
+
+class SetupError(LifecycleError):
+    """Something this process was not given, or cannot find."""
+
+
 @dataclass(frozen=True, slots=True)
 class Problem:
     """One problem found in a machine spec: where it is, what is wrong, and a hint."""
@@ -40,7 +80,7 @@ class Problem:
         return f"{text}; {suggestion}" if suggestion else text
 
 
-class SpecError(LifecycleError):
+class SpecError(InvalidInput):
     """A machine spec is invalid. ``problems`` lists every problem found, not just the first."""
 
     def __init__(self, machine: str, problems: Sequence[Problem]) -> None:
@@ -59,7 +99,7 @@ class SpecError(LifecycleError):
         return self._listed(command_line=True)
 
 
-class UnknownMachine(LifecycleError):
+class UnknownMachine(NotFound):
     def __init__(self, name: str, known: Sequence[str]) -> None:
         self.name = name
         self.known = sorted(set(known))
@@ -67,7 +107,7 @@ class UnknownMachine(LifecycleError):
         super().__init__(f"unknown machine {name!r} ({hint}); give a built-in name or a spec file")
 
 
-class UnknownResource(LifecycleError):
+class UnknownResource(NotFound):
     def __init__(self, key: str, machine: str | None = None) -> None:
         self.key = key
         self.machine = machine
@@ -75,7 +115,7 @@ class UnknownResource(LifecycleError):
         super().__init__(f"no resource {where}with key {key!r}; `lifecycle create` makes one")
 
 
-class AmbiguousKey(LifecycleError):
+class AmbiguousKey(InvalidInput):
     def __init__(self, key: str, machines: Sequence[str]) -> None:
         self.key = key
         self.machines = sorted(machines)
@@ -83,14 +123,14 @@ class AmbiguousKey(LifecycleError):
         super().__init__(f"key {key!r} exists in several machines; say which: {options}")
 
 
-class ResourceExists(LifecycleError):
+class ResourceExists(Conflict):
     def __init__(self, machine: str, key: str) -> None:
         self.machine = machine
         self.key = key
         super().__init__(f"machine {machine!r} already has a resource with key {key!r}")
 
 
-class UnknownTrigger(LifecycleError):
+class UnknownTrigger(NotFound):
     def __init__(self, machine: str, trigger: str, known: Sequence[str],
                  hint: str | None = None) -> None:
         self.machine = machine
@@ -102,7 +142,7 @@ class UnknownTrigger(LifecycleError):
         )
 
 
-class UnknownState(LifecycleError):
+class UnknownState(NotFound):
     def __init__(self, machine: str, state: str, known: Sequence[str]) -> None:
         self.machine = machine
         self.state = state
@@ -111,7 +151,7 @@ class UnknownState(LifecycleError):
         )
 
 
-class InvalidData(LifecycleError):
+class InvalidData(InvalidInput):
     """A resource's data or an event payload does not fit the machine's declared schema."""
 
     def __init__(self, machine: str, key: str, detail: str) -> None:
@@ -122,7 +162,7 @@ class InvalidData(LifecycleError):
         super().__init__(f"resource {where}: invalid data: {detail}")
 
 
-class StrandedResources(LifecycleError):
+class StrandedResources(Conflict):
     """A changed spec would leave live resources in states it no longer has."""
 
     def __init__(self, machine: str, version: str, stranded: Sequence[tuple[str, str]]) -> None:
@@ -138,7 +178,7 @@ class StrandedResources(LifecycleError):
         )
 
 
-class SchemaOutOfDate(LifecycleError):
+class SchemaOutOfDate(StorageError):
     """The database schema is not the one this code needs."""
 
     def __init__(self, url: str, current: str | None, head: str) -> None:
@@ -157,15 +197,15 @@ class SchemaOutOfDate(LifecycleError):
         return f"database {self.url} {self.what}; run `lifecycle db upgrade`"
 
 
-class ConcurrencyError(LifecycleError):
+class ConcurrencyError(Conflict):
     """A transition kept losing the compare-and-swap race; nothing was written."""
 
 
-class DatabaseError(LifecycleError):
+class DatabaseError(StorageError):
     """The database could not be reached or refused the operation."""
 
 
-class StaleObservation(LifecycleError):
+class StaleObservation(Conflict):
     """A risky edge was refused: the resource's newest observation was not fresh enough, and
     no probe (or a failed one) could give a fresher one. The refusal is journaled.
 
@@ -183,15 +223,15 @@ class StaleObservation(LifecycleError):
         super().__init__(result.reason)
 
 
-class GuardError(LifecycleError):
+class GuardError(SetupError):
     """A guard raised instead of answering, or is not registered in this process."""
 
 
-class ProbeFailed(LifecycleError):
+class ProbeFailed(OutsideError):
     """A probe raised, timed out, or answered something that is not a status."""
 
 
-class LostClaim(LifecycleError):
+class LostClaim(Conflict):
     """The worker's claim on an effect expired and another worker took it over."""
 
 
@@ -214,11 +254,11 @@ class PermanentError(EffectError):
 # -- tools around the engine -----------------------------------------------------------------
 
 
-class ScenarioError(LifecycleError):
+class ScenarioError(InvalidInput):
     """A scenario file that cannot be read: it names the file and the line."""
 
 
-class RendererMissing(LifecycleError):
+class RendererMissing(SetupError):
     """A program a renderer needs is not installed."""
 
     def __init__(self, program: str, hint: str) -> None:
@@ -227,17 +267,5 @@ class RendererMissing(LifecycleError):
         super().__init__(f"cannot draw SVG: Graphviz's {program!r} is not on PATH; {hint}")
 
 
-class RenderFailed(LifecycleError):
+class RenderFailed(SetupError):
     """A renderer program ran and failed."""
-
-
-# -- adapters --------------------------------------------------------------------------------
-
-
-class SiteError(LifecycleError):
-    """A drone's site could not be asked or refused (timeout, authentication, quota).
-    Retryable."""
-
-
-class MailConfigError(LifecycleError):
-    """The SMTP settings are missing or wrong."""

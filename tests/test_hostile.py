@@ -27,8 +27,8 @@ from lifecycle import (
     redact,
     values,
 )
-from lifecycle.adapters.smtp import SmtpMailer, SmtpServer, build_message
-from lifecycle.errors import DatabaseError, MailConfigError, PermanentError, SchemaOutOfDate
+from lifecycle.adapters.smtp import MailConfigError, SmtpMailer, SmtpServer, build_message
+from lifecycle.errors import DatabaseError, PermanentError, SchemaOutOfDate
 from lifecycle.store import migrate
 from lifecycle.urls import display_url, resolve_url
 

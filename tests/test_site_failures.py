@@ -14,8 +14,7 @@ from typing import Any
 import pytest
 
 from lifecycle import Engine, SimulatedClock, Store
-from lifecycle.adapters.sites import UNKNOWN, Drone
-from lifecycle.errors import SiteError
+from lifecycle.adapters.sites import UNKNOWN, Drone, SiteError
 from lifecycle.machines import drone
 
 tardis = pytest.importorskip("lifecycle.adapters.tardis")

@@ -23,6 +23,7 @@ import pytest
 
 from lifecycle import Engine, SimulatedClock, Store, Worker
 from lifecycle.adapters.container_api import MemoryContainerAPI
+from lifecycle.adapters.sites import SiteError
 from lifecycle.adapters.slurm import run_command
 from lifecycle.adapters.slurm_dispatch import (
     CANCEL_STEPS,
@@ -35,7 +36,6 @@ from lifecycle.adapters.slurm_dispatch import (
     parse_squeue,
     parse_squeue_json,
 )
-from lifecycle.errors import SiteError
 from lifecycle.machines import slurm_dispatch as sd
 from lifecycle.sim import scancel_flood
 

@@ -16,8 +16,7 @@ from typing import Any
 import pytest
 from slurm_cluster import SlurmCluster
 
-from lifecycle import SiteError
-from lifecycle.adapters.sites import BOOTING, DELETED, ERROR, RUNNING, STOPPED, Drone
+from lifecycle.adapters.sites import BOOTING, DELETED, ERROR, RUNNING, STOPPED, Drone, SiteError
 from lifecycle.adapters.slurm import SlurmSite, resource_status, run_command
 
 

@@ -8,7 +8,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..errors import SiteError
+from ..errors import OutsideError
+
+
+class SiteError(OutsideError):
+    """A drone's site could not be asked or refused (timeout, authentication, quota).
+    Retryable."""
 
 # ResourceStatus, from the site about the drone's job
 BOOTING, RUNNING, STOPPED, DELETED, ERROR = "Booting", "Running", "Stopped", "Deleted", "Error"

@@ -64,9 +64,8 @@ import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ..errors import SiteError
 from ..logs import logger
-from .sites import BOOTING, DELETED, ERROR, RUNNING, STOPPED, Drone, Terminated
+from .sites import BOOTING, DELETED, ERROR, RUNNING, STOPPED, Drone, SiteError, Terminated
 
 log = logger(__name__)
 

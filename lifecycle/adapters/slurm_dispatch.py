@@ -63,8 +63,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..clock import Clock, SystemClock
-from ..errors import SiteError
 from ..logs import logger
+from .sites import SiteError
 from .slurm import SlurmCommands, job_name_problem, says_gone
 
 log = logger(__name__)

@@ -32,8 +32,12 @@ from typing import Protocol
 from urllib.parse import unquote, urlsplit
 
 from .. import redact
-from ..errors import MailConfigError, PermanentError, RetryableError
+from ..errors import PermanentError, RetryableError, SetupError
 from ..logs import logger
+
+
+class MailConfigError(SetupError):
+    """The SMTP settings are missing or wrong."""
 
 log = logger(__name__)
 

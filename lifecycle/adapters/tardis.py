@@ -56,9 +56,17 @@ with warnings.catch_warnings():  # its configuration model is pydantic 1 style: 
     from tardis.utilities.attributedict import AttributeDict  # type: ignore[import-untyped]
 
 from ..clock import Clock, SystemClock
-from ..errors import SiteError
 from ..logs import logger
-from .sites import BOOTING, ERROR, NOT_AVAILABLE, UNKNOWN, Drone, DroneCrashed, Terminated
+from .sites import (
+    BOOTING,
+    ERROR,
+    NOT_AVAILABLE,
+    UNKNOWN,
+    Drone,
+    DroneCrashed,
+    SiteError,
+    Terminated,
+)
 
 log = logger(__name__)
 

@@ -48,10 +48,11 @@ from ..adapters.sites import (
     Drone,
     DroneCrashed,
     Site,
+    SiteError,
 )
 from ..compiled import GuardContext
 from ..effects import Effect, EffectCall, FollowUp, Retry
-from ..errors import LifecycleError, SiteError
+from ..errors import LifecycleError
 from ..fresh import ProbeRequest
 from ..spec import MachineSpec
 from .builtin import Builtin

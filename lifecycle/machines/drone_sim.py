@@ -7,8 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..adapters import slurm
-from ..adapters.sites import DELETED, NOT_AVAILABLE, Drone, DroneCrashed, Terminated
-from ..errors import SiteError
+from ..adapters.sites import DELETED, NOT_AVAILABLE, Drone, DroneCrashed, SiteError, Terminated
 
 SITE = "site"
 """The world's key for the site's own settings: ``world: {key: site, status:

@@ -46,6 +46,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..adapters.container_api import ContainerAPI, job_left
+from ..adapters.sites import SiteError
 from ..adapters.slurm import job_name_problem
 from ..adapters.slurm_dispatch import (
     CancelOutcome,
@@ -57,7 +58,7 @@ from ..adapters.slurm_dispatch import (
 from ..clock import Clock
 from ..compiled import GuardContext
 from ..effects import Effect, EffectCall, FollowUp, Retry
-from ..errors import PermanentError, SiteError
+from ..errors import PermanentError
 from ..logs import logger
 from ..spec import MachineSpec
 from .builtin import Builtin

@@ -144,4 +144,4 @@ def _postgresql_engine(url: str) -> SAEngine:
     return engine
 
 
-__all__ = ["Connection", "ReadOnlyDatabase", "STATEMENT_TIMEOUT_MS", "Unavailable"]
+__all__ = ["STATEMENT_TIMEOUT_MS", "Connection", "ReadOnlyDatabase", "Unavailable"]
