@@ -44,6 +44,12 @@ class HookFailed(Exception):
     ad; the message says which hook of which keyword, and how."""
 
 
+class UnreadableOutput(HookFailed):
+    """FETCH_WORK printed a line that is not a ClassAd attribute: the startd drops the
+    reply and ends the fetch without judging it (``FetchClient::hookExited``), so an idle
+    fetch claim is not evicted for it, as it is for no work."""
+
+
 def old_syntax(ad: Mapping[str, Any]) -> str:
     """``ad`` in the old ClassAd syntax, one ``Name = value`` a line."""
     if classad2 is not None:
@@ -145,8 +151,8 @@ class Hooks:
         try:
             return parse_job_ad(text)
         except HookFailed as exc:
-            raise HookFailed(f"{keyword}_HOOK_{FETCH_WORK} printed what is not a job ad: "
-                             f"{exc}") from None
+            raise UnreadableOutput(f"{keyword}_HOOK_{FETCH_WORK} printed what is not a job "
+                                   f"ad: {exc}") from None
 
     def reply_fetch(self, keyword: str, accepted: bool, job_ad: Mapping[str, Any],
                     slot_ad: Mapping[str, Any], claim_id: str | None) -> None:
@@ -248,5 +254,5 @@ class RecordingSchedds:
 
 
 __all__ = ["EVICT_CLAIM", "FETCH_WORK", "HOOKS", "REPLY_FETCH", "Collector", "HookFailed",
-           "Hooks", "RecordingCollector", "RecordingSchedds", "Schedd", "old_syntax",
-           "parse_job_ad"]
+           "Hooks", "RecordingCollector", "RecordingSchedds", "Schedd", "UnreadableOutput",
+           "old_syntax", "parse_job_ad"]

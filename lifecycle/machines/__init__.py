@@ -21,7 +21,7 @@ SHIPPED: dict[str, tuple[str, tuple[str, ...]]] = {
     "job_exit": ("3dc2815ace97dd51", ("send_job_notification", "update_job_queue",
                                      "write_output_ad", "write_terminated_event")),
     "slurm_dispatch": ("90af6f9e4a51fe56", ()),
-    "startd": ("25280ccb97395172", ()),
+    "startd": ("aced30d9684ebaff", ()),
 }
 """Each built-in machine's spec version and the effects it has handlers for, known without
 importing it (and pydantic and ``transitions`` with it): ``lifecycle show`` reads the spec
