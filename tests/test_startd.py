@@ -409,6 +409,93 @@ def test_the_seed_s_startd_throws_the_advertised_claim_away(store: Store, cycle:
     assert len(advertised) == (7 if cycle == "report" else 2)
 
 
+# -- today's startd: Cleaning, CLAIM_WORKLIFE, draining, shutdown, conditions ------------------
+
+
+def test_a_release_while_cleaning_is_kept_for_the_reaping(store: Store) -> None:
+    """Resource::release_claim in Claimed/Cleaning: no state change, but the reaped starter
+    leads to Preempting instead of Idle; with nothing remembered it leads to Idle (12a)."""
+    slot = Slot(store)
+    reach(slot, "claimed.busy")
+    cur = slot.claim("cur")
+    slot.fire("job_done", to="claimed.cleaning")
+    slot.fire("release_claim", {"claim_id": cur}, to="claimed.cleaning")
+    slot.fire("evaluate")
+    slot.fire("fetch")   # no fetch while cleaning
+    assert slot.state == "claimed.cleaning" and not slot.data["fetching"]
+    slot.fire("starter_exited", to="preempting.vacating")
+    assert not slot.data["preempt_pending"]
+    Worker(slot.engine).run_until_idle()    # RELEASE_CLAIM to the schedd, then vacated
+    assert slot.state == "owner.idle"
+    assert slot.schedds.released == [("schedd-a", slot.ids.full("slot1", cur))]
+
+
+def test_claim_worklife_ends_an_idle_claim_that_ran_a_job(store: Store) -> None:
+    slot = Slot(store)
+    slot.engine.update(KEY, {"claim_worklife": 600})
+    reach(slot, "claimed.idle")
+    slot.clock.advance(700)
+    assert not slot.fire("evaluate").fired  # no job yet: activationCount is 0
+    cur = slot.claim("cur")
+    slot.fire("activate", {"claim_id": cur, "job": {"Cmd": "/bin/true"}}, to="claimed.busy")
+    _job_done(slot)
+    assert not slot.fire("activate", {"claim_id": cur, "job": {"Cmd": "/bin/true"}}).fired
+    slot.fire("evaluate", to="preempting.vacating")
+
+
+def test_a_graceful_drain_retires_a_running_job_for_good(store: Store) -> None:
+    """releaseAllClaimsReversibly: the job retires; a preempting claim that goes away does
+    not un-retire it while draining; once the claim is gone the slot is Drained."""
+    slot = Slot(store)
+    reach(slot, "claimed.retiring")
+    slot.fire("drain", to="claimed.retiring")
+    assert not slot.fire("release_claim", {"claim_id": slot.claim("pre")}).fired
+    slot.fire("job_done", to="claimed.cleaning")
+    slot.fire("starter_exited", to="preempting.vacating")  # the preempting claim waits
+    slot.fire("vacated", to="claimed.idle")
+    slot.fire("evaluate", to="preempting.vacating")         # draining: the idle claim goes
+    slot.fire("vacated", to="owner.idle")
+    slot.fire("evaluate", to="drained.retiring")            # 36
+    slot.fire("drain_cancel", to="owner.idle")
+    slot.fire("evaluate", to="unclaimed.idle")
+
+
+def test_after_a_shutdown_the_slot_takes_no_claim_match_or_work(store: Store) -> None:
+    slot = Slot(store)
+    reach(slot, "claimed.busy")
+    slot.fire("shutdown", to="claimed.retiring")
+    slot.fire("shutdown", {"how": "fast"}, to="preempting.killing")
+    slot.fire("vacated", to="owner.idle")
+    slot.fire("evaluate", to="unclaimed.idle")
+    assert not slot.fire("match", {"claim_id": slot.claim("cur")}).fired
+    assert not slot.request(1).fired
+    assert not slot.fire("fetch").fired
+    assert slot.state == "unclaimed.idle"
+
+
+def test_want_suspend_decides_between_suspend_and_preempt(store: Store) -> None:
+    """ResState::eval_policy: with WANT_SUSPEND a busy job is suspended or left alone,
+    PREEMPT is not looked at; without it PREEMPT retires it; a suspended job retires on
+    PREEMPT alone (16), whatever CONTINUE says."""
+    slot = Slot(store)
+    reach(slot, "claimed.busy")
+    slot.policy(WANT_SUSPEND=True, SUSPEND=False, PREEMPT=True)
+    assert not slot.fire("evaluate").fired
+    slot.policy(WANT_SUSPEND=True, SUSPEND=True, PREEMPT=True)
+    slot.fire("evaluate", to="claimed.suspended")
+    slot.policy(PREEMPT=True, CONTINUE=False)
+    slot.fire("evaluate", to="claimed.retiring")
+
+
+def test_a_claim_that_killed_a_backfill_client_is_not_asked_again(store: Store) -> None:
+    slot = Slot(store)
+    reach(slot, "backfill.busy")
+    slot.request(1, to="backfill.killing")
+    assert not slot.request(1).fired               # taken already: nothing to send again
+    slot.fire("backfill_exited", to="claimed.idle")  # M, 31 once the client is gone
+    assert slot.data["claims"]["cur"]["requester"] == "schedd-a"
+
+
 # -- hooks as executables ------------------------------------------------------------------------
 
 
