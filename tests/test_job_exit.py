@@ -134,7 +134,8 @@ def test_the_steps_follow_the_seeds_order() -> None:
     chain, state = [], spec.initial
     for trigger in TRIGGERS:
         edge = next(t for t in spec.transitions if t.trigger == trigger and state in t.sources
-                    and not t.unless)
+                    and "todays_order" not in t.guards
+                    and "notification_wanted" not in t.unless)
         chain.append((state, [e.name for e in edge.effects]))
         state = edge.dest
     assert chain == [("running", ["write_terminated_event"]),
@@ -153,6 +154,28 @@ def test_the_steps_follow_the_seeds_order() -> None:
     assert (retry.max_attempts, retry.base, retry.cap, retry.jitter) == (6, 30.0, 30.0, 0.0)
     described = json.loads(CliRunner().invoke(main, ["describe", "job_exit", "--json"]).output)
     assert [s["name"] for s in described["states"]][:6] == ["running", *job_exit.STEPS]
+
+
+@pytest.mark.parametrize("notification", ["Always", "Never"])
+def test_today_s_order_writes_the_output_ad_last(sqlite_url: str, tmp_path: Path,
+                                                 clock: SimulatedClock,
+                                                 notification: str) -> None:
+    """step_order: today, as JICLocalSchedd::notifyJobExit: the user log, the queue, the
+    mail, then the output ad; the journal shows the steps in that order."""
+    mailer = RecordingMailer()
+    engine = make_engine(Store(sqlite_url, upgrade=True), clock, mailer=mailer)
+    engine.create("job_exit", "42.0", job(42, 0, tmp_path, step_order="today",
+                                          notification=notification))
+    engine.fire("42.0", "exited", exit_payload())
+    Worker(engine).run_until_idle()
+    assert engine.get("42.0").state == "done"
+    steps = [e.dest for e in engine.history("42.0") if e.dest != "running"]
+    wanted = ["writing_userlog", "updating_queue", *(["emailing"] if notification == "Always"
+                                                     else []), "writing_output_ad", "done"]
+    assert steps == wanted
+    assert len(mailer.sent) == (notification == "Always")
+    [ad] = classad2.parseAds((tmp_path / "42.0.ad").read_text(), classad2.ParserType.Old)
+    assert ad["ExitCode"] == 3
 
 
 def test_a_job_exit_end_to_end(db_url: str, tmp_path: Path, clock: SimulatedClock) -> None:
@@ -409,7 +432,8 @@ def test_notification_decides_whether_mail_is_sent(sqlite_url: str, tmp_path: Pa
     assert len(mailer.sent) == int(mailed)
     decision = engine.history("42.0")[-2 if mailed else -1]
     assert decision.trigger == "queue_updated"  # the journal shows why mail was (not) sent
-    assert decision.guards == {"notification_wanted": mailed}
+    assert decision.guards is not None
+    assert decision.guards["notification_wanted"] is mailed
     assert decision.dest == ("emailing" if mailed else "done")
 
 

@@ -18,7 +18,7 @@ SHIPPED: dict[str, tuple[str, tuple[str, ...]]] = {
     "batch_job": ("df8046e091e5c596", ()),
     "drone": ("f1fdb95c55169c1c", ()),
     "drone_tardis": ("35a639cbb5fc0858", ()),
-    "job_exit": ("c9e673a150004e4c", ("send_job_notification", "update_job_queue",
+    "job_exit": ("38d2f0963370d387", ("send_job_notification", "update_job_queue",
                                      "write_output_ad", "write_terminated_event")),
     "slurm_dispatch": ("90af6f9e4a51fe56", ()),
     "startd": ("aced30d9684ebaff", ()),

@@ -3,8 +3,9 @@ the job queue and the email exactly as promised, across failures and crashes.
 
 One resource per job, key ``CLUSTER.PROC``, created while the job runs and set going by
 ``exited`` with the exit payload (docs/incidents.md tells the incident). Each step is a state with
-its effect, in HTCondor's order: (a) the 005 event in the user log, (b) the output ad, (c) the
-job-queue update, (d) the email. An effect's handler returns the follow-up trigger that moves
+its effect, in the report's order by default: (a) the 005 event in the user log, (b) the
+output ad, (c) the job-queue update, (d) the email; ``step_order: today`` takes today's
+starter's, (a), (c), (d), (b). An effect's handler returns the follow-up trigger that moves
 the resource to the next step in the transaction that marks the effect done, so a crash at
 any instant either repeats a step (each is idempotent) or finds it done; (c) never happens
 before (a), and (d) always follows (c). ``notification`` decides whether (d) is taken at all:
@@ -240,6 +241,12 @@ class JobExitData(BaseModel):
     """When the job was submitted (``QDate``), if known."""
     started_at: dt.datetime | None = None
     """When the job started (``JobStartDate``), if known."""
+    step_order: Literal["report", "today"] = "report"
+    """``report`` (the default): (a) the user log, (b) the output ad, (c) the queue, (d)
+    the mail, the order the report describes; ``today``: (a), (c), (d), (b), the order of
+    today's starter (``JICLocalSchedd::notifyJobExit`` writes the output ad last). The
+    default writes the output ad before the queue says Completed, so whatever waits on
+    the queue (or the mail) finds the ad of this run in place."""
     ad: dict[str, bool | int | float | str] = Field(default_factory=dict)
     """The rest of the job's ad as the schedd has it (``Iwd``, ``Arguments``,
     ``JobBatchName``, ``EmailAttributes``, ``UidDomain``, the ``RemoteWallClockTime`` of
@@ -440,15 +447,26 @@ SPEC = MachineSpec.model_validate({
                         "payload carries the exit fields and nothing else"},
         {"trigger": "userlog_written", "source": ["writing_userlog", "stuck_userlog"],
          "dest": "writing_output_ad", "guards": ["exit_time_only"],
+         "unless": ["todays_order"],
          "effects": [{"name": "write_output_ad", "on_failure": "gave_up"}],
          "ref": "exit step (a)",
          "description": "the 005 event is in the user log (the payload: the exit time it "
                         "recorded)"},
+        {"trigger": "userlog_written", "source": ["writing_userlog", "stuck_userlog"],
+         "dest": "updating_queue", "guards": ["exit_time_only", "todays_order"],
+         "effects": [{"name": "update_job_queue", "on_failure": "gave_up"}],
+         "ref": "exit step (a); jic_local_schedd.cpp notifyJobExit",
+         "description": "the 005 event is in the user log; today's starter updates the "
+                        "queue next"},
         {"trigger": "output_ad_written", "source": ["writing_output_ad", "stuck_output_ad"],
-         "dest": "updating_queue", "merge_payload": False,
+         "dest": "updating_queue", "merge_payload": False, "unless": ["todays_order"],
          "effects": [{"name": "update_job_queue", "on_failure": "gave_up"}],
          "ref": "exit step (b)",
          "description": "the output ad is written"},
+        {"trigger": "output_ad_written", "source": ["writing_output_ad", "stuck_output_ad"],
+         "dest": "done", "merge_payload": False, "guards": ["todays_order"],
+         "ref": "exit step (b), today's starter's last",
+         "description": "the output ad is written, last"},
         {"trigger": "queue_updated", "source": ["updating_queue", "stuck_queue"],
          "dest": "emailing", "guards": ["notification_wanted"], "merge_payload": False,
          "effects": [{"name": "send_job_notification", "on_failure": "gave_up"}],
@@ -456,12 +474,24 @@ SPEC = MachineSpec.model_validate({
          "description": "the queue holds the job as Completed; its notification asks "
                         "for mail"},
         {"trigger": "queue_updated", "source": ["updating_queue", "stuck_queue"],
-         "dest": "done", "unless": ["notification_wanted"], "merge_payload": False,
-         "ref": "exit step (c)",
+         "dest": "done", "unless": ["notification_wanted", "todays_order"],
+         "merge_payload": False, "ref": "exit step (c)",
          "description": "the queue holds the job as Completed; no mail is asked for"},
+        {"trigger": "queue_updated", "source": ["updating_queue", "stuck_queue"],
+         "dest": "writing_output_ad", "guards": ["todays_order"],
+         "unless": ["notification_wanted"], "merge_payload": False,
+         "effects": [{"name": "write_output_ad", "on_failure": "gave_up"}],
+         "ref": "exit step (c)",
+         "description": "the queue holds the job as Completed; no mail is asked for: the "
+                        "output ad next"},
         {"trigger": "email_sent", "source": ["emailing", "stuck_email"], "dest": "done",
-         "merge_payload": False, "ref": "exit step (d)",
+         "merge_payload": False, "unless": ["todays_order"], "ref": "exit step (d)",
          "description": "the notification mail was accepted"},
+        {"trigger": "email_sent", "source": ["emailing", "stuck_email"],
+         "dest": "writing_output_ad", "merge_payload": False, "guards": ["todays_order"],
+         "effects": [{"name": "write_output_ad", "on_failure": "gave_up"}],
+         "ref": "exit step (d)",
+         "description": "the notification mail was accepted: the output ad next"},
         {"trigger": "gave_up", "source": "writing_userlog", "dest": "stuck_userlog",
          "merge_payload": False, "description": "(a) failed for good"},
         {"trigger": "gave_up", "source": "writing_output_ad", "dest": "stuck_output_ad",
@@ -513,6 +543,11 @@ def key_is_job_id(context: GuardContext) -> bool:
     return context.key == f"{context.data.get('cluster')}.{context.data.get('proc')}"
 
 
+def todays_order(context: GuardContext) -> bool:
+    """The job's ``step_order`` is ``today``: (a), (c), (d), then (b)."""
+    return context.data.get("step_order") == "today"
+
+
 def notification_wanted(context: GuardContext) -> bool:
     """The job's ``notification`` asks for mail about this exit."""
     return JobExitData.model_validate(context.data).wants_mail()
@@ -520,7 +555,7 @@ def notification_wanted(context: GuardContext) -> bool:
 
 GUARDS = {"exit_fields_only": exit_fields_only, "exit_time_only": exit_time_only,
           "exit_status_given": exit_status_given, "key_is_job_id": key_is_job_id,
-          "notification_wanted": notification_wanted}
+          "notification_wanted": notification_wanted, "todays_order": todays_order}
 
 
 # -- effect handlers -------------------------------------------------------------------------
