@@ -674,7 +674,7 @@ def test_a_rejected_fetch_hands_out_no_claim_secret(
         tmp_path: Path, store: Store, caplog: pytest.LogCaptureFixture) -> None:
     """The slot is not willing (START refuses the job): REPLY_FETCH reject gets the job and slot
     ads and no ClaimId, and no claim's secret part is in a hook's stdin, the log, the
-    journal or the outbox."""
+    journal, the outbox or a page of the dashboard."""
     hooks, calls = _recording_hooks(tmp_path, "echo 'JobId = 4'\necho 'Owner = \"bob\"'\n")
     slot, engine = _slot_engine(store, hooks)
     slot.policy(START='TARGET.Owner == "alice"')
@@ -696,7 +696,16 @@ def test_a_rejected_fetch_hands_out_no_claim_secret(
         rows = [str(tuple(row)) for table in ("lifecycle_journal", "lifecycle_effects",
                                               "lifecycle_resources")
                 for row in db.execute(text(f"SELECT * FROM {table}")).all()]
-    seen = [reply, caplog.text, *rows]
+    import httpx
+
+    from lifecycle.dashboard.app import serve_in_thread
+
+    with serve_in_thread(store.url, clock=slot.clock) as base, httpx.Client() as client:
+        pages = [client.get(base + path, params=params).text for path, params in (
+            ("/", {}), ("/machines/startd", {}), ("/machines/startd/resource", {"key": "slot1"}),
+            ("/effects", {}), ("/refusals", {}))]
+    assert all("slot1" in page for page in pages[1:3])
+    seen = [reply, caplog.text, *rows, *pages]
     assert not [secret for secret in secrets for text_ in seen if secret in text_]
 
 
