@@ -101,14 +101,15 @@ def events(path: Path) -> list[Any]:
 def expected_ad(data: dict[str, Any], payload: dict[str, Any]) -> dict[str, Any]:
     """The final ad as HTCondor's starter and schedd leave it, with the real ad's types."""
     when = int(dt.datetime.fromisoformat(payload["exited_at"]).timestamp())
-    ad: dict[str, Any] = {
+    ad: dict[str, Any] = {**data.get("ad", {}),
         "ClusterId": data["cluster"], "ProcId": data["proc"], "Owner": data["owner"],
         "Cmd": data["cmd"], "JobUniverse": 12, "JobStatus": 4, "LastJobStatus": 2,
         "ExitBySignal": "exit_signal" in payload,
         "JobDuration": float(payload.get("wall_clock", 0.0)), "CompletionDate": when,
         "EnteredCurrentStatus": when, "RemoteUserCpu": float(payload.get("remote_user_cpu", 0)),
         "RemoteSysCpu": float(payload.get("remote_sys_cpu", 0)),
-        "RemoteWallClockTime": float(payload.get("wall_clock", 0.0)),
+        "RemoteWallClockTime": float(data.get("ad", {}).get("RemoteWallClockTime", 0.0))
+        + float(payload.get("wall_clock", 0.0)),
         "ImageSize": payload.get("image_size", 0)}
     for name, attribute in (("submitted_at", "QDate"), ("started_at", "JobStartDate")):
         if data.get(name):
@@ -133,7 +134,8 @@ def test_the_steps_follow_the_seeds_order() -> None:
     chain, state = [], spec.initial
     for trigger in TRIGGERS:
         edge = next(t for t in spec.transitions if t.trigger == trigger and state in t.sources
-                    and not t.unless)
+                    and "todays_order" not in t.guards
+                    and "notification_wanted" not in t.unless)
         chain.append((state, [e.name for e in edge.effects]))
         state = edge.dest
     assert chain == [("running", ["write_terminated_event"]),
@@ -152,6 +154,28 @@ def test_the_steps_follow_the_seeds_order() -> None:
     assert (retry.max_attempts, retry.base, retry.cap, retry.jitter) == (6, 30.0, 30.0, 0.0)
     described = json.loads(CliRunner().invoke(main, ["describe", "job_exit", "--json"]).output)
     assert [s["name"] for s in described["states"]][:6] == ["running", *job_exit.STEPS]
+
+
+@pytest.mark.parametrize("notification", ["Always", "Never"])
+def test_today_s_order_writes_the_output_ad_last(sqlite_url: str, tmp_path: Path,
+                                                 clock: SimulatedClock,
+                                                 notification: str) -> None:
+    """step_order: today, as JICLocalSchedd::notifyJobExit: the user log, the queue, the
+    mail, then the output ad; the journal shows the steps in that order."""
+    mailer = RecordingMailer()
+    engine = make_engine(Store(sqlite_url, upgrade=True), clock, mailer=mailer)
+    engine.create("job_exit", "42.0", job(42, 0, tmp_path, step_order="today",
+                                          notification=notification))
+    engine.fire("42.0", "exited", exit_payload())
+    Worker(engine).run_until_idle()
+    assert engine.get("42.0").state == "done"
+    steps = [e.dest for e in engine.history("42.0") if e.dest != "running"]
+    wanted = ["writing_userlog", "updating_queue", *(["emailing"] if notification == "Always"
+                                                     else []), "writing_output_ad", "done"]
+    assert steps == wanted
+    assert len(mailer.sent) == (notification == "Always")
+    [ad] = classad2.parseAds((tmp_path / "42.0.ad").read_text(), classad2.ParserType.Old)
+    assert ad["ExitCode"] == 3
 
 
 def test_a_job_exit_end_to_end(db_url: str, tmp_path: Path, clock: SimulatedClock) -> None:
@@ -193,9 +217,12 @@ def test_a_job_exit_end_to_end(db_url: str, tmp_path: Path, clock: SimulatedCloc
 
 # -- formats, read back with the real HTCondor bindings -----------------------------------------
 
-HOSTILE_OWNER = 'mallory"\nJobStatus = 1\n'
-HOSTILE_CMD = ('/bin/sh -c "echo \\"hi\\" \\\\ ]; JobStatus = 1; x = \\"" \\\n'
-               'Owner = "root"\r\t ünïcødé 日本 \x1b[31m ends with a backslash \\')
+HOSTILE_OWNER = 'mallory" JobStatus = 1 ]; ['
+HOSTILE_CMD = ('/bin/sh -c "echo hi ]; JobStatus = 1; x = " Owner = "root" ünïcødé 日本 '
+               '[ a \\ b ]')
+UNHOLDABLE = {"a newline": 'mallory"\nJobStatus = 1\n', "an escape": "x \x1b[31m y",
+              "a backslash at the end": "ends with \\", "a backslash quote": 'a\\" b'}
+"""What the old ClassAd syntax (the output ad's) cannot hold: refused when the job is made."""
 
 CASES = {
     "normal exit": (job(42, 0, Path()), exit_payload()),
@@ -250,9 +277,57 @@ def test_user_log_and_output_ad_read_back_with_htcondor(case: str, sqlite_url: s
 @settings(max_examples=300, deadline=None)
 @given(st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\x00")))
 def test_no_string_can_inject_an_attribute(value: str) -> None:
-    text = htcondor.format_ad({"ClusterId": 1, "Owner": value, "JobStatus": 2}).decode()
-    ad = classad2.parseOne(text)
+    """Old syntax, as the starter writes the output ad: a string either reads back
+    unchanged beside the others, or is refused (and the job with it)."""
+    try:
+        text = htcondor.old_syntax({"ClusterId": 1, "Owner": value, "JobStatus": 2})
+    except ValueError:
+        assert htcondor.old_syntax_problem(value) is not None
+        return
+    [ad] = classad2.parseAds(text, classad2.ParserType.Old)
     assert dict(ad) == {"ClusterId": 1, "Owner": value, "JobStatus": 2}
+
+
+def test_two_runs_append_two_ads_as_the_starter_does(tmp_path: Path,
+                                                    clock: SimulatedClock) -> None:
+    """JobInfoCommunicator::writeOutputAdFile opens the file with "a" and writes the ad
+    with fPrintAd, no delimiter: each run's ad follows the last; read whole, the file is
+    one ad with the last run's values (its RemoteWallClockTime the total of both runs)."""
+    output = tmp_path / "42.0.ad"
+    runs = []
+    for run, earlier in ((1, 0.0), (2, 3725.0)):   # the schedd's ad after run 1 holds it
+        data = job(42, 0, tmp_path, userlog=None, output_ad=str(output),
+                   ad={**JOB_AD, "RemoteWallClockTime": earlier})
+        payload = exit_payload(exit_code=run, exited_at=(EXITED_AT + dt.timedelta(
+            hours=run)).isoformat())
+        engine = make_engine(Store(f"sqlite:///{tmp_path / f'run{run}.db'}", upgrade=True),
+                             clock)
+        engine.create("job_exit", "42.0", data)
+        engine.fire("42.0", "exited", payload)
+        Worker(engine).run_until_idle()
+        assert engine.get("42.0").state == "done"
+        engine.store.dispose()
+        runs.append(str(classad2.ClassAd(expected_ad(data, payload)).printOld()))
+    text = output.read_text()
+    assert text == runs[0] + runs[1]
+    first = [dict(ad) for ad in classad2.parseAds(runs[0], classad2.ParserType.Old)]
+    second = [dict(ad) for ad in classad2.parseAds(text[len(runs[0]):],
+                                                   classad2.ParserType.Old)]
+    assert [ad["ExitCode"] for ad in first + second] == [1, 2]
+    assert second[0]["RemoteWallClockTime"] == 3725.0 + 3725.0
+    [whole] = classad2.parseAds(text, classad2.ParserType.Old)
+    assert dict(whole) == second[0]
+
+
+@pytest.mark.parametrize("what", list(UNHOLDABLE))
+def test_a_string_the_output_ad_cannot_hold_is_refused_with_the_job(
+        what: str, sqlite_url: str, tmp_path: Path) -> None:
+    engine = make_engine(Store(sqlite_url, upgrade=True))
+    for field, data in (("owner", job(42, 0, tmp_path, owner=UNHOLDABLE[what])),
+                        ("cmd", job(43, 0, tmp_path, cmd=UNHOLDABLE[what])),
+                        ("ad: Iwd", job(44, 0, tmp_path, ad={"Iwd": UNHOLDABLE[what]}))):
+        with pytest.raises(LifecycleError, match=f"{field} .*the output ad"):
+            engine.create("job_exit", f"{data['cluster']}.0", data)
 
 
 def test_the_event_text_is_htcondors() -> None:
@@ -357,7 +432,8 @@ def test_notification_decides_whether_mail_is_sent(sqlite_url: str, tmp_path: Pa
     assert len(mailer.sent) == int(mailed)
     decision = engine.history("42.0")[-2 if mailed else -1]
     assert decision.trigger == "queue_updated"  # the journal shows why mail was (not) sent
-    assert decision.guards == {"notification_wanted": mailed}
+    assert decision.guards is not None
+    assert decision.guards["notification_wanted"] is mailed
     assert decision.dest == ("emailing" if mailed else "done")
 
 
@@ -377,8 +453,11 @@ def test_mail_received_by_a_real_smtp_server(sqlite_url: str, tmp_path: Path,
     with MailSink() as sink:
         mailer = smtp.SmtpMailer(sink.url, sender="condor@submit.example.org")
         engine = make_engine(Store(sqlite_url, upgrade=True), clock, mailer=mailer)
+        injection = HOSTILE_CMD + "\r\nBcc: everyone@example.org\r\n\r\n.\r\n"
+        with pytest.raises(LifecycleError, match=r"cmd .* contains a control character"):
+            engine.create("job_exit", "42.0", job(42, 0, tmp_path, cmd=injection))
         data = job(42, 0, tmp_path, notification="Complete", notify_user="alice@example.org",
-                   cmd=HOSTILE_CMD + "\r\nBcc: everyone@example.org\r\n\r\n.\r\n")
+                   cmd=HOSTILE_CMD)
         engine.create("job_exit", "42.0", data)
         engine.fire("42.0", "exited", exit_payload())
         Worker(engine).run_until_idle()
@@ -397,9 +476,9 @@ def test_mail_received_by_a_real_smtp_server(sqlite_url: str, tmp_path: Path,
     assert "Condor job 42.0\n\t/bin/sh -c" in body
     assert "exited normally with status 3\n" in body
     assert "Remote User CPU Time:      0+00:01:01\n" in body
-    assert "Allocation/Run time:       0+01:02:05\n" in body
-    assert "ünïcødé 日本" in body and "\\r\\nBcc: everyone@example.org\\r\\n" in body
-    assert "\nBcc:" not in body and "\x1b" not in body
+    # no JobStartDate (the shadow's birthdate): HTCondor's mail says the run took no time
+    assert "Allocation/Run time:       0+00:00:00\n" in body
+    assert "ünïcødé 日本" in body and "\nBcc:" not in body
 
 
 def test_a_server_that_refuses_the_first_attempts(sqlite_url: str, tmp_path: Path,
@@ -433,14 +512,14 @@ def test_a_permanent_refusal_or_a_bad_address_leaves_the_job_visibly_stuck(
                              mailer=smtp.SmtpMailer(sink.url))
         engine.create("job_exit", "42.0", job(42, 0, tmp_path, notification="Always"))
         engine.create("job_exit", "43.0", job(43, 0, tmp_path, notification="Always",
-                                              owner="eve\r\nBcc: all@example.org"))
+                                              owner="eve, all@example.org"))
         for key in ("42.0", "43.0"):
             engine.fire(key, "exited", {"exit_code": 0})
         Worker(engine).run_until_idle()
         assert [engine.get(k).state for k in ("42.0", "43.0")] == ["stuck_email"] * 2
         stuck = {e.key: e for e in effect_records(engine, statuses=("failed",))}
         assert "550 5.1.1 No such user" in (stuck["42.0"].last_error or "")
-        assert "no mail sent: recipient 'eve\\r\\nBcc: all@example.org" in (
+        assert "no mail sent: recipient 'eve, all@example.org'" in (
             stuck["43.0"].last_error or "")
         assert stuck["42.0"].attempts == 1  # a 5xx is not retried
         assert sink.received == []
@@ -1186,13 +1265,20 @@ def condor_format_time(secs: int) -> str:
                   secs % 3600 // 60, secs % 60)
 
 
-def condor_mail_body(data: dict[str, Any], payload: dict[str, Any]) -> str:
+def condor_mail_body(data: dict[str, Any], payload: dict[str, Any], now: int) -> str:
+    """Email::writeExit (with writeJobId), then writeCustom, at ``now``, for the job's ad."""
+    ad = data.get("ad", {})
     q_date = int(dt.datetime.fromisoformat(data["submitted_at"]).timestamp())
-    now = int(dt.datetime.fromisoformat(payload["exited_at"]).timestamp())
+    shadow_bday = int(dt.datetime.fromisoformat(data["started_at"]).timestamp())
     out = printf('This is an automated email from the Condor system\non machine "%s".  Do not '
                  "reply.\n\n", data["submit_host"])
     out += printf("Condor job %d.%d\n", data["cluster"], data["proc"])
-    out += printf("\t%s", data["cmd"]) + "\n"
+    args = ad.get("Arguments", ad.get("Args", ""))
+    out += printf("\t%s", data["cmd"]) + (printf(" %s\n", args) if args else "\n")
+    if ad.get("JobBatchName"):
+        out += printf("\tfrom batch %s\n", ad["JobBatchName"])
+    if ad.get("Iwd"):
+        out += printf("\tsubmitted from directory %s\n", ad["Iwd"])
     if "exit_signal" in payload:
         signal_text = _LIBC.strsignal(payload["exit_signal"]).decode()
         reason = "died on " + printf("signal %d (%s)", payload["exit_signal"], signal_text)
@@ -1207,18 +1293,31 @@ def condor_mail_body(data: dict[str, Any], payload: dict[str, Any]) -> str:
     out += "\n"
     out += printf("Virtual Image Size:  %d Kilobytes\n\n", payload.get("image_size", 0))
     user, system = payload.get("remote_user_cpu", 0.0), payload.get("remote_sys_cpu", 0.0)
-    wall = int(payload.get("wall_clock", 0))
+    wall = now - shadow_bday
     out += "Statistics from last run:\n"
     out += printf("Allocation/Run time:     %s\n", condor_format_time(wall))
     out += printf("Remote User CPU Time:    %s\n", condor_format_time(int(user)))
     out += printf("Remote System CPU Time:  %s\n", condor_format_time(int(system)))
     out += printf("Total Remote CPU Time:   %s\n\n", condor_format_time(int(user + system)))
     out += "Statistics totaled from all runs:\n"
-    out += printf("Allocation/Run time:     %s\n", condor_format_time(0 + wall))
+    previous = ad.get("RemoteWallClockTime", 0.0)
+    out += printf("Allocation/Run time:     %s\n", condor_format_time(int(previous + wall)))
+    custom = [name for name in re.split(r"[\s,]+", ad.get("EmailAttributes", "")) if name in ad]
+    if custom:
+        out += "\n\n" + "".join(printf("%s = %s\n", name, str(classad2.ExprTree(
+            json.dumps(ad[name])))) for name in custom)
     out += "\n\n-=-=-=-=-=-=-=-=-=-=-=-=-=-=-=-=-=-=-=-=-=\n"
     out += "Questions about this message or HTCondor in general?\n"
     out += "The Official HTCondor Homepage is https://htcondor.org/\n"
     return out
+
+
+JOB_AD = {"Iwd": "/home/alice/run 7", "Arguments": "-n 3 'input file.dat'",
+          "JobBatchName": "nightly", "EmailAttributes": "RequestMemory, Site NotThere",
+          "RequestMemory": 2048, "Site": "T2_DE", "RemoteWallClockTime": 600.0,
+          "UidDomain": "example.org"}
+"""What nearly every job ad has beside the exit: a submit directory, arguments, a batch
+name, and here attributes the user wants in the mail and an earlier run's wall time."""
 
 
 FIDELITY = {
@@ -1237,8 +1336,10 @@ def test_log_ad_and_mail_are_what_htcondor_writes(case: str, db_url: str, tmp_pa
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(job_exit.USERLOG_FORMAT_VARIABLE, raising=False)  # HTCondor's default
     payload = FIDELITY[case]
-    data = job(42, 0, tmp_path, notification="Always", notify_user="alice@example.org",
-               submitted_at="2026-12-02T09:00:00Z", started_at="2026-12-02T09:05:00Z")
+    data = job(42, 0, tmp_path, notification="Always", submitted_at="2026-12-02T09:00:00Z",
+               started_at="2026-12-02T09:05:00Z", ad=JOB_AD)
+    clock.advance(90)                       # the starter reports the exit a moment later
+    mailed = int(clock.now().timestamp())
     with MailSink() as sink:
         engine = make_engine(Store(db_url, upgrade=True), clock,
                              mailer=smtp.SmtpMailer(sink.url, sender="condor@example.org"))
@@ -1273,17 +1374,23 @@ def test_log_ad_and_mail_are_what_htcondor_writes(case: str, db_url: str, tmp_pa
     assert dict(event.items()) == expected
     assert event.timestamp == exited
 
-    # the output ad: attribute by attribute, with the real ad's types
-    ad = classad2.parseOne((tmp_path / "42.0.ad").read_text())
+    # the output ad: the whole job ad in the old syntax, as fPrintAd writes it, attribute
+    # by attribute with the real ad's types
+    text = (tmp_path / "42.0.ad").read_text()
+    [ad] = classad2.parseAds(text, classad2.ParserType.Old)
     wanted = expected_ad(data, payload)
+    assert text == str(classad2.ClassAd(wanted).printOld())
     assert sorted(ad.keys()) == sorted(wanted)
     for name, value in wanted.items():
         assert (name, type(ad[name]), ad[name]) == (name, type(value), value)
     assert ad["JobStartDate"] == int(dt.datetime(2026, 12, 2, 9, 5, tzinfo=dt.UTC).timestamp())
 
-    # the mail: HTCondor's subject and body
+    # the mail: HTCondor's recipient (Owner at the ad's UidDomain), subject and body, line
+    # by line
+    assert mail.rcpt_tos == ("alice@example.org",)
     assert mail.subject == "[Condor] Condor Job 42.0"
-    assert mail.body == condor_mail_body(data, payload)
+    assert mail.body.splitlines() == condor_mail_body(data, payload, mailed).splitlines()
+    assert mail.body == condor_mail_body(data, payload, mailed)
     assert mail.message["Content-Transfer-Encoding"] == "7bit"  # plain text, as HTCondor's
 
 

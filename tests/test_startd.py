@@ -56,7 +56,7 @@ ROWS = rows()
 class Slot:
     """One slot on a fresh engine, with the simulated adapters of scenario files."""
 
-    def __init__(self, store: Store, keep: bool = True) -> None:
+    def __init__(self, store: Store, keep: bool = True, cycle: str = "today") -> None:
         self.clock = SimulatedClock("2026-01-01T00:00:00Z")
         self.world = World(clock=self.clock)
         self.collector, self.schedds = RecordingCollector(), RecordingSchedds()
@@ -65,7 +65,8 @@ class Slot:
                              effects=sd.effects(sd.ScenarioHooks(world=self.world),
                                                 self.collector, self.schedds, self.ids))
         self.startd = sd.Startd(self.engine, address=ADDRESS, ids=self.ids)
-        self.startd.add_slot("slot1", hook_keyword="FETCH", keep_advertised_claim=keep)
+        self.startd.add_slot("slot1", hook_keyword="FETCH", keep_advertised_claim=keep,
+                             fetch_cycle=cycle)
 
     @property
     def data(self) -> dict[str, Any]:
@@ -129,19 +130,30 @@ def reach(slot: Slot, where: str) -> None:
             slot.fire("backfill", to=state)),
         "backfill.busy": lambda: (reach(slot, "backfill.idle"),
                                   slot.fire("backfill_started", to=state)),
-        "backfill.killing": lambda: (reach(slot, "backfill.busy"),
-                                     slot.fire("vacate", to=state)),
+        "backfill.killing": lambda: (
+            reach(slot, "backfill.busy"),
+            slot.fire("vacate", to=state) if not how
+            else slot.fire("match", {"claim_id": slot.claim("cur")}, to=state) if how == "match"
+            else slot.request(1, to=state) if how == "claim"
+            else slot.fire("fetched_work", {"job": job}, to=state)),
+        "claimed.cleaning": lambda: (
+            reach(slot, "claimed.busy"), slot.fire("job_done", to=state),
+            slot.fire("release_claim", {"claim_id": slot.claim("cur")}, to=state)
+            if how == "released" else None),
         "drained.retiring": lambda: slot.fire("drain", to=state),
         "drained.idle": lambda: (reach(slot, "drained.retiring"),
                                  slot.fire("all_drained", to=state)),
     }
-    if state == "claimed.busy" and how in ("fetch", "seed"):
+    if state == "claimed.busy" and how in ("fetch", "seed", "report"):
         slot.fire("fetched_work", {"job": job}, to=state)
-    elif state == "claimed.idle" and how == "fetch":
+    elif state == "claimed.idle" and how == "fetched":
+        reach(slot, "claimed.busy/fetch")
+        slot.fire("job_done", to="claimed.cleaning")
+        slot.fire("starter_exited", to=state)
+    elif state == "preempting.vacating" and how == "fetch":
         reach(slot, "claimed.idle")
         slot.policy(RANK="TARGET.Prio")
-        slot.fire("fetched_work", {"job": {"Prio": 5}}, to="preempting.vacating")
-        slot.fire("vacated", to=state)
+        slot.fire("fetched_work", {"job": {"Prio": 5}}, to=state)
     else:
         paths[state]()
     assert slot.state == state
@@ -158,7 +170,9 @@ def _resolved(payload: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]
 @pytest.mark.parametrize("row", ROWS, ids=[f"{r['ref']}:{r['from']}:{r['event']}"
                                            for r in ROWS])
 def test_every_transition_of_the_manual(store: Store, row: dict[str, Any]) -> None:
-    slot = Slot(store, keep=not row["from"].endswith("/seed"))
+    how = row["from"].partition("/")[2]
+    slot = Slot(store, keep=how != "seed", cycle="report" if how in ("seed", "report")
+                else "today")
     reach(slot, row["from"])
     slot.engine.update(KEY, {"policy": row["policy"]})
     before = slot.data
@@ -244,7 +258,7 @@ def test_a_stale_id_is_refused_as_stale(store: Store) -> None:
     slot = Slot(store)
     reach(slot, "unclaimed.idle")
     old = slot.startd.advertised("slot1")
-    slot.policy(START=False)
+    slot.policy(IS_OWNER=True)
     slot.fire("evaluate", to="owner.idle")  # entering Owner makes a fresh claim
     slot.policy()
     slot.fire("evaluate", to="unclaimed.idle")
@@ -341,6 +355,12 @@ def test_fetch_waits_for_its_delay_and_for_the_running_fetch(store: Store) -> No
     slot.fire("fetch", to="owner.idle")
 
 
+def _job_done(slot: Slot) -> None:
+    """The starter's final update, then the starter reaped: Cleaning, then Claimed/Idle."""
+    slot.fire("job_done", to="claimed.cleaning")
+    slot.fire("starter_exited", to="claimed.idle")
+
+
 def test_fetched_work_rules(store: Store) -> None:
     slot = Slot(store)
     slot.policy(START="TARGET.Owner == \"alice\"")
@@ -350,19 +370,130 @@ def test_fetched_work_rules(store: Store) -> None:
     # the advertised claim was parked, not destroyed, and comes back on return to Owner
     advertised = slot.data["advertised_claim_id"]
     assert slot.claim("pre") == advertised
-    slot.fire("starter_exited", to="owner.idle")
+    _job_done(slot)  # today's startd: the fetch claim stays, idle, and fetches again
+    slot.fire("fetched_work", {"job": {"Owner": "alice"}}, to="claimed.busy")
+    assert slot.data["claims"]["cur"]["activations"] == 2
+    _job_done(slot)
+    slot.fire("fetched_work", {"job": None}, to="preempting.vacating")  # no work: evicted
+    assert slot.data["advertised_claim_id"] == advertised
+    slot.fire("vacated", to="owner.idle")
     assert slot.data["advertised_claim_id"] == advertised == slot.claim("cur")
 
 
-def test_the_seed_s_startd_throws_the_advertised_claim_away(store: Store) -> None:
-    slot = Slot(store, keep=False)
+def test_unreadable_fetch_output_does_not_evict_the_idle_fetch_claim(store: Store) -> None:
+    """FetchClient::hookExited drops a reply it cannot read without judging it; only no
+    work (or work the slot will not run) evicts an idle fetch claim."""
+    slot = Slot(store)
+    slot.fire("fetched_work", {"job": {"Cmd": "/bin/true"}}, to="claimed.busy")
+    _job_done(slot)
+    slot.fire("fetched_work", {"job": None, "unreadable": True}, to="claimed.idle")
+    slot.policy(START="TARGET.Owner == \"alice\"")
+    slot.fire("fetched_work", {"job": {"Owner": "bob"}}, to="preempting.vacating")
+
+
+@pytest.mark.parametrize("cycle", ["today", "report"])
+def test_the_seed_s_startd_throws_the_advertised_claim_away(store: Store, cycle: str) -> None:
+    """Without option C, the report's cycle makes a new id at every step, so a schedd never
+    catches one; today's keeps the id the slot advertised on entering Claimed for as long
+    as fetched jobs follow one another."""
+    slot = Slot(store, keep=False, cycle=cycle)
     advertised = {slot.data["advertised_claim_id"]}
     for _ in range(3):
         slot.fire("fetched_work", {"job": {"Cmd": "/bin/true"}}, to="claimed.busy")
         advertised.add(slot.data["advertised_claim_id"])
-        slot.fire("starter_exited", to="owner.idle")
+        if cycle == "report":
+            slot.fire("starter_exited", to="owner.idle")
+        else:
+            _job_done(slot)
         advertised.add(slot.data["advertised_claim_id"])
-    assert len(advertised) == 7  # a new id at every step: a schedd never catches one
+    assert len(advertised) == (7 if cycle == "report" else 2)
+
+
+# -- today's startd: Cleaning, CLAIM_WORKLIFE, draining, shutdown, conditions ------------------
+
+
+def test_a_release_while_cleaning_is_kept_for_the_reaping(store: Store) -> None:
+    """Resource::release_claim in Claimed/Cleaning: no state change, but the reaped starter
+    leads to Preempting instead of Idle; with nothing remembered it leads to Idle (12a)."""
+    slot = Slot(store)
+    reach(slot, "claimed.busy")
+    cur = slot.claim("cur")
+    slot.fire("job_done", to="claimed.cleaning")
+    slot.fire("release_claim", {"claim_id": cur}, to="claimed.cleaning")
+    slot.fire("evaluate")
+    slot.fire("fetch")   # no fetch while cleaning
+    assert slot.state == "claimed.cleaning" and not slot.data["fetching"]
+    slot.fire("starter_exited", to="preempting.vacating")
+    assert not slot.data["preempt_pending"]
+    Worker(slot.engine).run_until_idle()    # RELEASE_CLAIM to the schedd, then vacated
+    assert slot.state == "owner.idle"
+    assert slot.schedds.released == [("schedd-a", slot.ids.full("slot1", cur))]
+
+
+def test_claim_worklife_ends_an_idle_claim_that_ran_a_job(store: Store) -> None:
+    slot = Slot(store)
+    slot.engine.update(KEY, {"claim_worklife": 600})
+    reach(slot, "claimed.idle")
+    slot.clock.advance(700)
+    assert not slot.fire("evaluate").fired  # no job yet: activationCount is 0
+    cur = slot.claim("cur")
+    slot.fire("activate", {"claim_id": cur, "job": {"Cmd": "/bin/true"}}, to="claimed.busy")
+    _job_done(slot)
+    assert not slot.fire("activate", {"claim_id": cur, "job": {"Cmd": "/bin/true"}}).fired
+    slot.fire("evaluate", to="preempting.vacating")
+
+
+def test_a_graceful_drain_retires_a_running_job_for_good(store: Store) -> None:
+    """releaseAllClaimsReversibly: the job retires; a preempting claim that goes away does
+    not un-retire it while draining; once the claim is gone the slot is Drained."""
+    slot = Slot(store)
+    reach(slot, "claimed.retiring")
+    slot.fire("drain", to="claimed.retiring")
+    assert not slot.fire("release_claim", {"claim_id": slot.claim("pre")}).fired
+    slot.fire("job_done", to="claimed.cleaning")
+    slot.fire("starter_exited", to="preempting.vacating")  # the preempting claim waits
+    slot.fire("vacated", to="claimed.idle")
+    slot.fire("evaluate", to="preempting.vacating")         # draining: the idle claim goes
+    slot.fire("vacated", to="owner.idle")
+    slot.fire("evaluate", to="drained.retiring")            # 36
+    slot.fire("drain_cancel", to="owner.idle")
+    slot.fire("evaluate", to="unclaimed.idle")
+
+
+def test_after_a_shutdown_the_slot_takes_no_claim_match_or_work(store: Store) -> None:
+    slot = Slot(store)
+    reach(slot, "claimed.busy")
+    slot.fire("shutdown", to="claimed.retiring")
+    slot.fire("shutdown", {"how": "fast"}, to="preempting.killing")
+    slot.fire("vacated", to="owner.idle")
+    slot.fire("evaluate", to="unclaimed.idle")
+    assert not slot.fire("match", {"claim_id": slot.claim("cur")}).fired
+    assert not slot.request(1).fired
+    assert not slot.fire("fetch").fired
+    assert slot.state == "unclaimed.idle"
+
+
+def test_want_suspend_decides_between_suspend_and_preempt(store: Store) -> None:
+    """ResState::eval_policy: with WANT_SUSPEND a busy job is suspended or left alone,
+    PREEMPT is not looked at; without it PREEMPT retires it; a suspended job retires on
+    PREEMPT alone (16), whatever CONTINUE says."""
+    slot = Slot(store)
+    reach(slot, "claimed.busy")
+    slot.policy(WANT_SUSPEND=True, SUSPEND=False, PREEMPT=True)
+    assert not slot.fire("evaluate").fired
+    slot.policy(WANT_SUSPEND=True, SUSPEND=True, PREEMPT=True)
+    slot.fire("evaluate", to="claimed.suspended")
+    slot.policy(PREEMPT=True, CONTINUE=False)
+    slot.fire("evaluate", to="claimed.retiring")
+
+
+def test_a_claim_that_killed_a_backfill_client_is_not_asked_again(store: Store) -> None:
+    slot = Slot(store)
+    reach(slot, "backfill.busy")
+    slot.request(1, to="backfill.killing")
+    assert not slot.request(1).fired               # taken already: nothing to send again
+    slot.fire("backfill_exited", to="claimed.idle")  # M, 31 once the client is gone
+    assert slot.data["claims"]["cur"]["requester"] == "schedd-a"
 
 
 # -- hooks as executables ------------------------------------------------------------------------
@@ -461,29 +592,65 @@ def _slot_engine(store: Store, hooks: Hooks) -> tuple[Slot, Engine]:
                                            slot.ids))
 
 
-def test_reply_fetch_and_evict_claim_stdin_as_startd_hook_mgr_writes_it(
-        tmp_path: Path, store: Store) -> None:
-    """As StartdHookMgr.cpp: REPLY_FETCH accept gets the job ad, "-----", the slot ad and
-    the ClaimId of the claim current before the fetch claim was made (r_cur->id());
-    EVICT_CLAIM gets the claim it evicts."""
-    hooks, calls = _recording_hooks(tmp_path, "echo 'JobId = 3'\n")
+def _as_startd_hook_mgr(job: dict[str, Any], slot_ad: dict[str, Any],
+                        claim_id: str | None) -> str:
+    """What StartdHookMgr.cpp writes to REPLY_FETCH's and EVICT_CLAIM's stdin: sPrintAd of
+    the job ad, "-----", sPrintAd of the slot ad, then ``ClaimId = "<id>"`` when it gives
+    one (HTCondor's own unparser, classad2, prints the ads)."""
+    import classad2
+
+    def printed(ad: dict[str, Any]) -> str:
+        return str(classad2.ClassAd(ad).printOld())
+
+    return printed(job) + "-----\n" + printed(slot_ad) + (
+        f'ClaimId = "{claim_id}"\n' if claim_id is not None else "")
+
+
+def test_today_s_fetch_cycle_with_real_hooks(tmp_path: Path, store: Store) -> None:
+    """Today's startd: a fetched job runs, its starter exits, the slot is Claimed/Idle with
+    its fetch claim and fetches again; no work: Preempting, EVICT_CLAIM once, Owner.
+    REPLY_FETCH accept gets the claim current before the fetch claim was made
+    (r_cur->id()); EVICT_CLAIM the fetch claim it evicts; each stdin byte for byte as
+    StartdHookMgr.cpp writes it for the same ads."""
+    count = tmp_path / "count"
+    hooks, calls = _recording_hooks(tmp_path, f"""n=$(cat {count} 2>/dev/null || echo 0)
+echo $((n + 1)) > {count}
+[ "$n" = 0 ] && echo 'JobId = 3' && echo 'Owner = "alice"'
+exit 0
+""")
     slot, engine = _slot_engine(store, hooks)
+    engine.update(KEY, {"ad": {"Memory": 2048}})
     before = slot.claim("cur")                  # the advertised claim, current before
     engine.fire(KEY, "fetch")
     Worker(engine).run_until_idle()
     assert engine.get(KEY).state == "claimed.busy"
     fetch_claim = engine.get(KEY).data["claims"]["cur"]["id"]
     assert fetch_claim != before
-    engine.fire(KEY, "vacate")
+    job = {"JobId": 3, "Owner": "alice", "HookKeyword": "FETCH", "RequestCpus": 1,
+           "RequestMemory": 1, "RequestDisk": 1}
+    assert engine.get(KEY).data["job"] == job
+    engine.fire(KEY, "job_done")
+    assert engine.fire(KEY, "starter_exited").dest == "claimed.idle"
+    slot.clock.advance(300)                     # FetchWorkDelay
+    assert engine.fire(KEY, "fetch").fired
     Worker(engine).run_until_idle()
     assert engine.get(KEY).state == "owner.idle"
-    reply, evict = _hook_calls(calls)
-    slot_ad = reply.split("-----\n", 1)[1].rsplit("ClaimId = ", 1)[0]
-    assert parse_job_ad(slot_ad)["Name"] == "slot1"
-    assert reply == ("REPLY_FETCH accept\nJobId = 3\n-----\n" + slot_ad
-                     + f'ClaimId = "{slot.ids.full("slot1", before)}"\n')
-    assert evict.startswith("EVICT_CLAIM \nJobId = 3\n-----\n")
-    assert evict.endswith(f'ClaimId = "{slot.ids.full("slot1", fetch_claim)}"\n')
+    assert engine.get(KEY).data["advertised_claim_id"] == before   # option D
+    reply, evict = _hook_calls(calls)           # no REPLY_FETCH for no work; one eviction
+    advertised = {"Memory": 2048, "Name": "slot1", "PublicClaimId": before}
+    assert reply == "REPLY_FETCH accept\n" + _as_startd_hook_mgr(
+        job, {**advertised, "State": "Owner", "Activity": "Idle"},
+        slot.ids.full("slot1", before))
+    assert evict == "EVICT_CLAIM \n" + _as_startd_hook_mgr(
+        job, {**advertised, "State": "Preempting", "Activity": "Vacating"},
+        slot.ids.full("slot1", fetch_claim))
+
+
+def test_the_report_s_fetch_cycle_goes_straight_back_to_owner(store: Store) -> None:
+    slot = Slot(store, cycle="report")
+    slot.fire("fetched_work", {"job": {"Cmd": "/bin/true"}}, to="claimed.busy")
+    slot.fire("starter_exited", to="owner.idle")
+    assert ("evict_claim", "slot1", {}) not in slot.world.actions
 
 
 def test_fetch_work_is_given_the_slot_ad_with_its_state_and_activity(
@@ -507,7 +674,7 @@ def test_a_rejected_fetch_hands_out_no_claim_secret(
         tmp_path: Path, store: Store, caplog: pytest.LogCaptureFixture) -> None:
     """The slot is not willing (START refuses the job): REPLY_FETCH reject gets the job and slot
     ads and no ClaimId, and no claim's secret part is in a hook's stdin, the log, the
-    journal or the outbox."""
+    journal, the outbox or a page of the dashboard."""
     hooks, calls = _recording_hooks(tmp_path, "echo 'JobId = 4'\necho 'Owner = \"bob\"'\n")
     slot, engine = _slot_engine(store, hooks)
     slot.policy(START='TARGET.Owner == "alice"')
@@ -519,13 +686,26 @@ def test_a_rejected_fetch_hands_out_no_claim_secret(
         Worker(engine).run_until_idle()
     assert engine.get(KEY).state == "owner.idle"
     [reply] = _hook_calls(calls)
-    assert reply.startswith("REPLY_FETCH reject\nJobId = 4\nOwner = \"bob\"\n-----\n")
+    job = {"JobId": 4, "Owner": "bob", "HookKeyword": "FETCH", "RequestCpus": 1,
+           "RequestMemory": 1, "RequestDisk": 1}
+    assert reply == "REPLY_FETCH reject\n" + _as_startd_hook_mgr(job, {
+        "Name": "slot1", "State": "Owner", "Activity": "Idle",
+        "PublicClaimId": slot.data["advertised_claim_id"]}, None)
     assert not re.search(r"^ClaimId\b", reply, re.MULTILINE)   # PublicClaimId is public
     with store.read() as db:
         rows = [str(tuple(row)) for table in ("lifecycle_journal", "lifecycle_effects",
                                               "lifecycle_resources")
                 for row in db.execute(text(f"SELECT * FROM {table}")).all()]
-    seen = [reply, caplog.text, *rows]
+    import httpx
+
+    from lifecycle.dashboard.app import serve_in_thread
+
+    with serve_in_thread(store.url, clock=slot.clock) as base, httpx.Client() as client:
+        pages = [client.get(base + path, params=params).text for path, params in (
+            ("/", {}), ("/machines/startd", {}), ("/machines/startd/resource", {"key": "slot1"}),
+            ("/effects", {}), ("/refusals", {}))]
+    assert all("slot1" in page for page in pages[1:3])
+    seen = [reply, caplog.text, *rows, *pages]
     assert not [secret for secret in secrets for text_ in seen if secret in text_]
 
 
@@ -571,15 +751,17 @@ def test_policy_is_evaluated_with_my_and_target() -> None:
     assert startd_policy.holds(policy, "START", my, {"RequestMemory": 512})
     assert not startd_policy.holds(policy, "START", my, {"RequestMemory": 4096})
     assert startd_policy.job_rank(policy, my, {"Owner": "alice"}) == 10
-    assert not startd_policy.is_owner(policy, my)  # START needs a job: not locally false
-    assert startd_policy.is_owner(policy, {"KeyboardIdle": 5, "Memory": 1024})
+    assert not startd_policy.is_owner(policy, my)  # HTCondor's default: False
+    desktop = {**policy, "IS_OWNER": "START =?= False"}  # POLICY : Desktop
+    assert not startd_policy.is_owner(desktop, my)  # START needs a job: not locally false
+    assert startd_policy.is_owner(desktop, {"KeyboardIdle": 5, "Memory": 1024})
     with pytest.raises(startd_policy.PolicyError, match="not a ClassAd expression"):
         startd_policy.evaluate({"START": "a &&& b"}, "START", my, None)
 
 
 def test_observed_machine_attributes_drive_the_policy(store: Store) -> None:
     slot = Slot(store)
-    slot.policy(START="KeyboardIdle > 600")
+    slot.policy(START="KeyboardIdle > 600", IS_OWNER="START =?= False")
     slot.engine.observe(KEY, {"KeyboardIdle": 30})
     assert not slot.fire("evaluate").fired
     slot.engine.observe(KEY, {"KeyboardIdle": 900})
@@ -595,9 +777,10 @@ def test_without_classad2_constants_run_and_expressions_say_what_they_need(
     assert startd_policy.job_rank({"RANK": 3}, {}, {}) == 3
     with pytest.raises(startd_policy.PolicyError, match=r"lifecycle-fsm\[htcondor\]"):
         startd_policy.evaluate({"START": "KeyboardIdle > 600"}, "START", {}, None)
-    from lifecycle.adapters import startd_hooks
+    from lifecycle.adapters import htcondor, startd_hooks
 
     monkeypatch.setattr(startd_hooks, "classad2", None)
+    monkeypatch.setattr(htcondor, "classad2", None)
     assert startd_hooks.old_syntax({"Name": "slot1", "Cpus": 4, "Idle": True}) == \
         'Name = "slot1"\nCpus = 4\nIdle = true\n'
     with pytest.raises(HookFailed, match=r"lifecycle-fsm\[htcondor\]"):
@@ -632,12 +815,20 @@ def test_the_simulation_reproduces_the_seed_and_the_fix() -> None:
     again = simulation.run(seed=3, **simulation.demo)
     assert {k: v for k, v in first.items() if k != "timing"} == {
         k: v for k, v in again.items() if k != "timing"}
-    before, after = first["before"], first["after"]
+    report, today = first["cycles"]["report"], first["cycles"]["today"]
+    assert (first["before"], first["after"]) == (today["before"], today["after"])
+    before, after = report["before"], report["after"]
     assert before["attempts"] > 5 and after["attempts"] > 0
     assert before["success_percent"] < 20 < 90 < after["success_percent"]
     assert set(before["refusals"]) == {"it is stale"}
     assert after["mean_wait_seconds"] < before["mean_wait_seconds"]
     assert before["fetched_jobs"] > 20 and after["fetched_jobs"] > 20
+    # today's cycle keeps one advertised id through a run of fetched jobs: only a return
+    # to Owner (after a schedd's claim) makes a new one
+    assert today["before"]["success_percent"] > 50
+    assert today["after"]["success_percent"] > 90 and not today["after"]["refusals"]
+    assert {r["fetch_cycle"] for r in (*report.values(), *today.values())} == {
+        "report", "today"}
 
 
 def test_expired_leases_are_found_and_vacated(store: Store) -> None:
@@ -695,7 +886,7 @@ def test_a_failing_reply_fetch_is_logged_and_the_job_runs(tmp_path: Path,
     engine.fire(KEY, "fetch")
     stats = Worker(engine).run_until_idle()
     assert engine.get(KEY).state == "claimed.busy"
-    assert engine.get(KEY).data["job"] == {"JobId": 9}
+    assert engine.get(KEY).data["job"]["JobId"] == 9
     assert stats.failed == 0
 
 

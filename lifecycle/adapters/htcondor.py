@@ -8,15 +8,18 @@ notification mail, as HTCondor's own code writes them for a local-universe job.
   transfers no files). The header's date follows :class:`UserLogFormat`, HTCondor's
   ``DEFAULT_USERLOG_FORMAT_OPTIONS``: by default the ISO date in local time without a zone.
   ``htcondor2.JobEventLog`` reads it back.
-- :func:`final_ad`: the job's final ad with the attributes and types of the real one
-  (``ExitBySignal`` a boolean, ``ExitReason`` a string, ``JobDuration`` a real, dates
-  integers ...). :func:`format_ad` writes it in the new ClassAd syntax (``[ Name = value;
-  ... ]``): strings are quoted with C-style escapes, so every value reads back unchanged with
-  ``classad2`` and no value can add an attribute. (The old, line-based syntax cannot: it
-  escapes only ``"``, so a newline or a trailing backslash in a string breaks it.)
+- :func:`final_ad`: the job's whole ad with its exit written in, with the attributes and
+  types of the real one (``ExitBySignal`` a boolean, ``ExitReason`` a string,
+  ``JobDuration`` a real, dates integers ...). :func:`output_ad` is what the starter appends
+  to the output ad file: that ad in the old, line-based syntax (:func:`old_syntax`, which is
+  ``sPrintAd``'s). The old syntax escapes only ``"``, so a control character or a backslash
+  before a quote or at the end of a string would break it or add an attribute:
+  :func:`old_syntax_problem` says so, and such a string is refused.
 - :func:`notification_text`: subject and body of the job's mail as ``Email::sendExit``
   writes them (``src/condor_utils/email_cpp.cpp``, ``email.cpp``): the subject
-  ``[Condor] Condor Job 42.0`` (``EMAIL_SUBJECT_PROLOG``), the sections and the signature.
+  ``[Condor] Condor Job 42.0`` (``EMAIL_SUBJECT_PROLOG``), the job's command line, batch
+  and directory, the figures at the time of the mail, the ``EmailAttributes`` block and
+  the signature.
 
 Pure functions: no I/O here.
 """
@@ -30,6 +33,11 @@ import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
+
+try:  # the optional extra lifecycle-fsm[htcondor]: HTCondor's own unparser, when present
+    import classad2  # type: ignore[import-untyped]
+except ImportError:  # pragma: no cover - depends on the installation
+    classad2 = None
 
 UTC = dt.UTC
 
@@ -92,6 +100,9 @@ class JobTermination:
     image_size: int = 0
     submitted_at: dt.datetime | None = None
     started_at: dt.datetime | None = None
+    job_ad: Mapping[str, ClassAdValue] | None = None
+    """The rest of the job's ad as the schedd has it (``Iwd``, ``Arguments``,
+    ``JobBatchName``, ``EmailAttributes``, the ``RemoteWallClockTime`` of earlier runs ...)."""
 
     def __post_init__(self) -> None:
         if (self.exit_code is None) == (self.exit_signal is None):
@@ -269,15 +280,25 @@ def terminal_attributes(end: JobTermination) -> dict[str, ClassAdValue]:
         "EnteredCurrentStatus": end.completion_date,
         "RemoteUserCpu": float(end.remote_user_cpu),
         "RemoteSysCpu": float(end.remote_sys_cpu),
-        "RemoteWallClockTime": float(end.wall_clock),
+        "RemoteWallClockTime": earlier_runs(end) + float(end.wall_clock),
         "ImageSize": end.image_size,
     })
     return attributes
 
 
+def earlier_runs(end: JobTermination) -> float:
+    """The wall-clock seconds of the job's earlier runs: its ad's ``RemoteWallClockTime``
+    before this run is added."""
+    value = (end.job_ad or {}).get("RemoteWallClockTime", 0.0)
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) \
+        else 0.0
+
+
 def final_ad(end: JobTermination) -> dict[str, ClassAdValue]:
-    """The job's final ad, as the output ad holds it."""
-    ad: dict[str, ClassAdValue] = {
+    """The job's final ad: its whole ad with the exit written into it, as the starter's
+    output ad holds it (identity and exit attributes are the exit's, whatever the ad
+    said)."""
+    ad: dict[str, ClassAdValue] = {**(end.job_ad or {}),
         "ClusterId": end.cluster, "ProcId": end.proc, "Owner": end.owner, "Cmd": end.cmd,
         "JobUniverse": LOCAL_UNIVERSE}
     if end.submitted_at is not None:
@@ -326,16 +347,45 @@ def literal(value: ClassAdValue) -> str:
     raise TypeError(f"no ClassAd literal for {type(value).__name__} {value!r}")
 
 
-def format_ad(ad: Mapping[str, ClassAdValue]) -> bytes:
-    """``ad`` in the new ClassAd syntax, one attribute a line: what ``classad2.parseOne``
-    reads back with every value unchanged."""
-    lines = ["["]
-    for name, value in ad.items():
+def old_syntax_problem(value: str) -> str | None:
+    """Why the string ``value`` cannot be written in the old ClassAd syntax and read back
+    unchanged, or None. The old syntax escapes ``"`` only: a control character (a newline
+    would start another attribute) or a backslash before a quote or at the end breaks it."""
+    if _CONTROL.search(value):
+        return "contains a control character"
+    if value.endswith("\\") or '\\"' in value:
+        return "has a backslash before a quote or at its end"
+    return None
+
+
+def old_syntax(ad: Mapping[str, ClassAdValue | None]) -> str:
+    """``ad`` in the old ClassAd syntax, one ``Name = value`` a line: with HTCondor's
+    ClassAd library when it is installed (its unparser is ``sPrintAd``'s, byte for byte),
+    else the same lines in the ad's order. A value :func:`old_syntax_problem` refuses
+    raises ValueError: it would not read back (or would add an attribute)."""
+    present = {k: v for k, v in ad.items() if v is not None}
+    for name, value in present.items():
         if not _ATTRIBUTE.match(name):
             raise ValueError(f"{name!r} is not a ClassAd attribute name")
-        lines.append(f"  {name} = {literal(value)};")
-    lines.append("]")
-    return ("\n".join(lines) + "\n").encode("utf-8")
+        problem = old_syntax_problem(value) if isinstance(value, str) else None
+        if problem is not None:
+            raise ValueError(f"{name} = {value!r} {problem}: the old ClassAd syntax cannot "
+                             "hold it")
+    if classad2 is not None:
+        printed = str(classad2.ClassAd(present).printOld())
+        return printed if printed.endswith("\n") or not printed else f"{printed}\n"
+    return "".join(f"{name} = " + ('"' + value.replace('"', '\\"') + '"'
+                                    if isinstance(value, str) else literal(value)) + "\n"
+                   for name, value in present.items())
+
+
+def output_ad(end: JobTermination) -> bytes:
+    """What the starter appends to the job's output ad file at its exit
+    (``JobInfoCommunicator::writeOutputAdFile``: ``fopen(..., "a")``, then ``fPrintAd``
+    with no delimiter): the final ad in the old syntax. Two runs' ads follow each other
+    with nothing between them, so a reader of the whole file sees one ad whose values are
+    the last run's."""
+    return old_syntax(final_ad(end)).encode("utf-8")
 
 
 # -- the notification mail -------------------------------------------------------------------
@@ -377,51 +427,84 @@ SIGNATURE = ("\n\n-=-=-=-=-=-=-=-=-=-=-=-=-=-=-=-=-=-=-=-=-=\n"
              "The Official HTCondor Homepage is https://htcondor.org/\n")
 
 
-def notification_text(end: JobTermination) -> tuple[str, str]:
-    """Subject and body of the job's notification mail, as ``Email::sendExit`` writes them
-    for a local-universe job (no network section: a local job transfers nothing). Dates are
-    in local time, as ``ctime`` writes them; "Submitted at" and "Real Time" need the job's
-    ``submitted_at`` (``QDate``) and are left out without it. The subject holds nothing but
-    the job id; strings from the job appear only in the body, escaped."""
+def display_args(ad: Mapping[str, ClassAdValue]) -> str:
+    """``ArgList::GetArgsStringForDisplay``: ``Arguments``, else ``Args``, else nothing."""
+    for name in ("Arguments", "Args"):
+        value = ad.get(name)
+        if isinstance(value, str):
+            return value
+    return ""
+
+
+def custom_attributes(ad: Mapping[str, ClassAdValue]) -> str:
+    """``construct_custom_attributes``: for each attribute ``EmailAttributes`` names (a
+    list split at commas and spaces) that the ad has, ``Name = value``, after a blank line
+    pair; nothing when it names none."""
+    names = ad.get("EmailAttributes")
+    if not isinstance(names, str):
+        return ""
+    lines = [f"{name} = {literal(ad[name])}" for name in re.split(r"[\s,]+", names)
+             if name and name in ad]
+    return "\n\n" + "".join(f"{displayed(line)}\n" for line in lines) if lines else ""
+
+
+def notification_text(end: JobTermination, now: dt.datetime) -> tuple[str, str]:
+    """Subject and body of the job's notification mail at ``now``, as ``Email::sendExit``
+    writes them (``writeJobId``, ``writeExit``, ``writeCustom``) for a local-universe job
+    (no network section: a local job transfers nothing). As HTCondor's: "Completed at" and
+    "Real Time" are taken when the mail is written, "Submitted at" is ``QDate`` (the epoch
+    when unknown), the last run lasted from ``JobStartDate`` (the shadow's birthdate; 0
+    when unknown) to now, and the total adds the ``RemoteWallClockTime`` of earlier runs.
+    Dates are in local time, as ``ctime`` writes them. The subject holds nothing but the
+    job id; strings from the job appear only in the body, escaped."""
+    ad = end.job_ad or {}
     subject = f"{EMAIL_SUBJECT_PROLOG}Condor Job {end.cluster}.{end.proc}"
     cpu = int(end.remote_user_cpu + end.remote_sys_cpu)
+    args = display_args(ad)
     lines = [
         "This is an automated email from the Condor system",
         f'on machine "{displayed(end.submit_host)}".  Do not reply.',
         "",
         f"Condor job {end.cluster}.{end.proc}",
-        f"\t{displayed(end.cmd)}",
-        exit_text(end),
+        f"\t{displayed(end.cmd)}" + (f" {displayed(args)}" if args else ""),
     ]
+    for name, words in (("JobBatchName", "from batch"), ("Iwd", "submitted from directory")):
+        value = ad.get(name)
+        if isinstance(value, str) and value:
+            lines.append(f"\t{words} {displayed(value)}")
+    lines.append(exit_text(end))
     if end.core_dumped:
         lines.append("Core file generated")
-    lines += ["", ""]
-    if end.submitted_at is not None:
-        lines.append(f"Submitted at:        {ctime(end.submitted_at)}")
-    lines.append(f"Completed at:        {ctime(end.exited_at)}")
-    if end.submitted_at is not None:
-        real = int(end.exited_at.timestamp()) - int(end.submitted_at.timestamp())
-        lines.append(f"Real Time:           {duration(real)}")
+    submitted = int(end.submitted_at.timestamp()) if end.submitted_at is not None else 0
+    mailed = int(now.timestamp())
+    began = int(end.started_at.timestamp()) if end.started_at is not None else 0
+    last_run = mailed - began if began else 0
     lines += [
+        "", "",
+        f"Submitted at:        {ctime(dt.datetime.fromtimestamp(submitted, UTC))}",
+        f"Completed at:        {ctime(now)}",
+        f"Real Time:           {duration(mailed - submitted)}",
         "",
         f"Virtual Image Size:  {end.image_size} Kilobytes",
         "",
         "Statistics from last run:",
-        f"Allocation/Run time:     {duration(end.wall_clock)}",
+        f"Allocation/Run time:     {duration(last_run)}",
         f"Remote User CPU Time:    {duration(end.remote_user_cpu)}",
         f"Remote System CPU Time:  {duration(end.remote_sys_cpu)}",
         f"Total Remote CPU Time:   {duration(cpu)}",
         "",
         "Statistics totaled from all runs:",
-        f"Allocation/Run time:     {duration(end.wall_clock)}",
+        f"Allocation/Run time:     {duration(earlier_runs(end) + last_run)}",
     ]
-    return subject, "\n".join(lines) + "\n" + SIGNATURE
+    return subject, "\n".join(lines) + "\n" + custom_attributes(ad) + SIGNATURE
 
 
 __all__ = [
     "COMPLETED", "EMAIL_SUBJECT_PROLOG", "IDENTITY_ATTRIBUTES", "JOB_STATUS_NAMES",
     "LOCAL_UNIVERSE", "RUNNING", "TERMINAL_ATTRIBUTES", "ClassAdValue", "JobId",
-    "JobTermination", "UserLogFormat", "ctime", "duration", "event_time", "exit_reason",
-    "final_ad", "format_ad", "notification_text", "quote", "signal_name",
+    "JobTermination", "UserLogFormat", "ctime", "custom_attributes", "display_args",
+    "duration", "earlier_runs", "event_time", "exit_reason", "final_ad",
+    "notification_text", "old_syntax", "old_syntax_problem", "output_ad", "quote",
+    "signal_name",
     "terminal_attributes", "terminated_event", "usage",
 ]

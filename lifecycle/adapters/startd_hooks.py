@@ -14,7 +14,6 @@ attribute abandons the fetch (:class:`HookFailed`, which the caller logs).
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import selectors
 import signal
@@ -26,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..logs import logger
+from .htcondor import old_syntax
 
 try:  # the optional extra lifecycle-fsm[htcondor]
     import classad2  # type: ignore[import-untyped]
@@ -44,23 +44,10 @@ class HookFailed(Exception):
     ad; the message says which hook of which keyword, and how."""
 
 
-def old_syntax(ad: Mapping[str, Any]) -> str:
-    """``ad`` in the old ClassAd syntax, one ``Name = value`` a line."""
-    if classad2 is not None:
-        printed = classad2.ClassAd({k: v for k, v in ad.items() if v is not None}).printOld()
-        return str(printed) if str(printed).endswith("\n") else f"{printed}\n"
-    lines = []
-    for name, value in ad.items():
-        if value is None:
-            continue
-        if isinstance(value, bool):
-            text = "true" if value else "false"
-        elif isinstance(value, int | float) and math.isfinite(value):
-            text = repr(value)
-        else:
-            text = '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
-        lines.append(f"{name} = {text}")
-    return "".join(f"{line}\n" for line in lines)
+class UnreadableOutput(HookFailed):
+    """FETCH_WORK printed a line that is not a ClassAd attribute: the startd drops the
+    reply and ends the fetch without judging it (``FetchClient::hookExited``), so an idle
+    fetch claim is not evicted for it, as it is for no work."""
 
 
 def _json_value(value: Any) -> Any:
@@ -145,8 +132,8 @@ class Hooks:
         try:
             return parse_job_ad(text)
         except HookFailed as exc:
-            raise HookFailed(f"{keyword}_HOOK_{FETCH_WORK} printed what is not a job ad: "
-                             f"{exc}") from None
+            raise UnreadableOutput(f"{keyword}_HOOK_{FETCH_WORK} printed what is not a job "
+                                   f"ad: {exc}") from None
 
     def reply_fetch(self, keyword: str, accepted: bool, job_ad: Mapping[str, Any],
                     slot_ad: Mapping[str, Any], claim_id: str | None) -> None:
@@ -248,5 +235,5 @@ class RecordingSchedds:
 
 
 __all__ = ["EVICT_CLAIM", "FETCH_WORK", "HOOKS", "REPLY_FETCH", "Collector", "HookFailed",
-           "Hooks", "RecordingCollector", "RecordingSchedds", "Schedd", "old_syntax",
-           "parse_job_ad"]
+           "Hooks", "RecordingCollector", "RecordingSchedds", "Schedd", "UnreadableOutput",
+           "old_syntax", "parse_job_ad"]

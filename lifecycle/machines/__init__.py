@@ -18,10 +18,10 @@ SHIPPED: dict[str, tuple[str, tuple[str, ...]]] = {
     "batch_job": ("df8046e091e5c596", ()),
     "drone": ("f1fdb95c55169c1c", ()),
     "drone_tardis": ("35a639cbb5fc0858", ()),
-    "job_exit": ("3dc2815ace97dd51", ("send_job_notification", "update_job_queue",
+    "job_exit": ("38d2f0963370d387", ("send_job_notification", "update_job_queue",
                                      "write_output_ad", "write_terminated_event")),
     "slurm_dispatch": ("90af6f9e4a51fe56", ()),
-    "startd": ("25280ccb97395172", ()),
+    "startd": ("aced30d9684ebaff", ()),
 }
 """Each built-in machine's spec version and the effects it has handlers for, known without
 importing it (and pydantic and ``transitions`` with it): ``lifecycle show`` reads the spec

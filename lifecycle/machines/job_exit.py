@@ -3,8 +3,9 @@ the job queue and the email exactly as promised, across failures and crashes.
 
 One resource per job, key ``CLUSTER.PROC``, created while the job runs and set going by
 ``exited`` with the exit payload (docs/incidents.md tells the incident). Each step is a state with
-its effect, in HTCondor's order: (a) the 005 event in the user log, (b) the output ad, (c) the
-job-queue update, (d) the email. An effect's handler returns the follow-up trigger that moves
+its effect, in the report's order by default: (a) the 005 event in the user log, (b) the
+output ad, (c) the job-queue update, (d) the email; ``step_order: today`` takes today's
+starter's, (a), (c), (d), (b). An effect's handler returns the follow-up trigger that moves
 the resource to the next step in the transaction that marks the effect done, so a crash at
 any instant either repeats a step (each is idempotent) or finds it done; (c) never happens
 before (a), and (d) always follows (c). ``notification`` decides whether (d) is taken at all:
@@ -29,15 +30,14 @@ and the resource goes on from there. Every setting is read by :func:`settings_fr
 from __future__ import annotations
 
 import datetime as dt
-import glob
 import itertools
+import math
 import os
 import posixpath
 import re
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import (
@@ -56,7 +56,7 @@ from ..clock import Clock, SystemClock
 from ..compiled import GuardContext
 from ..effects import Effect, EffectCall, FollowUp, Retry
 from ..errors import LifecycleError, PermanentError
-from ..files import atomic_write, verified_append
+from ..files import verified_append
 from ..logs import logger
 from ..spec import MachineSpec
 from .builtin import Builtin
@@ -67,6 +67,8 @@ MAX_RETRIES_VARIABLE = "LIFECYCLE_JOB_EXIT_MAX_RETRIES"
 RETRY_DELAY_VARIABLE = "LIFECYCLE_JOB_EXIT_RETRY_DELAY"
 USERLOG_FORMAT_VARIABLE = "LIFECYCLE_USERLOG_FORMAT_OPTIONS"
 DIRECTORIES_VARIABLE = "LIFECYCLE_JOB_EXIT_DIRECTORIES"
+EMAIL_DOMAIN_VARIABLE = "LIFECYCLE_EMAIL_DOMAIN"
+UID_DOMAIN_VARIABLE = "LIFECYCLE_UID_DOMAIN"
 RETIRED_VARIABLES = {"LIFECYCLE_JOB_EXIT_ATTEMPTS": MAX_RETRIES_VARIABLE}
 DEFAULT_MAX_RETRIES = 5
 DEFAULT_RETRY_DELAY = 30
@@ -105,6 +107,11 @@ class Settings:
     userlog_format: htcondor.UserLogFormat = field(default_factory=htcondor.UserLogFormat)
     directories: tuple[str, ...] = ()
     """When not empty, user logs and output ads must lie under one of these directories."""
+    email_domain: str | None = None
+    """HTCondor's ``EMAIL_DOMAIN``: the domain of a recipient given without one."""
+    uid_domain: str | None = None
+    """HTCondor's ``UID_DOMAIN`` (its default is the submit host's full name, which is what
+    lifecycle uses when this is not set)."""
 
     @property
     def retry(self) -> Retry:
@@ -121,7 +128,9 @@ def settings_from_environment(environ: Mapping[str, str] | None = None) -> Setti
     - ``LIFECYCLE_USERLOG_FORMAT_OPTIONS``: as HTCondor's ``DEFAULT_USERLOG_FORMAT_OPTIONS``
       (``ISO_DATE``, ``UTC``, ``SUB_SECOND``, ``LEGACY``; default ISO date in local time);
     - ``LIFECYCLE_JOB_EXIT_DIRECTORIES``: absolute directories separated by ``:``; when set,
-      every user log and output ad must lie under one of them.
+      every user log and output ad must lie under one of them;
+    - ``LIFECYCLE_EMAIL_DOMAIN`` and ``LIFECYCLE_UID_DOMAIN``: HTCondor's ``EMAIL_DOMAIN``
+      and ``UID_DOMAIN``, the domain a recipient without one is given.
     """
     env = os.environ if environ is None else environ
     for retired, current in RETIRED_VARIABLES.items():
@@ -132,7 +141,18 @@ def settings_from_environment(environ: Mapping[str, str] | None = None) -> Setti
         max_retries=_whole(env, MAX_RETRIES_VARIABLE, DEFAULT_MAX_RETRIES),
         retry_delay=_whole(env, RETRY_DELAY_VARIABLE, DEFAULT_RETRY_DELAY),
         userlog_format=_userlog_format(env),
-        directories=_directories(env))
+        directories=_directories(env),
+        email_domain=_domain(env, EMAIL_DOMAIN_VARIABLE),
+        uid_domain=_domain(env, UID_DOMAIN_VARIABLE))
+
+
+def _domain(env: Mapping[str, str], name: str) -> str | None:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return None
+    if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?", raw):
+        raise LifecycleError(f"{name}={raw!r} is not a domain name")
+    return raw
 
 
 def _whole(env: Mapping[str, str], name: str, default: int) -> int:
@@ -221,6 +241,17 @@ class JobExitData(BaseModel):
     """When the job was submitted (``QDate``), if known."""
     started_at: dt.datetime | None = None
     """When the job started (``JobStartDate``), if known."""
+    step_order: Literal["report", "today"] = "report"
+    """``report`` (the default): (a) the user log, (b) the output ad, (c) the queue, (d)
+    the mail, the order the report describes; ``today``: (a), (c), (d), (b), the order of
+    today's starter (``JICLocalSchedd::notifyJobExit`` writes the output ad last). The
+    default writes the output ad before the queue says Completed, so whatever waits on
+    the queue (or the mail) finds the ad of this run in place."""
+    ad: dict[str, bool | int | float | str] = Field(default_factory=dict)
+    """The rest of the job's ad as the schedd has it (``Iwd``, ``Arguments``,
+    ``JobBatchName``, ``EmailAttributes``, ``UidDomain``, the ``RemoteWallClockTime`` of
+    earlier runs ...): appended whole to the output ad, and read for the mail. Every value
+    must be one the old ClassAd syntax can hold."""
     # the exit (EXIT_FIELDS): exit_code, or exit_signal with an optional core_file
     exit_code: int | None = Field(None, ge=0, le=255, strict=True)
     exit_signal: int | None = Field(None, ge=1, le=64, strict=True)
@@ -236,6 +267,10 @@ class JobExitData(BaseModel):
     @field_validator("owner", "cmd")
     @classmethod
     def _plain_text(cls, value: str, info: ValidationInfo) -> str:
+        problem = htcondor.old_syntax_problem(value)
+        if problem is not None:  # the output ad would not read back, or would gain lines
+            raise ValueError(f"{info.field_name} {value!r} {problem}: the output ad (old "
+                             "ClassAd syntax) cannot hold it")
         return _text(value, str(info.field_name))
 
     @field_validator("submit_host")
@@ -256,6 +291,20 @@ class JobExitData(BaseModel):
             raise ValueError(f"{info.field_name} {path!r} is outside the directories "
                              f"{DIRECTORIES_VARIABLE} allows ({':'.join(directories)})")
         return path
+
+    @field_validator("ad")
+    @classmethod
+    def _old_syntax(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for name, item in value.items():
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                raise ValueError(f"ad: {name!r} is not a ClassAd attribute name")
+            if isinstance(item, float) and not math.isfinite(item):
+                raise ValueError(f"ad: {name} = {item!r} is not a finite number")
+            problem = htcondor.old_syntax_problem(item) if isinstance(item, str) else None
+            if problem is not None:
+                raise ValueError(f"ad: {name} = {item!r} {problem}: the output ad (old "
+                                 "ClassAd syntax) cannot hold it")
+        return value
 
     @field_validator("core_file")
     @classmethod
@@ -341,7 +390,7 @@ class JobExitData(BaseModel):
             exit_signal=self.exit_signal, core_file=self.core_file,
             remote_user_cpu=self.remote_user_cpu, remote_sys_cpu=self.remote_sys_cpu,
             wall_clock=self.wall_clock, image_size=self.image_size,
-            submitted_at=self.submitted_at, started_at=self.started_at)
+            submitted_at=self.submitted_at, started_at=self.started_at, job_ad=self.ad)
 
     def wants_mail(self) -> bool:
         """HTCondor's rule for a job that exited (``Email::shouldSend``): Never and Start
@@ -354,9 +403,18 @@ class JobExitData(BaseModel):
         return (self.exit_signal is not None or self.core_file is not None
                 or (self.exit_code or 0) != self.success_exit_code)
 
-    def recipient(self) -> str:
-        """``notify_user``, else the owner at the submit host (as HTCondor adds a domain)."""
-        return self.notify_user or f"{self.owner}@{self.submit_host}"
+    def recipient(self, settings: Settings) -> str:
+        """``notify_user``, else the owner; without a domain, as ``email_check_domain``
+        gives one: ``EMAIL_DOMAIN``, else the ad's ``UidDomain``, else ``UID_DOMAIN``
+        (whose default is the submit host's name)."""
+        address = self.notify_user or self.owner
+        if "@" in address:
+            return address
+        ad_domain = self.ad.get("UidDomain")
+        domain = (settings.email_domain or (ad_domain if isinstance(ad_domain, str)
+                                            and ad_domain else None)
+                  or settings.uid_domain or self.submit_host)
+        return f"{address}@{domain}"
 
 
 SPEC = MachineSpec.model_validate({
@@ -389,15 +447,26 @@ SPEC = MachineSpec.model_validate({
                         "payload carries the exit fields and nothing else"},
         {"trigger": "userlog_written", "source": ["writing_userlog", "stuck_userlog"],
          "dest": "writing_output_ad", "guards": ["exit_time_only"],
+         "unless": ["todays_order"],
          "effects": [{"name": "write_output_ad", "on_failure": "gave_up"}],
          "ref": "exit step (a)",
          "description": "the 005 event is in the user log (the payload: the exit time it "
                         "recorded)"},
+        {"trigger": "userlog_written", "source": ["writing_userlog", "stuck_userlog"],
+         "dest": "updating_queue", "guards": ["exit_time_only", "todays_order"],
+         "effects": [{"name": "update_job_queue", "on_failure": "gave_up"}],
+         "ref": "exit step (a); jic_local_schedd.cpp notifyJobExit",
+         "description": "the 005 event is in the user log; today's starter updates the "
+                        "queue next"},
         {"trigger": "output_ad_written", "source": ["writing_output_ad", "stuck_output_ad"],
-         "dest": "updating_queue", "merge_payload": False,
+         "dest": "updating_queue", "merge_payload": False, "unless": ["todays_order"],
          "effects": [{"name": "update_job_queue", "on_failure": "gave_up"}],
          "ref": "exit step (b)",
          "description": "the output ad is written"},
+        {"trigger": "output_ad_written", "source": ["writing_output_ad", "stuck_output_ad"],
+         "dest": "done", "merge_payload": False, "guards": ["todays_order"],
+         "ref": "exit step (b), today's starter's last",
+         "description": "the output ad is written, last"},
         {"trigger": "queue_updated", "source": ["updating_queue", "stuck_queue"],
          "dest": "emailing", "guards": ["notification_wanted"], "merge_payload": False,
          "effects": [{"name": "send_job_notification", "on_failure": "gave_up"}],
@@ -405,12 +474,24 @@ SPEC = MachineSpec.model_validate({
          "description": "the queue holds the job as Completed; its notification asks "
                         "for mail"},
         {"trigger": "queue_updated", "source": ["updating_queue", "stuck_queue"],
-         "dest": "done", "unless": ["notification_wanted"], "merge_payload": False,
-         "ref": "exit step (c)",
+         "dest": "done", "unless": ["notification_wanted", "todays_order"],
+         "merge_payload": False, "ref": "exit step (c)",
          "description": "the queue holds the job as Completed; no mail is asked for"},
+        {"trigger": "queue_updated", "source": ["updating_queue", "stuck_queue"],
+         "dest": "writing_output_ad", "guards": ["todays_order"],
+         "unless": ["notification_wanted"], "merge_payload": False,
+         "effects": [{"name": "write_output_ad", "on_failure": "gave_up"}],
+         "ref": "exit step (c)",
+         "description": "the queue holds the job as Completed; no mail is asked for: the "
+                        "output ad next"},
         {"trigger": "email_sent", "source": ["emailing", "stuck_email"], "dest": "done",
-         "merge_payload": False, "ref": "exit step (d)",
+         "merge_payload": False, "unless": ["todays_order"], "ref": "exit step (d)",
          "description": "the notification mail was accepted"},
+        {"trigger": "email_sent", "source": ["emailing", "stuck_email"],
+         "dest": "writing_output_ad", "merge_payload": False, "guards": ["todays_order"],
+         "effects": [{"name": "write_output_ad", "on_failure": "gave_up"}],
+         "ref": "exit step (d)",
+         "description": "the notification mail was accepted: the output ad next"},
         {"trigger": "gave_up", "source": "writing_userlog", "dest": "stuck_userlog",
          "merge_payload": False, "description": "(a) failed for good"},
         {"trigger": "gave_up", "source": "writing_output_ad", "dest": "stuck_output_ad",
@@ -462,6 +543,11 @@ def key_is_job_id(context: GuardContext) -> bool:
     return context.key == f"{context.data.get('cluster')}.{context.data.get('proc')}"
 
 
+def todays_order(context: GuardContext) -> bool:
+    """The job's ``step_order`` is ``today``: (a), (c), (d), then (b)."""
+    return context.data.get("step_order") == "today"
+
+
 def notification_wanted(context: GuardContext) -> bool:
     """The job's ``notification`` asks for mail about this exit."""
     return JobExitData.model_validate(context.data).wants_mail()
@@ -469,7 +555,7 @@ def notification_wanted(context: GuardContext) -> bool:
 
 GUARDS = {"exit_fields_only": exit_fields_only, "exit_time_only": exit_time_only,
           "exit_status_given": exit_status_given, "key_is_job_id": key_is_job_id,
-          "notification_wanted": notification_wanted}
+          "notification_wanted": notification_wanted, "todays_order": todays_order}
 
 
 # -- effect handlers -------------------------------------------------------------------------
@@ -543,13 +629,23 @@ class JobExitHandlers:
         return FollowUp("userlog_written", payload)
 
     def write_output_ad(self, call: EffectCall) -> FollowUp:
-        """(b) Write the final ad to the output ad file, whole or not at all."""
+        """(b) Append the job's final ad to the output ad file in the old syntax, as the
+        starter does, exactly once (verified append; the bytes are kept across attempts)."""
         job = self._job(call)
         if job.output_ad is not None:
             self._writable(job, job.output_ad)
-            ad = htcondor.final_ad(job.termination(self._exited_at(job)))
-            _remove_temporaries(Path(job.output_ad))
-            atomic_write(job.output_ad, htcondor.format_ad(ad))
+            saved = call.progress.get("output_ad")
+            if isinstance(saved, str):
+                record = saved.encode("utf-8")
+            else:
+                try:
+                    record = htcondor.output_ad(job.termination(self._exited_at(job)))
+                except ValueError as exc:
+                    raise PermanentError(f"job {job.job_id}: no output ad written: {exc}") \
+                        from None
+                call.save_progress({"output_ad": record.decode("utf-8")})
+            if not verified_append(call, job.output_ad, record, name="output_ad_offset"):
+                log.info("job %s: the output ad was already in %s", job.job_id, job.output_ad)
         return FollowUp("output_ad_written")
 
     def update_job_queue(self, call: EffectCall) -> FollowUp:
@@ -565,8 +661,8 @@ class JobExitHandlers:
         """(d) Send the notification mail. Its Message-ID is the same on every attempt."""
         job = self._job(call)
         end = job.termination(self._exited_at(job))
-        subject, body = htcondor.notification_text(end)
-        recipient = job.recipient()
+        subject, body = htcondor.notification_text(end, self.clock.now())
+        recipient = job.recipient(self.settings)
         sender = self.mailer.sender
         try:
             message = smtp.build_message(
@@ -579,14 +675,6 @@ class JobExitHandlers:
                                  "to a plain address") from None
         self.mailer.send(message, recipient)
         return FollowUp("email_sent")
-
-
-def _remove_temporaries(target: Path) -> None:
-    """Remove the temporary files an earlier attempt that was killed in the middle of
-    :func:`atomic_write` left beside ``target``."""
-    for stale in target.parent.glob(f".{glob.escape(target.name)}.*.tmp"):
-        stale.unlink(missing_ok=True)
-        log.info("removed %s, left by an attempt that died while writing %s", stale, target)
 
 
 def retry_from_environment() -> Retry:

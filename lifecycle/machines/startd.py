@@ -27,11 +27,23 @@ data with its newest observation on top) and the job ad; the trigger ``evaluate`
 HTCondor's periodic policy evaluation.
 
 Work fetch: ``fetch`` runs the slot's FETCH_WORK hook (an effect), whose answer comes back as
-``fetched_work``; the job is accepted into a fetch claim only when the slot is not
-Preempting, is willing (``START``), and, when Claimed, ranks the job strictly above the
-current claim. A fetched job that finishes takes the slot back to Owner, as the report's startd
-does; ``keep_advertised_claim`` (default true) keeps the advertised claim across that cycle
-(the report's options C and D); false is the startd the report describes, for the simulation.
+``fetched_work``; the slot fetches where today's startd does (Owner, Unclaimed, Backfill
+but Killing, Claimed but Suspended and Cleaning). The job is accepted into a fetch claim
+only when the slot is not Preempting, is willing (``START``), and, when Claimed, ranks the
+job strictly above the current claim (an idle fetch claim is simply reused). With
+``fetch_cycle: today`` (the default) a fetched job's end is today's startd's: Cleaning,
+Claimed/Idle with the fetch claim, fetch again; no work (or work the slot will not run)
+evicts the idle fetch claim: Preempting, EVICT_CLAIM, Owner. ``fetch_cycle: report`` takes
+the slot from the job straight back to Owner, the branch the report's startd had.
+``keep_advertised_claim`` (default true) keeps the advertised claim across either cycle
+(the report's options C and D); false is the startd the report describes.
+
+Also as today's startd has them: Cleaning (the starter's final update, ``job_done``, then
+its reaping: a release, vacate or kill that comes meanwhile is remembered for then),
+``CLAIM_WORKLIFE`` (``claim_worklife``), draining a running job (graceful: it retires;
+``how: quick`` vacates, ``how: fast`` kills), shutdown (graceful retires, ``how: fast``
+kills; then no claim, match or work is taken), and a match, claim or fetched job that
+kills a backfill client remembered until the client is gone.
 """
 
 from __future__ import annotations
@@ -47,6 +59,7 @@ from ..adapters.startd_hooks import (
     Hooks,
     RecordingCollector,
     Schedd,
+    UnreadableOutput,
 )
 from ..compiled import GuardContext
 from ..effects import Effect, EffectCall, FollowUp, Retry
@@ -63,16 +76,19 @@ log = logger(__name__)
 MACHINE = "startd"
 LEAVES = ("owner.idle", "unclaimed.idle", "unclaimed.benchmarking", "matched.idle",
           "claimed.idle", "claimed.busy", "claimed.suspended", "claimed.retiring",
+          "claimed.cleaning",
           "preempting.vacating", "preempting.killing", "backfill.idle", "backfill.busy",
           "backfill.killing", "drained.retiring", "drained.idle")
 
 
 # -- the spec -------------------------------------------------------------------------------
 
-def _e(trigger: str, source: str, dest: str, ref: str | None, description: str,
+def _e(trigger: str, source: str | tuple[str, ...], dest: str, ref: str | None, description: str,
        guards: tuple[str, ...] = (), unless: tuple[str, ...] = (),
        effects: tuple[Any, ...] = ()) -> dict[str, Any]:
-    edge: dict[str, Any] = {"trigger": trigger, "source": source, "dest": dest,
+    edge: dict[str, Any] = {"trigger": trigger,
+                            "source": list(source) if isinstance(source, tuple) else source,
+                            "dest": dest,
                             "description": description, "merge_payload": False}
     if ref is not None:
         edge["ref"] = ref
@@ -90,23 +106,33 @@ NAMED = ("names_advertised_claim",)
 
 
 def _policy_edges() -> list[dict[str, Any]]:
-    ev = "evaluate"
+    """HTCondor's periodic evaluation, as ``ResState::eval_policy`` has it; where the manual
+    says otherwise the code is followed and the description says so."""
+    ev, idle_ending = "evaluate", "claimed.idle"
     return [
+        _e(ev, "owner.idle", "drained.retiring", "N, 36", "draining", ("draining",)),
         _e(ev, "owner.idle", "unclaimed.idle", "A, 1", "IS_OWNER is false",
            unless=("is_owner",)),
+        _e(ev, "unclaimed", "drained.retiring", "P, 37", "draining", ("draining",)),
         _e(ev, "unclaimed", "owner.idle", "B, 2", "IS_OWNER is true", ("is_owner",)),
-        _e(ev, "matched.idle", "owner.idle", "F, 8", "START locally false",
-           ("is_owner",)),
-        _e(ev, "claimed.idle", "preempting", "H, 10", "START is false", ("start_false",)),
+        # the code tests IS_OWNER here, not START (the manual: "START is false")
+        _e(ev, idle_ending, "preempting", "H, 10", "IS_OWNER is true (the code's test; the "
+           "manual says START is false)", ("is_owner",)),
+        _e(ev, idle_ending, "preempting", "H, 10", "CLAIM_WORKLIFE passed since the claim "
+           "began, and it ran a job", ("worklife_over",)),
+        _e(ev, idle_ending, "preempting", "H, 10", "draining: the idle claim is vacated",
+           ("draining",)),
+        # WANT_SUSPEND decides: with it, SUSPEND is looked at and PREEMPT is not (13/14)
         _e(ev, "claimed.busy", "claimed.suspended", "14", "WANT_SUSPEND and SUSPEND",
            ("want_suspend", "suspend")),
-        _e(ev, "claimed.busy", "claimed.retiring", "13", "PREEMPT", ("preempt",)),
+        _e(ev, "claimed.busy", "claimed.retiring", "13", "PREEMPT, WANT_SUSPEND not true",
+           ("preempt",), unless=("want_suspend",)),
         _e(ev, "claimed.retiring", "claimed.suspended", "20", "WANT_SUSPEND and SUSPEND",
            ("want_suspend", "suspend")),
+        # PREEMPT alone retires a suspended job (manual l.1960, ResState.cpp)
+        _e(ev, "claimed.suspended", "claimed.retiring", "16", "PREEMPT", ("preempt",)),
         _e(ev, "claimed.suspended", "claimed.retiring", "16",
            "CONTINUE, suspended in retirement", ("continue", "retiring_before_suspend")),
-        _e(ev, "claimed.suspended", "claimed.retiring", "16", "CONTINUE, and PREEMPT",
-           ("continue", "preempt")),
         _e(ev, "claimed.suspended", "claimed.busy", "15", "CONTINUE", ("continue",)),
         _e(ev, "preempting.vacating", "preempting.killing", "21", "KILL", ("kill",)),
         _e(ev, "preempting.vacating", "preempting.killing", "21", "WANT_VACATE is false",
@@ -118,36 +144,53 @@ def _policy_edges() -> list[dict[str, Any]]:
     ]
 
 
+RUNNING = ("claimed.busy", "claimed.retiring", "claimed.suspended")
+"""The activities a starter runs a job in (Cleaning: it has finished and is being reaped)."""
+CLAIMED = ("claimed.idle", *RUNNING)
+"""Claimed but Cleaning: where a release, vacate or shutdown moves the slot at once."""
+
+
 def _claim_edges() -> list[dict[str, Any]]:
     req, willing, rank = "request_claim", ("willing",), ("rank_not_below",)
+    open_, killing = (*NAMED, "open"), "backfill.killing"
     return [
         _e("match", "unclaimed.idle", "matched.idle", "C, 6", "the negotiator's match "
-           "notice", NAMED),
+           "notice", open_),
         _e("match", "backfill.idle", "matched.idle", "L, 32", "matched, no backfill client "
-           "running", NAMED),
-        _e("match", "backfill.busy", "backfill.killing", "28", "matched: the backfill "
-           "client is killed", NAMED),
+           "running", open_),
+        _e("match", "backfill.busy", killing, "28", "matched: the backfill client is killed, "
+           "and the match remembered", open_),
         _e("match_timeout", "matched.idle", "owner.idle", "F, 8", "MATCH_TIMEOUT: no claim "
            "came"),
         _e(req, "unclaimed.idle", "claimed.idle", "D, 5", "a schedd claims before the "
-           "match notice", NAMED + willing),
+           "match notice", open_ + willing),
         _e(req, "matched.idle", "claimed.idle", "G, 9", "the schedd claims the match",
-           NAMED + willing),
+           open_ + willing),
         _e(req, "backfill.idle", "claimed.idle", "M, 31", "a schedd claims, no backfill "
-           "client running", NAMED + willing),
-        _e(req, "backfill.busy", "backfill.killing", "28", "a claim: the backfill client is "
-           "killed", NAMED + willing),
+           "client running", open_ + willing),
+        _e(req, "backfill.busy", killing, "28", "a claim: the backfill client is killed, "
+           "and the claim remembered", open_ + willing),
         _e(req, "claimed.busy", "claimed.retiring", "13", "a preempting claim (machine RANK "
-           "or user priority): the job retires", NAMED + willing + rank),
+           "or user priority): the job retires", open_ + willing + rank),
         _e(req, "claimed.idle", "preempting", "H, 10", "a preempting claim: the idle claim "
-           "is vacated", NAMED + willing + rank),
+           "is vacated", open_ + willing + rank),
         _e(req, "claimed.retiring", "claimed.retiring", None, "a better request replaces "
-           "the pending preempting claim", NAMED + willing + rank),
+           "the pending preempting claim", open_ + willing + rank),
         _e("activate", "claimed.idle", "claimed.busy", "11", "the claim is activated: a "
-           "starter runs its job", ("names_current_claim",)),
+           "starter runs its job", ("names_current_claim",), unless=("worklife_over",)),
+        # the starter's final update: the job is done, the starter is being reaped
+        *(_e("job_done", leaf, "claimed.cleaning", "12", "the job is done: the starter "
+             "is being reaped") for leaf in RUNNING),
+        _e("starter_exited", "claimed.cleaning", "preempting", "H, 10", "the starter is "
+           "reaped, and a release, vacate or preempting claim came while cleaning",
+           ("preempt_pending",)),
+        _e("starter_exited", "claimed.cleaning", "claimed.idle", "12a", "the starter is "
+           "reaped"),
         _e("starter_exited", "claimed.busy", "owner.idle", "fetch", "a fetched job is done: "
-           "back to Owner, as the report's startd", ("fetch_claim",)),
-        _e("starter_exited", "claimed.busy", "claimed.idle", "12", "the job is done"),
+           "back to Owner, as the report's startd (fetch_cycle: report)",
+           ("fetch_claim", "report_cycle")),
+        _e("starter_exited", ("claimed.busy", "claimed.suspended"), "claimed.idle", "12",
+           "the starter exited without a final update"),
         _e("starter_exited", "claimed.retiring", "preempting", "H, 18", "the retiring job "
            "is done"),
         _e("retirement_expired", "claimed.retiring", "preempting", "H, 18",
@@ -156,12 +199,18 @@ def _claim_edges() -> list[dict[str, Any]]:
            "retirement expired while suspended"),
         _e("release_claim", "claimed.retiring", "claimed.busy", "19", "the preempting "
            "claim was released: the job un-retires", ("names_preempting_claim",
-                                                       "names_held_claim")),
-        _e("release_claim", "claimed", "preempting", "H, 10", "the schedd released the "
+                                                       "names_held_claim"),
+           unless=("draining",)),
+        _e("release_claim", "claimed.cleaning", "claimed.cleaning", None, "released while "
+           "cleaning: remembered for when the starter is reaped", ("names_current_claim",)),
+        _e("release_claim", CLAIMED, "preempting", "H, 10", "the schedd released the "
            "claim", ("names_current_claim",)),
         _e("lease_expired", "claimed.retiring", "claimed.busy", "19", "the preempting "
-           "claim's lease expired", ("names_preempting_claim", "lease_over")),
-        _e("lease_expired", "claimed", "preempting", "H, 10", "the claim's lease expired",
+           "claim's lease expired", ("names_preempting_claim", "lease_over"),
+           unless=("draining",)),
+        _e("lease_expired", "claimed.cleaning", "claimed.cleaning", None, "the lease "
+           "expired while cleaning: remembered", ("names_current_claim", "lease_over")),
+        _e("lease_expired", CLAIMED, "preempting", "H, 10", "the claim's lease expired",
            ("names_current_claim", "lease_over")),
         *(_e("keep_alive", leaf, leaf, None, "the schedd renews the claim's lease",
              ("names_held_claim",)) for leaf in LEAVES if leaf.startswith("claimed.")),
@@ -170,20 +219,30 @@ def _claim_edges() -> list[dict[str, Any]]:
 
 def _leaving_edges() -> list[dict[str, Any]]:
     pending = ("has_preempting_claim",)
+    fetched = ("fetch_waiting",)
     return [
         _e("vacate_timeout", "preempting.vacating", "preempting.killing", "21",
            "MachineMaxVacateTime elapsed"),
+        _e("vacated", "preempting.vacating", "claimed.busy", "I, 23, 11", "vacated for "
+           "fetched work: its fetch claim becomes current and its job starts", fetched),
         _e("vacated", "preempting.vacating", "claimed.idle", "I, 23", "vacated for a better "
            "match: the preempting claim becomes current", pending),
         _e("vacated", "preempting.vacating", "owner.idle", "J, 22", "vacated for the "
            "owner"),
+        _e("vacated", "preempting.killing", "claimed.busy", "I, 24, 11", "killed for "
+           "fetched work: its fetch claim becomes current and its job starts", fetched),
         _e("vacated", "preempting.killing", "claimed.idle", "I, 24", "killed for a better "
            "match: the preempting claim becomes current", pending),
         _e("vacated", "preempting.killing", "owner.idle", "J, 25", "killed for the owner"),
         _e("vacate", "matched.idle", "owner.idle", "F, 8", "condor_vacate"),
-        _e("vacate", "claimed", "preempting", "H, 10", "condor_vacate"),
+        _e("vacate", "claimed.cleaning", "claimed.cleaning", None, "condor_vacate while "
+           "cleaning: remembered for when the starter is reaped"),
+        _e("vacate", CLAIMED, "preempting", "H, 10", "condor_vacate"),
         _e("vacate", "backfill.idle", "owner.idle", "K, 30", "condor_vacate"),
         _e("vacate", "backfill.busy", "backfill.killing", "28", "condor_vacate"),
+        # shutdown: graceful releases every claim (vacating), fast kills (ResMgr's
+        # releaseAllClaims / killAllClaims); the slot takes no new claim or work after it
+        *_shutdown_edges(),
         _e("run_benchmarks", "unclaimed.idle", "unclaimed.benchmarking", "3",
            "RUNBENCHMARKS", ("run_benchmarks",)),
         _e("benchmarks_done", "unclaimed.benchmarking", "unclaimed.idle", "4",
@@ -194,46 +253,122 @@ def _leaving_edges() -> list[dict[str, Any]]:
            "client runs"),
         _e("backfill_exited", "backfill.busy", "backfill.idle", "27", "the backfill client "
            "exited on its own"),
+        _e("backfill_exited", "backfill.killing", "claimed.busy", "29, fetch", "the backfill "
+           "client is gone: the fetched work that killed it starts", ("bound_for_work",)),
+        _e("backfill_exited", "backfill.killing", "claimed.idle", "29, M, 31", "the backfill "
+           "client is gone: the claim that killed it is taken", ("bound_for_claim",)),
+        _e("backfill_exited", "backfill.killing", "matched.idle", "29, L, 32", "the backfill "
+           "client is gone: the match that killed it is kept", ("bound_for_match",)),
+        _e("backfill_exited", "backfill.killing", "owner.idle", "29, K, 30", "the backfill "
+           "client is gone: vacated, evicted or shut down", ("bound_for_owner",)),
         _e("backfill_exited", "backfill.killing", "backfill.idle", "29", "the backfill "
            "client is gone"),
         _e("drain", "owner.idle", "drained.retiring", "N, 36", "draining starts"),
         _e("drain", "unclaimed", "drained.retiring", "P, 37", "draining starts"),
         _e("drain", "claimed.idle", "preempting", "H, 10", "draining: the idle claim is "
            "vacated"),
+        # a graceful drain retires a running job (releaseAllClaimsReversibly); quick vacates
+        # and fast kills it at once
+        _e("drain", ("claimed.busy", "claimed.suspended"), "preempting.killing", "H, 10",
+           "fast draining: the job is killed", ("fast",)),
+        _e("drain", ("claimed.busy", "claimed.suspended"), "preempting", "H, 10",
+           "quick draining: the job is vacated", ("quick",)),
+        _e("drain", ("claimed.busy", "claimed.suspended"), "claimed.retiring", "13",
+           "graceful draining: the job retires"),
+        *_stays("drain", ("claimed.retiring", "claimed.cleaning", "preempting", "matched",
+                          "backfill"), "draining: the slot drains once its claim is gone"),
         _e("all_drained", "drained.retiring", "drained.idle", "33", "all slots drained"),
         _e("drain_complete", "drained.idle", "owner.idle", "O, 34", "draining finalized"),
         _e("drain_cancel", "drained", "owner.idle", "O, 35", "draining cancelled"),
     ]
 
 
-def _fetch_edges() -> list[dict[str, Any]]:
-    accept = ({"name": "reply_fetch", "args": {"accept": True}},)
-    job = ("has_job", "willing")
-    # a fetch that fails for good still ends (fetched_work without a job clears fetching);
-    # the hook is given the slot ad with the slot's State and Activity, as the startd's
-    # publish_single_slot_ad(for_workfetch) has them
-    def fetch(leaf: str) -> dict[str, Any]:
-        state, activity = leaf.split(".")
-        return {"name": "fetch_work", "on_failure": "fetched_work",
-                "args": {"State": state.title(), "Activity": activity.title()}}
-
-    edges = [_e("fetch", leaf, leaf, "fetch", "run FETCH_WORK", ("may_fetch",),
-                effects=(fetch(leaf),))
-             for leaf in ("owner.idle", "unclaimed.idle", "claimed.idle")]
-    edges += [
-        _e("fetched_work", "owner.idle", "claimed.busy", "fetch", "fetched work accepted: "
-           "a fetch claim, and its job starts", job, effects=accept),
-        _e("fetched_work", "unclaimed.idle", "claimed.busy", "fetch", "fetched work "
-           "accepted: a fetch claim, and its job starts", job, effects=accept),
-        _e("fetched_work", "claimed.idle", "claimed.busy", "11", "fetched work for the idle "
-           "fetch claim, which is reused", (*job, "idle_fetch_claim"), effects=accept),
-        _e("fetched_work", "claimed.idle", "preempting", "H, 10", "fetched work ranked above "
-           "the current claim: its fetch claim preempts", (*job, "rank_above"),
-           effects=accept),
+def _shutdown_edges() -> list[dict[str, Any]]:
+    """Shutdown as ``Resource::shutdownAllClaims`` has it: graceful retires every claim
+    (``retire_claim``: a running job retires, an idle claim goes), fast kills
+    (``kill_claim``); after it the slot takes no claim, match or fetched work."""
+    fast, go = ("fast",), "shutdown"
+    return [
+        _e(go, "claimed.cleaning", "claimed.cleaning", None, "shutdown while cleaning: "
+           "remembered for when the starter is reaped"),
+        _e(go, (*CLAIMED, "preempting"), "preempting.killing", "H, 10, 21", "fast "
+           "shutdown: every claim is killed", fast),
+        _e(go, ("claimed.busy", "claimed.suspended"), "claimed.retiring", "13", "graceful "
+           "shutdown: the job retires"),
+        _e(go, "claimed.idle", "preempting", "H, 10", "graceful shutdown: the idle claim "
+           "is released"),
+        _e(go, "matched.idle", "owner.idle", "F, 8", "shutdown"),
+        _e(go, "backfill.idle", "owner.idle", "K, 30", "shutdown"),
+        _e(go, "backfill.busy", "backfill.killing", "28", "shutdown: the backfill client is "
+           "killed"),
+        *_stays(go, ("owner", "unclaimed", "claimed.retiring", "preempting", "drained",
+                     "backfill.killing"), "shutdown: no new claim or work"),
     ]
-    edges += [_e("fetched_work", leaf, leaf, None, "no work, or rejected (Preempting, not "
-                 "willing, or not ranked above the current claim)",
-                 effects=({"name": "reply_fetch", "args": {"accept": False}},))
+
+
+def _stays(trigger: str, under: tuple[str, ...], description: str) -> list[dict[str, Any]]:
+    """``trigger`` recorded without a move in every leaf under ``under``: what it changes is
+    the slot's data (draining, shutting down)."""
+    return [_e(trigger, leaf, leaf, None, description) for leaf in LEAVES
+            if any(leaf == top or leaf.startswith(f"{top}.") for top in under)]
+
+
+FETCHING = ("owner.idle", "unclaimed.idle", "unclaimed.benchmarking", "claimed.idle",
+            "claimed.busy", "claimed.retiring", "backfill.idle", "backfill.busy")
+"""Where today's startd fetches work (``ResState::do_periodic_actions``): Owner, Unclaimed,
+Backfill but Killing, and Claimed but Suspended and Cleaning."""
+
+
+def _state_of(leaf: str) -> dict[str, str]:
+    state, activity = leaf.split(".")
+    return {"State": state.title(), "Activity": activity.title()}
+
+
+def _fetch_edges() -> list[dict[str, Any]]:
+    # every hook is given the slot ad with the slot's State and Activity when it runs: as
+    # publish_single_slot_ad(for_workfetch) for FETCH_WORK, and r_classad for REPLY_FETCH,
+    # which runs before the slot moves; a fetch that fails for good still ends
+    # (fetched_work without a job clears fetching)
+    def fetch(leaf: str) -> tuple[dict[str, Any], ...]:
+        return ({"name": "fetch_work", "on_failure": "fetched_work", "args": _state_of(leaf)},)
+
+    def reply(leaf: str, accept: bool) -> tuple[dict[str, Any], ...]:
+        return ({"name": "reply_fetch", "args": {"accept": accept, **_state_of(leaf)}},)
+
+    job = ("has_job", "willing")
+    fw, idle = "fetched_work", "claimed.idle"
+    edges = [_e("fetch", leaf, leaf, "fetch", "run FETCH_WORK", ("may_fetch",),
+                effects=fetch(leaf))
+             for leaf in FETCHING]
+    edges += [_e(fw, leaf, "claimed.busy", "fetch", "fetched work accepted: a fetch claim, "
+                 "and its job starts", job, effects=reply(leaf, True))
+              for leaf in ("owner.idle", "unclaimed.idle", "unclaimed.benchmarking",
+                           "backfill.idle")]
+    accept, reject = reply(idle, True), reply(idle, False)
+    edges += [
+        _e(fw, "backfill.busy", "backfill.killing", "28, fetch", "fetched work accepted: "
+           "the backfill client is killed, the job starts once it is gone", job,
+           effects=reply("backfill.busy", True)),
+        _e(fw, idle, "claimed.busy", "11", "fetched work for the idle fetch claim, which is "
+           "reused", (*job, "idle_fetch_claim"), effects=accept),
+        # the idle fetch claim with no work (or work it will not run) is evicted:
+        # Resource::terminateFetchedWork, Preempting, then EVICT_CLAIM
+        _e(fw, idle, "preempting", "H, 10", "no work for the idle fetch claim: it is "
+           "evicted", ("idle_fetch_claim", "no_work"), effects=reject),
+        _e(fw, idle, "preempting", "H, 10", "fetched work the idle fetch claim will not run: "
+           "it is evicted", ("idle_fetch_claim", "has_job"), effects=reject),
+        _e(fw, idle, "preempting", "H, 10", "fetched work ranked above the current claim: "
+           "its fetch claim preempts", (*job, "rank_above"), effects=accept),
+        _e(fw, "claimed.busy", "claimed.retiring", "13", "fetched work ranked above the "
+           "current claim: the job retires for its fetch claim", (*job, "rank_above"),
+           effects=reply("claimed.busy", True)),
+        _e(fw, "claimed.retiring", "claimed.retiring", "fetch", "fetched work ranked above "
+           "the current claim replaces the pending preempting claim", (*job, "rank_above"),
+           effects=reply("claimed.retiring", True)),
+    ]
+    edges += [_e(fw, leaf, leaf, None, "no work, unreadable output, or rejected "
+                 "(Preempting, not willing, or not ranked above the current claim)",
+                 effects=reply(leaf, False))
               for leaf in LEAVES]
     return edges
 
@@ -256,13 +391,15 @@ def _states() -> list[dict[str, Any]]:
          "timeout": {"after": "match_timeout", "trigger": "match_timeout"},
          "description": "matched by the negotiator, waiting for the schedd's claim"},
         {"name": "claimed", "initial": "idle",
-         "states": leaves("idle", "busy", "suspended", "retiring", state="claimed"),
+         "states": leaves("idle", "busy", "suspended", "retiring", "cleaning",
+                          state="claimed"),
          "description": "claimed by a schedd or by fetched work"},
         {"name": "preempting", "initial": "vacating",
          "states": [{"name": "vacating", "effects": [_publish("preempting", "vacating")],
                      "timeout": {"after": "max_vacate_time", "trigger": "vacate_timeout"}},
                     {"name": "killing", "effects": [_publish("preempting", "killing")]}],
-         "effects": [{"name": "vacate_claim", "on_failure": "vacated"}],
+         "effects": [{"name": "vacate_claim", "on_failure": "vacated",
+                      "args": {"State": "Preempting", "Activity": "Vacating"}}],
          "description": "getting rid of the current claim's job"},
         {"name": "backfill", "initial": "idle",
          "states": leaves("idle", "busy", "killing", state="backfill"),
@@ -365,7 +502,7 @@ def _may_fetch(c: GuardContext) -> bool:
     """HTCondor's conditions: a hook keyword, no fetch running, FetchWorkDelay passed since
     the last one, and START not locally false."""
     data = c.data
-    if not data.get("hook_keyword") or data.get("fetching"):
+    if not data.get("hook_keyword") or data.get("fetching") or data.get("shutting_down"):
         return False
     last = data.get("last_fetch_at")
     if last is not None and (c.now - dt.datetime.fromisoformat(last)).total_seconds() < float(
@@ -379,10 +516,25 @@ def _fetch_claim(c: GuardContext) -> bool:
     return cur is not None and cur.type == "fetch"
 
 
+def _worklife_over(c: GuardContext) -> bool:
+    """``Resource::claimWorklifeExpired``: the current claim ran a job and is older than
+    CLAIM_WORKLIFE."""
+    cur, worklife = _claims(c).cur, c.data.get("claim_worklife")
+    if cur is None or worklife is None or not cur.activations or cur.began is None:
+        return False
+    return (c.now - dt.datetime.fromisoformat(cur.began)).total_seconds() > float(worklife)
+
+
+def _bound_for(where: str) -> Callable[[GuardContext], bool]:
+    return lambda c: c.data.get("bound_for") == where
+
+
+def _how(fast: str) -> Callable[[GuardContext], bool]:
+    return lambda c: c.payload.get("how") == fast
+
+
 GUARDS: dict[str, Callable[[GuardContext], bool]] = {
     "is_owner": lambda c: policy.is_owner(c.data.get("policy", {}), _my(c)),
-    "start_false": lambda c: policy.evaluate(c.data.get("policy", {}), "START", _my(c),
-                                             c.data.get("job")) is False,
     **{name.lower(): _policy(name) for name in (
         "PREEMPT", "SUSPEND", "CONTINUE", "KILL", "WANT_SUSPEND", "WANT_VACATE",
         "START_BACKFILL", "EVICT_BACKFILL", "RUNBENCHMARKS")},
@@ -401,6 +553,20 @@ GUARDS: dict[str, Callable[[GuardContext], bool]] = {
     "fetch_claim": _fetch_claim,
     "idle_fetch_claim": lambda c: _fetch_claim(c) and not c.data.get("starter"),
     "may_fetch": _may_fetch,
+    "report_cycle": lambda c: c.data.get("fetch_cycle") == "report",
+    "no_work": lambda c: c.payload.get("job") is None and not c.payload.get("unreadable"),
+    "fetch_waiting": lambda c: (_claims(c).pre or Claim(id="#...")).type == "fetch"
+    and c.data.get("pre_job") is not None,
+    "worklife_over": _worklife_over,
+    "draining": lambda c: bool(c.data.get("draining")),
+    "open": lambda c: not c.data.get("shutting_down"),
+    "preempt_pending": lambda c: bool(c.data.get("preempt_pending"))
+    or _has_preempting_claim(c),
+    **{f"bound_for_{name}": _bound_for(where) for name, where in (
+        ("work", "claimed.busy"), ("claim", "claimed.idle"), ("match", "matched.idle"),
+        ("owner", "owner.idle"))},
+    "fast": _how("fast"),
+    "quick": _how("quick"),
 }
 GUARDS["run_benchmarks"] = GUARDS.pop("runbenchmarks")
 
@@ -408,8 +574,11 @@ GUARDS["run_benchmarks"] = GUARDS.pop("runbenchmarks")
 # -- effects: hooks, the collector and the schedds -------------------------------------------
 
 def _public_ad(call: EffectCall) -> dict[str, Any]:
-    """The slot ad given to hooks (the public claim id; the ClaimId goes separately)."""
-    return {**call.data.get("ad", {}), "Name": call.key,
+    """The slot ad given to hooks: the slot's own attributes, its Name, the State and
+    Activity the effect's edge gives (the slot's when the hook runs) and the public claim
+    id; the ClaimId goes separately."""
+    state = {k: call.args[k] for k in ("State", "Activity") if k in call.args}
+    return {**call.data.get("ad", {}), "Name": call.key, **state,
             "PublicClaimId": call.data.get("advertised_claim_id")}
 
 
@@ -433,10 +602,14 @@ def effects(hooks: Hooks, collector: Collector, schedds: Schedd,
     def fetch_work(call: EffectCall) -> FollowUp:
         keyword = str(call.data.get("hook_keyword"))
         try:
-            job = hooks.fetch_work(keyword, {**_public_ad(call), **call.args})
+            job = hooks.fetch_work(keyword, _public_ad(call))
         except HookFailed as exc:
             log.warning("%s: fetch abandoned: %s", call.key, exc)
-            return FollowUp("fetched_work", {"job": None, "error": str(exc)})
+            unreadable = {"unreadable": True} if isinstance(exc, UnreadableOutput) else {}
+            return FollowUp("fetched_work", {"job": None, "error": str(exc), **unreadable})
+        if job is not None:  # as StartdHookMgr: what a static slot's job ad must have
+            job = {"RequestCpus": 1, "RequestMemory": 1, "RequestDisk": 1, **job}
+            job.setdefault("HookKeyword", keyword)
         return FollowUp("fetched_work", {"job": job})
 
     def reply_fetch(call: EffectCall) -> None:

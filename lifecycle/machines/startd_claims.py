@@ -96,6 +96,11 @@ class Claim(BaseModel):
     rank: float = Field(0.0, allow_inf_nan=False)
     requester: str | None = None
     lease_expires: str | None = None
+    began: str | None = None
+    """When the slot entered Claimed with this claim (``Claim::beginClaim``)."""
+    activations: int = Field(0, ge=0)
+    """How many jobs it started (``activationCount``): CLAIM_WORKLIFE ends only a claim
+    that ran one."""
 
     @model_validator(mode="after")
     def _public_only(self) -> Claim:
@@ -141,6 +146,23 @@ class SlotData(BaseModel):
     """The public id the slot advertises (kept by the rule above, for reading)."""
     keep_advertised_claim: bool = True
     """The report's options C and D; false is the startd as the report found it."""
+    fetch_cycle: Literal["today", "report"] = "today"
+    """After a fetched job: ``today`` as today's startd (Claimed/Idle, fetch again, and an
+    idle fetch claim without work is evicted: Preempting, EVICT_CLAIM, Owner); ``report``
+    straight back to Owner, the branch the report's startd had."""
+    claim_worklife: float | None = Field(None, ge=0, allow_inf_nan=False)
+    """``CLAIM_WORKLIFE`` in seconds: an idle claim that ran a job and is older is ended,
+    and is activated no more; None (HTCondor's -1): no limit."""
+    draining: bool = False
+    shutting_down: bool = False
+    """The startd is shutting down: no claim, match or fetched work is taken."""
+    preempt_pending: bool = False
+    """A release, vacate, lease expiry or kill came in Cleaning (HTCondor's
+    ``r_cleaning_preempt_pending``): the reaped starter leads to Preempting, not Idle."""
+    bound_for: Literal["claimed.busy", "claimed.idle", "matched.idle", "owner.idle"] | None \
+        = None
+    """Where the slot goes once the backfill client being killed is gone (HTCondor's
+    destination state): the fetched work, claim or match that killed it is remembered."""
     policy: dict[str, bool | int | float | str] = Field(default_factory=dict)
     ad: dict[str, Any] = Field(default_factory=dict)
     job: dict[str, Any] | None = None
@@ -197,10 +219,11 @@ def follow(data: SlotData, transition: dict[str, Any]) -> None:
     came, goes = _top(source), _top(dest)
     claims = data.claims
     _bookkeeping(data, trigger, source, dest, payload, now)
-    if trigger == "request_claim" and goes in ("claimed", "preempting"):
+    if trigger == "request_claim" and (goes in ("claimed", "preempting")
+                                       or dest == "backfill.killing"):
         _take_request(data, came, payload, now)
-    elif trigger == "fetched_work" and source != dest:  # accepted (a rejection stays)
-        cur = claims.cur
+    elif trigger == "fetched_work" and source != dest and not _evicts(data, source, goes):
+        cur = claims.cur  # accepted (a rejection stays, or evicts an idle fetch claim)
         data.replied_claim, data.replied_seq = (cur.id if cur else None), transition.get("seq")
         _take_fetch(data, came, dest, payload)
     elif trigger in ("release_claim", "lease_expired") and source == "claimed.retiring" \
@@ -217,8 +240,29 @@ def follow(data: SlotData, transition: dict[str, Any]) -> None:
         data.pre_job = None
     if goes == "owner" and came != "owner":
         _enter_owner(data)
-    if goes == "claimed" and came != "claimed" and claims.pre is None:
-        claims.pre = data.mint()
+    if goes == "claimed" and came != "claimed":
+        if claims.cur is not None:
+            claims.cur.began = now.isoformat()
+        if claims.pre is None:
+            claims.pre = data.mint()
+    if dest == "claimed.busy" and source not in ("claimed.busy", "claimed.suspended",
+                                                 "claimed.retiring"):
+        data.starter = True  # a starter is spawned for the current claim's job
+        if claims.cur is not None:
+            claims.cur.activations += 1
+
+
+def _evicts(data: SlotData, source: str, goes: str) -> bool:
+    """Fetched work (or none) that ends an idle fetch claim (``terminateFetchedWork``)."""
+    cur = data.claims.cur
+    return source == "claimed.idle" and goes == "preempting" and cur is not None \
+        and cur.type == "fetch"
+
+
+BOUND = {"match": "matched.idle", "request_claim": "claimed.idle",
+         "fetched_work": "claimed.busy"}
+"""What a backfill client is killed for, and where the slot goes once it is gone; anything
+else (vacate, EVICT_BACKFILL, shutdown) ends in Owner."""
 
 
 def _bookkeeping(data: SlotData, trigger: str, source: str, dest: str,
@@ -228,19 +272,36 @@ def _bookkeeping(data: SlotData, trigger: str, source: str, dest: str,
     elif trigger == "fetched_work":
         data.fetching, data.last_fetch_at = False, now.isoformat()
     elif trigger == "activate":
-        data.starter = True
         if isinstance(payload.get("job"), dict):
             data.job = dict(payload["job"])
     elif trigger == "starter_exited":
         data.starter = False
-        if dest in ("claimed.idle", "owner.idle"):
-            data.job = None
+        cur = data.claims.cur
+        if dest == "owner.idle" or (dest == "claimed.idle" and (cur is None
+                                                               or cur.type != "fetch")):
+            data.job = None  # a fetch claim keeps its job ad (EVICT_CLAIM is given it)
     elif trigger == "keep_alive":
         claim = data.claims.named(str(payload.get("claim_id")))
         if claim is not None and claim.requester is not None:
             claim.lease_expires = (now + dt.timedelta(seconds=data.lease_duration)).isoformat()
     elif trigger == "update_ad" and isinstance(payload.get("ad"), dict):
         data.ad = {**data.ad, **payload["ad"]}
+    elif trigger == "drain":
+        data.draining = True
+    elif trigger in ("drain_cancel", "drain_complete"):
+        data.draining = False
+    elif trigger == "shutdown":
+        data.shutting_down = True
+    if source == dest == "claimed.cleaning" and (
+            trigger in ("release_claim", "lease_expired", "vacate", "shutdown")
+            or (trigger == "drain" and payload.get("how") in ("quick", "fast"))):
+        data.preempt_pending = True  # absorbed: the reaped starter goes to Preempting
+    if source == "claimed.cleaning" and dest != source:
+        data.preempt_pending = False
+    if source == "backfill.busy" and dest == "backfill.killing":
+        data.bound_for = BOUND.get(trigger, "owner.idle")  # type: ignore[assignment]
+    if source == "backfill.killing" and dest != source:
+        data.bound_for = None
     if dest == "claimed.suspended" and source != dest:
         data.retiring_before_suspend = source == "claimed.retiring"
 
@@ -277,18 +338,17 @@ def _take_fetch(data: SlotData, came: str, dest: str, payload: dict[str, Any]) -
     job = dict(payload.get("job") or {})
     rank = policy.job_rank(data.policy, data.ad, job)
     cur = claims.cur
-    if dest == "claimed.busy":  # the startd starts the fetched job itself
-        data.job, data.starter = job, True
     if came == "claimed":
         if cur is not None and cur.type == "fetch" and dest == "claimed.busy":
             claims.cur = cur.model_copy(update={"rank": rank})  # the idle fetch claim, reused
+            data.job = job
         else:  # a better fetched job preempts the current claim: it waits in pre
             claims.pre, claims.pre_pre, data.pre_job = data.mint("fetch", rank), None, job
         return
     fetched = data.mint("fetch", rank)
     if data.keep_advertised_claim:
         claims.pre = cur  # option C: the advertised claim, parked
-    claims.cur = fetched
+    claims.cur, data.job = fetched, job
 
 
 def _enter_owner(data: SlotData) -> None:

@@ -25,12 +25,12 @@ NEEDS_CLASSADS = ("policy written as ClassAd expressions (START, RANK, PREEMPT, 
 INSTALL_HINT = "pip install 'lifecycle-fsm[htcondor]' (HTCondor's ClassAd library, classad2)"
 
 DEFAULTS: dict[str, bool | int] = {
-    "START": True, "RANK": 0, "PREEMPT": False, "SUSPEND": False, "CONTINUE": True,
-    "KILL": False, "WANT_SUSPEND": False, "WANT_VACATE": True, "START_BACKFILL": False,
-    "EVICT_BACKFILL": False, "RUNBENCHMARKS": False}
-"""HTCondor's defaults; ``IS_OWNER`` defaults to ``START =?= False`` (START false without
-a job to look at)."""
-NAMES = ("IS_OWNER", *DEFAULTS)
+    "IS_OWNER": False, "START": True, "RANK": 0, "PREEMPT": False, "SUSPEND": False,
+    "CONTINUE": True, "KILL": False, "WANT_SUSPEND": False, "WANT_VACATE": True,
+    "START_BACKFILL": False, "EVICT_BACKFILL": False, "RUNBENCHMARKS": False}
+"""HTCondor's defaults (``param_info.in``): ``IS_OWNER`` is ``False``, a dedicated machine; a
+desktop sets it to ``START =?= False``, as HTCondor's ``POLICY : Desktop`` template does."""
+NAMES = tuple(DEFAULTS)
 
 
 class PolicyError(ValueError):
@@ -55,10 +55,10 @@ def _ad(values: Mapping[str, Any]) -> Any:
 def evaluate(policy: Mapping[str, Any], name: str, my: Mapping[str, Any],
              target: Mapping[str, Any] | None) -> Any:
     """The value of policy entry ``name`` (a constant, or an expression) for slot ad ``my``
-    and job ad ``target``; None when it is undefined or an error."""
+    and job ad ``target``; None when it is undefined or an error. The policy's entries are
+    attributes of ``my``, as they are of HTCondor's slot ad, so one may name another
+    (``IS_OWNER = START =?= False``)."""
     if name not in policy:
-        if name == "IS_OWNER":
-            return evaluate(policy, "START", my, None) is False
         return DEFAULTS[name]
     expression = policy[name]
     if isinstance(expression, bool | int | float):
@@ -66,14 +66,22 @@ def evaluate(policy: Mapping[str, Any], name: str, my: Mapping[str, Any],
     if classad2 is None:
         raise PolicyError(f"{name} = {expression!r} is a ClassAd expression: evaluating it "
                           f"needs {INSTALL_HINT}; without it give {name} as a constant")
-    try:
-        tree = classad2.ExprTree(str(expression))
-    except Exception as exc:  # classad2 raises its own ClassAdException (or ValueError)
-        raise PolicyError(f"{name} = {expression!r} is not a ClassAd expression: {exc}") \
-            from None
+    tree = _expression(name, expression)
+    slot = _ad(my)
+    for other, value in policy.items():
+        slot[other] = _expression(other, value) if isinstance(value, str) else value
     if target is None:
-        return _plain(tree.eval(_ad(my)))
-    return _plain(tree.eval(_ad(my), _ad(target)))
+        return _plain(tree.eval(slot))
+    return _plain(tree.eval(slot, _ad(target)))
+
+
+def _expression(name: str, text: str) -> Any:
+    assert classad2 is not None
+    try:
+        return classad2.ExprTree(str(text))
+    except Exception as exc:  # classad2 raises its own ClassAdException (or ValueError)
+        raise PolicyError(f"{name} = {text!r} is not a ClassAd expression: {exc}") \
+            from None
 
 
 def holds(policy: Mapping[str, Any], name: str, my: Mapping[str, Any],

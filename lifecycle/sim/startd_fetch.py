@@ -2,18 +2,22 @@
 schedds that try to claim them with the claim id they read from the collector.
 
 Each slot fetches a job through its FETCH_WORK hook, runs it (``job_length`` seconds on
-average), returns to Owner, becomes Unclaimed and fetches again ``fetch_delay`` seconds
-later. The collector shows each slot's ad ``collector_delay`` seconds after the slot
-published it (HTCondor's update interval and negotiation cycle, folded into one delay).
-Every schedd ranks its jobs above fetched work; now and then it wants a slot, reads the
-slot's ClaimId from the collector and sends a claim request, again every ``retry``
-seconds until it gets the slot, which it then holds for ``hold`` seconds.
+average) and fetches again ``fetch_delay`` seconds later: in today's startd's cycle from
+Claimed/Idle with its fetch claim (the job's starter goes through Cleaning), in the
+report's cycle after going back to Owner and Unclaimed. The collector shows each slot's
+ad ``collector_delay`` seconds after the slot published it (HTCondor's update interval and
+negotiation cycle, folded into one delay). Every schedd ranks its jobs above fetched
+work; now and then it wants a slot, reads the slot's ClaimId from the collector and sends
+a claim request, again every ``retry`` seconds until it gets the slot, which it then
+holds for ``hold`` seconds.
 
-Before, the startd the report describes (``keep_advertised_claim: false``): every fetched
-job and every return to Owner makes new claim ids, so the id in the collector is stale by
-the time a schedd uses it. After, the ``startd`` machine: the advertised claim is parked
-while a fetched job runs and comes back afterwards, so the id stays good. Both runs meet
-the same jobs and the same schedds' wishes, drawn from the seed.
+Both cycles run before and after. Before (``keep_advertised_claim: false``): in the
+report's cycle every fetched job and every return to Owner makes new claim ids, so the id
+in the collector is stale by the time a schedd uses it; in today's cycle the id advertised
+on entering Claimed lasts as long as fetched jobs follow one another. After, the ``startd``
+machine: the advertised claim is parked while a fetched job runs and comes back
+afterwards, so the id stays good. All four runs meet the same jobs and the same schedds'
+wishes, drawn from the seed.
 """
 
 from __future__ import annotations
@@ -100,9 +104,9 @@ class Tally:
 class Run:
     """One variant: the slots, the schedds and the engine on one database."""
 
-    def __init__(self, *, seed: int, keep: bool, options: dict[str, Any], store: Store,
-                 prefix: str) -> None:
-        self.options, self.keep, self.seed = options, keep, seed
+    def __init__(self, *, seed: int, keep: bool, cycle: str, options: dict[str, Any],
+                 store: Store, prefix: str) -> None:
+        self.options, self.keep, self.cycle, self.seed = options, keep, cycle, seed
         self.clock = SimulatedClock(START)
         self.loop = EventLoop(self.clock, seed)
         self.collector = DelayedCollector(self.loop, float(options["collector_delay"]))
@@ -113,7 +117,7 @@ class Run:
         self.worker = Worker(self.engine, seed=seed)
         slots = int(options["slots"])
         self.startd = sd.Startd(self.engine, address=ADDRESS, ids=ids, slots=slots)
-        self.names = [f"{prefix}{'seed' if not keep else 'kept'}-slot{i + 1}"
+        self.names = [f"{prefix}{cycle}-{'seed' if not keep else 'kept'}-slot{i + 1}"
                       for i in range(slots)]
         self.tally = Tally()
         self.pending: set[str] = set()
@@ -123,7 +127,7 @@ class Run:
         for number, name in enumerate(self.names, start=1):
             self.startd.add_slot(name, number, hook_keyword="FETCH",
                                  fetch_delay=float(options["fetch_delay"]),
-                                 keep_advertised_claim=keep)
+                                 keep_advertised_claim=keep, fetch_cycle=cycle)
         self.worker.run_until_idle()
 
     def key(self, slot: str) -> str:
@@ -143,34 +147,50 @@ class Run:
         if resource.state == "owner.idle":
             self.fire(slot, "evaluate")
             resource = self.engine.get(self.key(slot))
-        if resource.state == "unclaimed.idle" and slot not in self.pending:
+        cur = resource.data["claims"]["cur"]
+        idle_fetch_claim = resource.state == "claimed.idle" and cur["type"] == "fetch"
+        if (resource.state == "unclaimed.idle" or idle_fetch_claim) \
+                and slot not in self.pending:
             self.pending.add(slot)
             self.loop.after(float(self.options["fetch_delay"]), lambda: self.fetch(slot))
-        if resource.state == "claimed.idle":
-            cur = resource.data["claims"]["cur"]
-            if cur["requester"] is not None:
-                self.schedd_job(slot, cur)
+        if resource.state == "claimed.idle" and cur["requester"] is not None:
+            self.schedd_job(slot, cur)
 
     def fetch(self, slot: str) -> None:
         self.pending.discard(slot)
-        if self.engine.get(self.key(slot)).state not in ("unclaimed.idle", "owner.idle"):
+        state = self.engine.get(self.key(slot)).state
+        if state not in ("unclaimed.idle", "owner.idle", "claimed.idle"):
             return
-        self.fire(slot, "fetch")
+        if not self.fire(slot, "fetch"):  # FetchWorkDelay not passed yet: try again
+            self.drive(slot)
+            return
         resource = self.engine.get(self.key(slot))
         if resource.state == "claimed.busy" and resource.data["job"]:
-            job = resource.data["job"]["JobId"]
-            # the same job in both variants, whatever the slots are called
-            rng = random.Random(f"{self.seed}:{self.names.index(slot)}:{job.rsplit('.')[-1]}")
-            length = rng.expovariate(1 / float(self.options["job_length"]))
-            self.loop.after(length, lambda: self.job_done(slot, job))
+            self.run_job(slot, resource.data["job"]["JobId"])
         else:
             self.drive(slot)
 
+    def run_job(self, slot: str, job: Any) -> None:
+        # the same job in both variants, whatever the slots are called
+        rng = random.Random(f"{self.seed}:{self.names.index(slot)}:{job.rsplit('.')[-1]}")
+        length = rng.expovariate(1 / float(self.options["job_length"]))
+        self.loop.after(length, lambda: self.job_done(slot, job))
+
+    def finish(self, slot: str, actor: str = "startd") -> None:
+        """The job's starter is done: its final update (Cleaning), then it is reaped; the
+        report's startd had no Cleaning."""
+        if self.cycle == "today":
+            self.fire(slot, "job_done", actor=actor)
+        self.fire(slot, "starter_exited", actor=actor)
+
     def job_done(self, slot: str, job: Any) -> None:
         resource = self.engine.get(self.key(slot))
-        if (resource.data.get("job") or {}).get("JobId") != job:
+        if (resource.data.get("job") or {}).get("JobId") != job or not resource.data["starter"]:
             return
-        self.fire(slot, "starter_exited")
+        self.finish(slot)
+        resource = self.engine.get(self.key(slot))
+        if resource.state == "claimed.busy":  # a fetched job waiting for its claim started
+            self.run_job(slot, resource.data["job"]["JobId"])
         self.drive(slot)
 
     def schedd_job(self, slot: str, claim: dict[str, Any]) -> None:
@@ -180,7 +200,7 @@ class Run:
             "JobId": f"{claim['requester']}:{claim['id']}"}}, actor=claim["requester"])
 
         def done() -> None:
-            self.fire(slot, "starter_exited", actor=claim["requester"])
+            self.finish(slot, actor=claim["requester"])
             self.fire(slot, "release_claim", {"claim_id": claim["id"]},
                       actor=claim["requester"])
             self.drive(slot)
@@ -229,7 +249,7 @@ class Run:
                 tally.succeeded += 1
                 self.since[slot] = since
                 self.worker.run_until_idle()
-                self.drive(slot)
+                self.drive(slot)  # Claimed/Idle: its job starts; Retiring: once it is free
                 return
         if self.loop.elapsed + float(self.options["retry"]) > self.duration:
             tally.unserved.append(self.duration - since)  # waited to the end, and more
@@ -248,6 +268,7 @@ class Run:
         waited = tally.waits + tally.unserved
         return {
             "keep_advertised_claim": self.keep,
+            "fetch_cycle": self.cycle,
             "attempts": tally.attempts,
             "succeeded": tally.succeeded,
             "success_percent": round(100 * tally.succeeded / tally.attempts, 1)
@@ -264,10 +285,16 @@ class Run:
 
 
 DEFAULTS: dict[str, Any] = {
-    "slots": 4, "hours": 0.5, "job_length": 20.0, "fetch_delay": 5.0,
-    "collector_delay": 60.0, "schedds": 2, "want_interval": 300.0, "retry": 30.0,
-    "hold": 300.0,
+    "slots": 2, "hours": 2.5, "job_length": 20.0, "fetch_delay": 5.0,
+    "collector_delay": 60.0, "schedds": 1, "want_interval": 60.0, "retry": 30.0,
+    "hold": 60.0,
 }
+"""Long enough for each of the four runs to make at least 50 claim attempts, with one
+schedd per two slots so that schedds seldom race each other for a slot (a refusal then is
+the incident's, not a race's)."""
+CYCLES = ("report", "today")
+"""After a fetched job: straight back to Owner (the report's startd), or Claimed/Idle and
+fetch again (today's); see ``SlotData.fetch_cycle``."""
 
 
 def simulate(*, seed: int = 1, progress: Progress | None = None, store: Store | None = None,
@@ -275,42 +302,51 @@ def simulate(*, seed: int = 1, progress: Progress | None = None, store: Store | 
     """Both variants, on ``store`` (default: temporary databases of their own)."""
     options = {**DEFAULTS, **{k: v for k, v in changes.items() if v is not None}}
     started = time.perf_counter()
-    runs = []
+    variants = [(cycle, keep) for cycle in CYCLES for keep in (False, True)]
+    runs: dict[str, dict[str, Any]] = {cycle: {} for cycle in CYCLES}
     with tempfile.TemporaryDirectory(prefix="lifecycle-startd-fetch-") as directory:
-        for i, keep in enumerate((False, True)):
+        for i, (cycle, keep) in enumerate(variants):
             def step_progress(done: float, total: float, i: int = i) -> None:
                 if progress is not None:
-                    progress(i * total + done, 2 * total)
+                    progress(i * total + done, len(variants) * total)
 
             target = store or Store(f"sqlite:///{Path(directory) / f'run{i}.db'}",
                                     upgrade=True)
             try:
-                runs.append(Run(seed=seed, keep=keep, options=options, store=target,
-                                prefix=prefix).run(step_progress))
+                runs[cycle]["after" if keep else "before"] = Run(
+                    seed=seed, keep=keep, cycle=cycle, options=options, store=target,
+                    prefix=prefix).run(step_progress)
             finally:
                 if store is None:
                     target.dispose()
-    before, after = runs
-    report: dict[str, Any] = {
-        "simulation": "startd-fetch", "seed": seed, "options": options,
-        "before": before, "after": after,
-        "timing": {"seconds": round(time.perf_counter() - started, 2)},
-        "measures": [
-            {"what": "schedd claim attempts that succeed (%)",
+    today, report = runs["today"], runs["report"]
+    measures = []
+    for cycle, name in (("report", "the report's cycle"), ("today", "today's cycle")):
+        before, after = runs[cycle]["before"], runs[cycle]["after"]
+        measures += [
+            {"what": f"schedd claim attempts, {name}",
+             "before": before["attempts"], "after": after["attempts"]},
+            {"what": f"schedd claim attempts that succeed (%), {name}",
              "before": before["success_percent"], "after": after["success_percent"]},
-            {"what": "mean wait of a higher-ranked schedd for the slot (s)",
+            {"what": f"mean wait of a higher-ranked schedd for the slot (s), {name}",
              "before": before["mean_wait_seconds"], "after": after["mean_wait_seconds"]},
-            {"what": "schedds' wishes still unserved at the end",
+            {"what": f"schedds' wishes still unserved at the end, {name}",
              "before": before["wishes_unserved"], "after": after["wishes_unserved"]},
-        ],
+        ]
+    result: dict[str, Any] = {
+        "simulation": "startd-fetch", "seed": seed, "options": options,
+        "before": today["before"], "after": today["after"], "cycles": runs,
+        "timing": {"seconds": round(time.perf_counter() - started, 2)},
+        "measures": measures,
     }
     hints = []
-    if before["example"]:
-        hints.append(f"lifecycle history startd:{before['example']}   a slot of the report's "
+    example = report["before"]["example"]
+    if example:
+        hints.append(f"lifecycle history startd:{example}   a slot of the report's "
                      "startd that refused schedds: each ad it published advertised another "
                      "claim id")
-    report["hints"] = hints
-    return report
+    result["hints"] = hints
+    return result
 
 
 SIMULATION = Simulation(

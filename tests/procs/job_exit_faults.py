@@ -9,7 +9,6 @@ import os
 import random
 import signal
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -153,20 +152,21 @@ def crash_engine(url: str, crash_log: Path, seed: int, probability: float,
             self.inner.send(message, recipient)
             crasher.point("email:accepted", str(message["Subject"]).rsplit(" ", 1)[-1])
 
-    real_atomic_write = job_exit.atomic_write
+    real_append = job_exit.verified_append
 
-    def half_then_whole(path: str | os.PathLike[str], data: bytes, mode: int = 0o644) -> None:
-        """atomic_write, after a first try that dies with its temporary file half written."""
-        target = Path(path)
-        fd, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp",
-                                         dir=target.parent)
-        os.write(fd, data[: len(data) // 2])
-        os.close(fd)
-        crasher.point("write_output_ad:half_written", target.name.removesuffix(".ad"))
-        os.unlink(temporary)
-        real_atomic_write(path, data, mode)
+    def torn_then_whole(call: Any, path: str | os.PathLike[str], record: bytes, *,
+                        name: str | None = None) -> bool:
+        """The output ad's verified append, after a first try that dies with half the ad
+        appended (its offset saved, as the real append saves it first)."""
+        if name == "output_ad_offset" and name not in call.progress:
+            target = Path(path)
+            with open(target, "ab") as handle:
+                call.save_progress({name: handle.seek(0, os.SEEK_END)})
+                handle.write(record[: len(record) // 2])
+            crasher.point("write_output_ad:half_written", target.name.removesuffix(".ad"))
+        return real_append(call, path, record, name=name)
 
-    job_exit.atomic_write = half_then_whole  # type: ignore[assignment]  # this process only
+    job_exit.verified_append = torn_then_whole  # type: ignore[assignment]  # this process only
 
     class LostClaims(logging.Handler):
         """A mail whose completion this worker could not record (its claim was taken over),
