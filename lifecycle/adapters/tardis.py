@@ -34,9 +34,11 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import math
 import warnings
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from importlib import import_module
 from pathlib import Path
 from typing import Any
@@ -320,28 +322,57 @@ class TardisSites:
         return await self.site_of(drone).terminate(drone, expect)
 
 
-def from_configuration(path: str | Path, *, clock: Clock | None = None
+@dataclass(frozen=True)
+class SiteType:
+    """One site and machine type of a TARDIS configuration: its drones' key prefix
+    (``<site>-<machine type>-``, the site's name in lower case, as TARDIS begins its drone
+    names), its :class:`TardisSite`, the cores one drone provides (the machine type's
+    ``MachineMetaData`` ``Cores``: a TARDIS drone's demand and supply) and the site's
+    ``quota`` (None: none)."""
+
+    site: str
+    machine_type: str
+    prefix: str
+    adapter: TardisSite
+    cores: float
+    quota: float | None
+
+
+def from_configuration(path: str | Path | None = None, *, clock: Clock | None = None
                        ) -> tuple[TardisSites, TardisBatchSystem]:
     """The sites and the batch system of a TARDIS YAML configuration (its ``Sites``, each
     site's ``MachineTypes``, its ``BatchSystem``), built as TARDIS builds them: adapter
     ``X`` is class ``XAdapter`` of module ``tardis.adapters.sites.x`` (batch systems:
     ``tardis.adapters.batchsystems.x``). The configuration is loaded into TARDIS's own
-    (process-wide) ``Configuration``, from which its adapters read their settings."""
-    configuration = Configuration(str(path))
+    (process-wide) ``Configuration``, from which its adapters read their settings; without
+    ``path``, the one already there (a COBalD configuration's ``tardis:`` section)."""
+    site_types, batch = configured(path, clock=clock)
+    return TardisSites({t.prefix: t.adapter for t in site_types}), batch
+
+
+def configured(path: str | Path | None = None, *, clock: Clock | None = None
+               ) -> tuple[list[SiteType], TardisBatchSystem]:
+    """:func:`from_configuration`, site type by site type."""
+    configuration = Configuration(str(path)) if path is not None else Configuration()
+    where = path or "TARDIS's configuration"
     try:
         batch_settings, sites = configuration.BatchSystem, configuration.Sites
     except AttributeError as exc:
-        raise TardisSiteError(f"{path}: a TARDIS configuration has `Sites` and "
+        raise TardisSiteError(f"{where}: a TARDIS configuration has `Sites` and "
                               f"`BatchSystem`: {exc}") from None
     batch = TardisBatchSystem(_adapter("batchsystems", batch_settings.adapter)())
-    routes: dict[str, TardisSite] = {}
+    found: list[SiteType] = []
     for site in sites:
         adapter_class = _adapter("sites", site.adapter)
+        quota = getattr(site, "quota", None)
+        quota = None if quota is None or quota < 0 or not math.isfinite(quota) else quota
         for machine_type in getattr(configuration, site.name).MachineTypes:
-            routes[f"{site.name.lower()}-{machine_type}-"] = TardisSite(
-                adapter_class(machine_type=machine_type, site_name=site.name),
-                translation=batch.translation, clock=clock)
-    return TardisSites(routes), batch
+            adapter = adapter_class(machine_type=machine_type, site_name=site.name)
+            found.append(SiteType(
+                site.name, machine_type, f"{site.name.lower()}-{machine_type}-",
+                TardisSite(adapter, translation=batch.translation, clock=clock),
+                float(adapter.machine_meta_data["Cores"]), quota))
+    return found, batch
 
 
 def _adapter(kind: str, name: str) -> Any:
@@ -393,5 +424,5 @@ def _remote(remote_id: str) -> Any:
     return int(remote_id) if remote_id.isdigit() else remote_id
 
 
-__all__ = ["FAILURES", "HTCONDOR_TRANSLATION", "TardisBatchSystem", "TardisSite",
-           "TardisSiteError", "TardisSites", "from_configuration"]
+__all__ = ["FAILURES", "HTCONDOR_TRANSLATION", "SiteType", "TardisBatchSystem", "TardisSite",
+           "TardisSiteError", "TardisSites", "configured", "from_configuration"]
