@@ -424,6 +424,29 @@ def release_order(drones: Sequence[Any], policy: str = "established_first", *,
     return sorted(wanted, key=lambda d: (_RELEASE_ORDER[d.state], d.created_at))
 
 
+# -- the drone's own last word: may its startd start a payload? --------------------------------
+
+PAYLOAD_VERDICTS = {
+    **dict.fromkeys(("integrating", "available", "drain", "draining"), "yes"),
+    **dict.fromkeys(("request", "booting", "integrate"), "wait"),
+}
+"""Whether a drone in each state may start a payload (a state not named: no)."""
+
+
+def payload_verdict(state: str | None) -> tuple[str, str]:
+    """Whether a drone in ``state`` (None: no such drone) may start a payload now, and why:
+    ``yes`` once it is integrated (a drain lets what runs finish), ``wait`` while it is on
+    its way up (its next heartbeat may still remove it: ask again), ``no`` once it is being
+    stopped or removed, or gone (HTCondor's ``HOOK_PREPARE_JOB``: ``lifecycle hook
+    prepare-job``)."""
+    if state is None:
+        return "no", "lifecycle knows no such drone"
+    verdict = PAYLOAD_VERDICTS.get(state, "no")
+    why = {"yes": "integrated", "wait": "not integrated yet: it may still be removed",
+           "no": "it is being stopped or removed, or gone"}[verdict]
+    return verdict, f"the drone is in {state}: {why}"
+
+
 # -- the built-in and its simulation --------------------------------------------------------
 
 
