@@ -24,8 +24,11 @@ answer is checked before it is kept: it must be a mapping, and it cannot rename 
 (``drone_uuid``) or move it to another site (``site_name``); otherwise
 :class:`TardisSiteError` names the site and the drone.
 
-The terminate cannot be fenced: a TARDIS site adapter has no conditional terminate. Where
-the drone asks for a fenced terminate (``expect``), :meth:`TardisSite.terminate` asks the
+A TARDIS site adapter has no conditional terminate. Where the drone asks for a fenced
+terminate (``expect``) and the adapter is one of :mod:`~lifecycle.adapters.tardis_fences`'
+(``FencedSlurmAdapter``, ``FencedHTCondorAdapter``: what a configuration's ``Slurm`` and
+``HTCondor`` sites get), its ``terminate_resource_if`` removes the job only while it is in
+that status: a true fence. With any other adapter, :meth:`TardisSite.terminate` asks the
 site for the status again right before it terminates, and leaves a job that moved on alone;
 a job that starts in the moment between that answer and the terminate is still removed.
 """
@@ -61,6 +64,7 @@ from ..clock import Clock, SystemClock
 from ..errors import SiteError
 from ..logs import logger
 from .sites import BOOTING, ERROR, NOT_AVAILABLE, UNKNOWN, Drone, DroneCrashed, Terminated
+from .tardis_fences import FENCED
 
 log = logger(__name__)
 
@@ -203,8 +207,14 @@ class TardisSite:
             await self.adapter.stop_resource(self._attributes(drone))
 
     async def terminate(self, drone: Drone, expect: str | None) -> Terminated:
-        """``terminate_resource``, after a fresh status when ``expect`` is given (a TARDIS
-        adapter cannot terminate conditionally: see the module's docstring)."""
+        """``terminate_resource_if`` when ``expect`` is given and the adapter has it (a true
+        fence); else ``terminate_resource``, after a fresh status when ``expect`` is given
+        (a re-check: see the module's docstring)."""
+        fenced = getattr(self.adapter, "terminate_resource_if", None)
+        if expect is not None and fenced is not None:
+            with _translated(self.adapter, f"terminate {drone.name} at {self.name}"):
+                answer: Terminated = await fenced(self._attributes(drone), expect)
+            return answer
         if expect is not None:
             try:
                 now = await asyncio.wait_for(self._status(drone), self.status_timeout)
@@ -376,6 +386,8 @@ def configured(path: str | Path | None = None, *, clock: Clock | None = None
 
 
 def _adapter(kind: str, name: str) -> Any:
+    if kind == "sites" and name in FENCED:
+        return FENCED[name]
     try:
         return getattr(import_module(f"tardis.adapters.{kind}.{name.lower()}"),
                        f"{name}Adapter")
