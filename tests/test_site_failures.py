@@ -61,6 +61,17 @@ def test_one_drones_failure_costs_only_its_own_status(failure: Any) -> None:
     assert answer == {d.name: "Running" for d in DRONES} | {"site-d2": UNKNOWN}
 
 
+def test_a_site_that_cannot_be_asked_costs_only_its_own_drones_their_status() -> None:
+    down = tardis.TardisSite(Adapter({d.name: TardisTimeout("down") for d in DRONES}))
+    up = tardis.TardisSite(Adapter())
+    sites = tardis.TardisSites({"site-": down, "other-": up})
+    others = [Drone(f"other-d{i}", f"{200 + i}") for i in range(2)]
+    answer = asyncio.run(sites.status([*DRONES, *others]))
+    assert answer == {d.name: UNKNOWN for d in DRONES} | {d.name: "Running" for d in others}
+    with pytest.raises(SiteError, match="TardisTimeout"):     # none could be asked
+        asyncio.run(tardis.TardisSites({"site-": down}).status(DRONES))
+
+
 def test_a_site_that_fails_for_every_drone_could_not_be_asked() -> None:
     site = tardis.TardisSite(Adapter({d.name: TardisTimeout("down") for d in DRONES}))
     with pytest.raises(SiteError, match="TardisTimeout"):

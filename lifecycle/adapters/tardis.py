@@ -322,8 +322,21 @@ class TardisSites:
         for d in drones:
             site = self.site_of(d)
             groups.setdefault(id(site), (site, []))[1].append(d)
-        answers = await asyncio.gather(*(site.status(ds) for site, ds in groups.values()))
-        return {name: status for answer in answers for name, status in answer.items()}
+        answers = await asyncio.gather(*(site.status(ds) for site, ds in groups.values()),
+                                       return_exceptions=True)
+        # a site that could not be asked costs its own drones their status, not the others'
+        failed = [a for a in answers if isinstance(a, BaseException)]
+        if failed and (len(failed) == len(answers)
+                       or not all(isinstance(a, SiteError) for a in failed)):
+            raise failed[0]
+        found: dict[str, str] = {}
+        for (site, ds), answer in zip(groups.values(), answers, strict=True):
+            if isinstance(answer, BaseException):
+                log.warning("site %s could not be asked: its %d drones are not observed this "
+                            "time: %s", site.name, len(ds), answer)
+                answer = dict.fromkeys((d.name for d in ds), UNKNOWN)
+            found.update(answer)
+        return found
 
     async def stop(self, drone: Drone) -> None:
         await self.site_of(drone).stop(drone)
