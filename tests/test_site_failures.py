@@ -163,3 +163,13 @@ def test_one_drones_failed_machine_status_costs_only_its_own() -> None:
     batch = tardis.TardisBatchSystem(Pool())
     answer = asyncio.run(batch.machine_status(DRONES))
     assert answer == {d.name: "Available" for d in DRONES} | {"site-d3": UNKNOWN}
+
+
+def test_a_pool_numbers_on_past_a_key_another_process_took(store: Store) -> None:
+    first, second = _pool(store, "p-"), _pool(store, "p-")   # two daemons, one prefix
+    first.demand = 2
+    assert first.adjust()["created"] == ["p-00001", "p-00002"]
+    second.demand = 3
+    assert second.adjust()["created"] == ["p-00003"]        # it read where the pool was
+    first.demand = 4                                        # its own count says p-00003 next
+    assert first.adjust()["created"] == ["p-00004"]

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ..adapters.sites import Drone, PoolFigures
+from ..errors import ResourceExists
 from ..logs import logger
 from .drone import LIVE_STATES, SUPPLYING_STATES, answer, release_order, run_to_end
 
@@ -104,6 +105,7 @@ class DronePool(Pool):  # type: ignore[misc]
         self.asyncio = asyncio.iscoroutinefunction(getattr(engine, "resources", None))
         self._rng = random.Random(seed)
         self._figures = Figures()
+        self._number: int | None = None
         # FactoryPool starts at its children's demand: read now on a sync engine, at the
         # first refresh on an asyncio one (unless COBalD set a demand before)
         self._demand: float | None = None if self.asyncio else run_to_end(self._wanted_demand())
@@ -236,20 +238,39 @@ class DronePool(Pool):  # type: ignore[misc]
         created: list[str] = []
         if missing <= 0:
             return created
-        number = await self._last_number()
+        if self._number is None:
+            self._number = await self._last_number()
         actor = f"{self.actor}: demand {demand:g} > {have:g} wanted"
         while missing > 0 and len(created) < self.spawn_limit:
-            number += 1
-            key = f"{self.prefix}{number:05d}"
-            await answer(self.engine.create(self.machine, key, {"demand": 1}, actor=actor))
+            key = f"{self.prefix}{self._number + 1:05d}"
+            try:
+                await answer(self.engine.create(self.machine, key, {"demand": 1}, actor=actor))
+            except ResourceExists:   # another process numbers this prefix too: read again
+                self._number = await self._last_number()
+                continue
+            self._number += 1
             created.append(key)
             missing -= self.cores
         return created
 
     async def _last_number(self) -> int:
-        resources = await answer(self.engine.resources(self.machine))
-        numbers = [int(m.group(1)) for r in resources if (m := self._own.fullmatch(r.key))]
-        return max(numbers, default=0)
+        """The highest number of this pool's drones, down ones included (read once: the
+        pool numbers on from there itself)."""
+        numbers = [0]
+        async for resource in self._all():
+            if m := self._own.fullmatch(resource.key):
+                numbers.append(int(m.group(1)))
+        return max(numbers)
+
+    async def _all(self) -> Any:
+        after = None
+        while True:
+            page = await answer(self.engine.resources(self.machine, limit=1000, after=after))
+            for resource in page:
+                yield resource
+            if len(page) < 1000:
+                return
+            after = f"{self.machine}:{page[-1].key}"
 
     async def run(self) -> None:
         """Adjust every ``interval`` seconds, for ever (FactoryPool's ``run``), on an asyncio
