@@ -209,6 +209,8 @@ INTEGRATION_MODULES = {
     "test_job_exit",
     "test_drone",
     "test_tardis",
+    "test_prepare_job_hook",  # lifecycle serve and the hook, in subprocesses
+    "test_cobald_daemon",  # COBalD's daemon in a subprocess, on a SQLite file
     "test_engine_model",  # the engine against its model, on both databases
 }
 INTEGRATION_TESTS = {

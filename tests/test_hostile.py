@@ -407,7 +407,7 @@ def test_number_options_are_finite_and_refused_at_start(tmp_path: Path, value: s
     ("drone-race drones=-5", "drones takes an int, 1 or more"),
     ("drone-race drones=0", "drones takes an int, 1 or more"),
     ("drone-race hours=-1", "hours takes a finite float, more than 0"),
-    ("drone-race policy=random", "policy takes one of newest_first, established_first"),
+    ("drone-race policy=random", "policy takes one of established_first, newest_first, cobald"),
     ("drone-race start_gate=maybe", "start_gate takes true or false"),
     ("job-exit-crash crashes=7", "crashes takes a finite float, from 0 to 1"),
     ("scancel-flood poll_interval=0", "poll_interval takes a finite float, more than 0"),

@@ -60,6 +60,17 @@ def test_one_drones_failure_costs_only_its_own_status(failure: Any) -> None:
     assert answer == {d.name: "Running" for d in DRONES} | {"site-d2": UNKNOWN}
 
 
+def test_a_site_that_cannot_be_asked_costs_only_its_own_drones_their_status() -> None:
+    down = tardis.TardisSite(Adapter({d.name: TardisTimeout("down") for d in DRONES}))
+    up = tardis.TardisSite(Adapter())
+    sites = tardis.TardisSites({"site-": down, "other-": up})
+    others = [Drone(f"other-d{i}", f"{200 + i}") for i in range(2)]
+    answer = asyncio.run(sites.status([*DRONES, *others]))
+    assert answer == {d.name: UNKNOWN for d in DRONES} | {d.name: "Running" for d in others}
+    with pytest.raises(SiteError, match="TardisTimeout"):     # none could be asked
+        asyncio.run(tardis.TardisSites({"site-": down}).status(DRONES))
+
+
 def test_a_site_that_fails_for_every_drone_could_not_be_asked() -> None:
     site = tardis.TardisSite(Adapter({d.name: TardisTimeout("down") for d in DRONES}))
     with pytest.raises(SiteError, match="TardisTimeout"):
@@ -97,13 +108,24 @@ def _pool(store: Store, prefix: str, **options: Any) -> Any:
 def test_pools_with_overlapping_prefixes_keep_to_their_own_drones(store: Store) -> None:
     small, big = _pool(store, "cpu-"), _pool(store, "cpu-big-")
     big.demand = 3
-    assert [d.key for d in big.drones()] == ["cpu-big-00001", "cpu-big-00002", "cpu-big-00003"]
+    assert big.drones() == []                   # recorded: FactoryPool adjusts on its interval
+    assert big.adjust()["created"] == ["cpu-big-00001", "cpu-big-00002", "cpu-big-00003"]
     assert small.drones() == [] and small.demand == 0
     small.demand = 2
-    assert [d.key for d in small.drones()] == ["cpu-00001", "cpu-00002"]
+    assert small.adjust()["created"] == ["cpu-00001", "cpu-00002"]
+    up = Engine(store, [drone.SPEC], guards=drone.GUARDS, strict=False,
+                clock=SimulatedClock("2026-01-01T00:00:00Z"))
+    for key in ("cpu-00003", "cpu-big-00004"):  # one more each, already up: they supply
+        up.create("drone", key, state="available", data={"demand": 1})
+    assert big.refresh().supply == 1.0 and small.refresh().supply == 1.0
     big.demand = 0                              # releases its own, none of the other's
-    assert {d.key: d.data["demand"] for d in small.drones()} == {"cpu-00001": 1,
-                                                                 "cpu-00002": 1}
+    assert big.adjust()["released"] == ["cpu-big-00004", "cpu-big-00001", "cpu-big-00002",
+                                        "cpu-big-00003"]
+    assert {d.key: d.data["demand"] for d in small.drones()} == {
+        "cpu-00001": 1, "cpu-00002": 1, "cpu-00003": 1}
+    small.demand = 2                            # supply 1 is not more: nothing to release
+    assert small.adjust() == {"created": [], "released": []}
+    assert small.demand == 2 and len(small.wanted()) == 3
 
 
 @pytest.mark.parametrize("demand", [math.inf, math.nan, -math.inf])
@@ -118,7 +140,9 @@ def test_a_huge_demand_is_bounded_and_spawned_a_bounded_number_at_a_time(
         store: Store) -> None:
     pool = _pool(store, "p-", max_drones=50, spawn_limit=20)
     pool.demand = 1e12
-    assert pool.demand == 50 and len(pool.drones()) == 20     # one adjustment: 20
+    assert pool.demand == 50 and pool.drones() == []          # recorded
+    pool.adjust()
+    assert len(pool.drones()) == 20                           # one adjustment: 20
     pool.adjust()
     pool.adjust()
     pool.adjust()
@@ -138,3 +162,13 @@ def test_one_drones_failed_machine_status_costs_only_its_own() -> None:
     batch = tardis.TardisBatchSystem(Pool())
     answer = asyncio.run(batch.machine_status(DRONES))
     assert answer == {d.name: "Available" for d in DRONES} | {"site-d3": UNKNOWN}
+
+
+def test_a_pool_numbers_on_past_a_key_another_process_took(store: Store) -> None:
+    first, second = _pool(store, "p-"), _pool(store, "p-")   # two daemons, one prefix
+    first.demand = 2
+    assert first.adjust()["created"] == ["p-00001", "p-00002"]
+    second.demand = 3
+    assert second.adjust()["created"] == ["p-00003"]        # it read where the pool was
+    first.demand = 4                                        # its own count says p-00003 next
+    assert first.adjust()["created"] == ["p-00004"]

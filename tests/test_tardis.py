@@ -368,3 +368,86 @@ def test_tardis_slurm_adapter_a_booting_drone_is_removed_one_that_started_is_kep
     assert done["cluster-booting"] == {"acted": True, "detail": "terminated (checked, not fenced)"}
     assert done["cluster-meanwhile"]["acted"] is False
     assert "Running now, not Booting" in done["cluster-meanwhile"]["detail"]
+
+
+class StartsFirst:
+    """TARDIS's ShellExecutor, except that the job ``starting`` starts (is released, and
+    runs) right before the first command that would remove it: the moment a re-check cannot
+    see and a fence is for."""
+
+    def __init__(self, cluster: Any, removing: str) -> None:
+        from tardis.utilities.executors.shellexecutor import ShellExecutor
+
+        self.shell = ShellExecutor()
+        self.cluster = cluster
+        self.removing = removing
+        self.starting: str | None = None
+        self.commands: list[str] = []
+
+    async def run_command(self, command: str, stdin_input: str | None = None) -> Any:
+        self.commands.append(command)
+        job = self.starting
+        if job is not None and command.startswith(self.removing) and job in command:
+            self.starting = None
+            await asyncio.to_thread(self.cluster.run, "scontrol", "release", job)
+            await asyncio.to_thread(self.cluster.wait_for_state, job, "RUNNING")
+        return await self.shell.run_command(command, stdin_input)
+
+
+@pytest.mark.parametrize("fenced", [False, True], ids=["re-check", "fence"])
+def test_a_job_that_starts_between_the_last_status_and_the_removal_keeps_its_drone_only_fenced(
+        store: Store, cluster: Any, tardis_config: None, monkeypatch: pytest.MonkeyPatch,
+        fenced: bool) -> None:
+    """TARDIS's SlurmAdapter (a re-check) and lifecycle's FencedSlurmAdapter, on the real
+    Slurm: the drone is released while its job is pending, its fresh status says Booting,
+    and the job starts just before the command that removes it."""
+    from tardis.adapters.sites.slurm import SlurmAdapter
+
+    from lifecycle.adapters.tardis_fences import FencedSlurmAdapter
+
+    monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
+    script = cluster.directory / "drone.sh"
+    script.write_text("#!/bin/sh\nexec sleep 300\n")
+    script.chmod(0o755)
+    # the fence holds the job first: the job starts before that, the hold then changes
+    # nothing, and scancel --state=PENDING finds it running; the re-check's scancel kills it
+    executor = StartsFirst(cluster, "scontrol hold" if fenced else "scancel")
+    Configuration().update_config({
+        "Sites": [{"name": "Cluster", "adapter": "Slurm", "quota": 10}],
+        "Cluster": {
+            "MachineTypes": ["one"], "bulk_size": 50, "bulk_delay": 0.01, "executor": executor,
+            "MachineTypeConfiguration": {"one": {
+                "Partition": "debug", "Walltime": 60, "StartupCommand": str(script),
+                "SubmitOptions": {"long": {"hold": None, "chdir": str(cluster.directory),
+                                           "output": f"{cluster.directory}/log/job-%j.out"}},
+            }},
+            "MachineMetaData": {"one": {"Cores": 1, "Memory": 0.1, "Disk": 1}},
+        },
+    })
+    adapter = (FencedSlurmAdapter if fenced else SlurmAdapter)(machine_type="one",
+                                                              site_name="Cluster")
+    batch = TardisBatchSystem(FakeBatchSystemAdapter())
+    site = TardisSite(adapter, translation=batch.translation)
+    engine = async_engine(store, site, batch)
+
+    async def main() -> str:
+        async with asyncio.timeout(WAIT):
+            await engine.create("drone", "cluster-late")
+            await AsyncWorker(engine).run_until_idle()              # sbatch --hold
+            job = (await engine.get("cluster-late")).data["remote_id"]
+            await engine.update("cluster-late", {"demand": 0})
+            assert (await engine.step("cluster-late")).dest == "cleanup"   # fresh Booting
+            executor.starting = job
+            await AsyncWorker(engine).run_until_idle()              # the terminate
+            assert executor.starting is None                        # it did start first
+            return str(job)
+
+    job = asyncio.run(main())
+    [outcome] = [p for name, p in drone_effects(engine, "cluster-late") if name == "terminate"]
+    if fenced:
+        assert cluster.job_state(job) == "RUNNING"                  # kept: the fence held
+        assert outcome["acted"] is False and "not PENDING: left alone" in outcome["detail"]
+        assert any(c.startswith("scancel -v --state=PENDING") for c in executor.commands)
+    else:
+        assert cluster.job_state(job) in ("CANCELLED", "")          # the re-check's hole
+        assert outcome == {"acted": True, "detail": "terminated (checked, not fenced)"}

@@ -24,8 +24,11 @@ answer is checked before it is kept: it must be a mapping, and it cannot rename 
 (``drone_uuid``) or move it to another site (``site_name``); otherwise
 :class:`TardisSiteError` names the site and the drone.
 
-The terminate cannot be fenced: a TARDIS site adapter has no conditional terminate. Where
-the drone asks for a fenced terminate (``expect``), :meth:`TardisSite.terminate` asks the
+A TARDIS site adapter has no conditional terminate. Where the drone asks for a fenced
+terminate (``expect``) and the adapter is one of :mod:`~lifecycle.adapters.tardis_fences`'
+(``FencedSlurmAdapter``, ``FencedHTCondorAdapter``: what a configuration's ``Slurm`` and
+``HTCondor`` sites get), its ``terminate_resource_if`` removes the job only while it is in
+that status: a true fence. With any other adapter, :meth:`TardisSite.terminate` asks the
 site for the status again right before it terminates, and leaves a job that moved on alone;
 a job that starts in the moment between that answer and the terminate is still removed.
 """
@@ -34,9 +37,11 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import math
 import warnings
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from importlib import import_module
 from pathlib import Path
 from typing import Any
@@ -67,6 +72,7 @@ from .sites import (
     SiteError,
     Terminated,
 )
+from .tardis_fences import FENCED
 
 log = logger(__name__)
 
@@ -209,8 +215,14 @@ class TardisSite:
             await self.adapter.stop_resource(self._attributes(drone))
 
     async def terminate(self, drone: Drone, expect: str | None) -> Terminated:
-        """``terminate_resource``, after a fresh status when ``expect`` is given (a TARDIS
-        adapter cannot terminate conditionally: see the module's docstring)."""
+        """``terminate_resource_if`` when ``expect`` is given and the adapter has it (a true
+        fence); else ``terminate_resource``, after a fresh status when ``expect`` is given
+        (a re-check: see the module's docstring)."""
+        fenced = getattr(self.adapter, "terminate_resource_if", None)
+        if expect is not None and fenced is not None:
+            with _translated(self.adapter, f"terminate {drone.name} at {self.name}"):
+                answer: Terminated = await fenced(self._attributes(drone), expect)
+            return answer
         if expect is not None:
             try:
                 now = await asyncio.wait_for(self._status(drone), self.status_timeout)
@@ -318,8 +330,21 @@ class TardisSites:
         for d in drones:
             site = self.site_of(d)
             groups.setdefault(id(site), (site, []))[1].append(d)
-        answers = await asyncio.gather(*(site.status(ds) for site, ds in groups.values()))
-        return {name: status for answer in answers for name, status in answer.items()}
+        answers = await asyncio.gather(*(site.status(ds) for site, ds in groups.values()),
+                                       return_exceptions=True)
+        # a site that could not be asked costs its own drones their status, not the others'
+        failed = [a for a in answers if isinstance(a, BaseException)]
+        if failed and (len(failed) == len(answers)
+                       or not all(isinstance(a, SiteError) for a in failed)):
+            raise failed[0]
+        found: dict[str, str] = {}
+        for (site, ds), answer in zip(groups.values(), answers, strict=True):
+            if isinstance(answer, BaseException):
+                log.warning("site %s could not be asked: its %d drones are not observed this "
+                            "time: %s", site.name, len(ds), answer)
+                answer = dict.fromkeys((d.name for d in ds), UNKNOWN)
+            found.update(answer)
+        return found
 
     async def stop(self, drone: Drone) -> None:
         await self.site_of(drone).stop(drone)
@@ -328,31 +353,62 @@ class TardisSites:
         return await self.site_of(drone).terminate(drone, expect)
 
 
-def from_configuration(path: str | Path, *, clock: Clock | None = None
+@dataclass(frozen=True)
+class SiteType:
+    """One site and machine type of a TARDIS configuration: its drones' key prefix
+    (``<site>-<machine type>-``, the site's name in lower case, as TARDIS begins its drone
+    names), its :class:`TardisSite`, the cores one drone provides (the machine type's
+    ``MachineMetaData`` ``Cores``: a TARDIS drone's demand and supply) and the site's
+    ``quota`` (None: none)."""
+
+    site: str
+    machine_type: str
+    prefix: str
+    adapter: TardisSite
+    cores: float
+    quota: float | None
+
+
+def from_configuration(path: str | Path | None = None, *, clock: Clock | None = None
                        ) -> tuple[TardisSites, TardisBatchSystem]:
     """The sites and the batch system of a TARDIS YAML configuration (its ``Sites``, each
     site's ``MachineTypes``, its ``BatchSystem``), built as TARDIS builds them: adapter
     ``X`` is class ``XAdapter`` of module ``tardis.adapters.sites.x`` (batch systems:
     ``tardis.adapters.batchsystems.x``). The configuration is loaded into TARDIS's own
-    (process-wide) ``Configuration``, from which its adapters read their settings."""
-    configuration = Configuration(str(path))
+    (process-wide) ``Configuration``, from which its adapters read their settings; without
+    ``path``, the one already there (a COBalD configuration's ``tardis:`` section)."""
+    site_types, batch = configured(path, clock=clock)
+    return TardisSites({t.prefix: t.adapter for t in site_types}), batch
+
+
+def configured(path: str | Path | None = None, *, clock: Clock | None = None
+               ) -> tuple[list[SiteType], TardisBatchSystem]:
+    """:func:`from_configuration`, site type by site type."""
+    configuration = Configuration(str(path)) if path is not None else Configuration()
+    where = path or "TARDIS's configuration"
     try:
         batch_settings, sites = configuration.BatchSystem, configuration.Sites
     except AttributeError as exc:
-        raise TardisSiteError(f"{path}: a TARDIS configuration has `Sites` and "
+        raise TardisSiteError(f"{where}: a TARDIS configuration has `Sites` and "
                               f"`BatchSystem`: {exc}") from None
     batch = TardisBatchSystem(_adapter("batchsystems", batch_settings.adapter)())
-    routes: dict[str, TardisSite] = {}
+    found: list[SiteType] = []
     for site in sites:
         adapter_class = _adapter("sites", site.adapter)
+        quota = getattr(site, "quota", None)
+        quota = None if quota is None or quota < 0 or not math.isfinite(quota) else quota
         for machine_type in getattr(configuration, site.name).MachineTypes:
-            routes[f"{site.name.lower()}-{machine_type}-"] = TardisSite(
-                adapter_class(machine_type=machine_type, site_name=site.name),
-                translation=batch.translation, clock=clock)
-    return TardisSites(routes), batch
+            adapter = adapter_class(machine_type=machine_type, site_name=site.name)
+            found.append(SiteType(
+                site.name, machine_type, f"{site.name.lower()}-{machine_type}-",
+                TardisSite(adapter, translation=batch.translation, clock=clock),
+                float(adapter.machine_meta_data["Cores"]), quota))
+    return found, batch
 
 
 def _adapter(kind: str, name: str) -> Any:
+    if kind == "sites" and name in FENCED:
+        return FENCED[name]
     try:
         return getattr(import_module(f"tardis.adapters.{kind}.{name.lower()}"),
                        f"{name}Adapter")
@@ -401,5 +457,5 @@ def _remote(remote_id: str) -> Any:
     return int(remote_id) if remote_id.isdigit() else remote_id
 
 
-__all__ = ["FAILURES", "HTCONDOR_TRANSLATION", "TardisBatchSystem", "TardisSite",
-           "TardisSiteError", "TardisSites", "from_configuration"]
+__all__ = ["FAILURES", "HTCONDOR_TRANSLATION", "SiteType", "TardisBatchSystem", "TardisSite",
+           "TardisSiteError", "TardisSites", "configured", "from_configuration"]

@@ -94,6 +94,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
              'The job queue the job_exit machine updates.'),
     'serve': ('serve', 'serve',
              'Serve a read-only web dashboard of the database, and /metrics for Prometheus.'),
+    'hook': ('hook', 'hook',
+             "Programs HTCondor runs as hooks: `prepare-job` for a drone's startd."),
 }
 """Each command: its module, the function that is it, and its one-line help."""
 

@@ -33,6 +33,7 @@ from .. import render
 from ..clock import Clock, SystemClock
 from ..errors import LifecycleError
 from ..logs import logger
+from ..machines.drone import payload_verdict
 from ..store.readonly import Connection, ReadOnlyDatabase, Unavailable
 from ..store.statements import dashboard as reads
 from ..values import text_problem
@@ -216,6 +217,22 @@ class Dashboard:
             return found
         return self.answer(request, "resource.html", compute)
 
+    def payload(self, request: Request) -> Response:
+        """May drone KEY of this machine start a payload (``lifecycle hook prepare-job``
+        asks): ``{"verdict": "yes" | "wait" | "no", "reason", "state"}``, JSON only."""
+        name = _path_name(request)
+        key = _argument(request, "key")
+        if key is None:
+            return self.error(request, 400, "which drone? add ?key=KEY", "", True)
+        try:
+            with self.db.read() as db:
+                state = reads.state_of(db, name, key)
+        except Unavailable as exc:
+            return self.error(request, 503, exc.reason, exc.remedy, True)
+        verdict, reason = payload_verdict(state)
+        return JSONResponse({"machine": name, "key": key, "state": state,
+                             "verdict": verdict, "reason": reason})
+
     def effects(self, request: Request) -> Response:
         def compute(db: Connection) -> dict[str, Any]:
             return {"now": reads.iso(self.clock.now()),
@@ -328,6 +345,7 @@ def create_app(url: str | None = None, *, clock: Clock | None = None) -> Starlet
         Route("/machines/{name}", guarded(dashboard.machine)),
         Route("/machines/{name}/resource", guarded(dashboard.resource)),
         Route("/machines/{name}/diagram", guarded(dashboard.diagram)),
+        Route("/machines/{name}/payload", guarded(dashboard.payload)),
         Route("/effects", guarded(dashboard.effects)),
         Route("/refusals", guarded(dashboard.refusals)),
         Route("/live", guarded(dashboard.live)),

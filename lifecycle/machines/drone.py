@@ -260,7 +260,7 @@ def _drone(call: EffectCall) -> Drone:
 T = TypeVar("T")
 
 
-async def _answer(value: T | Awaitable[T]) -> T:
+async def answer(value: T | Awaitable[T]) -> T:
     """What a site (or an engine) answered: awaited when it is asyncio's (a TARDIS adapter,
     an AsyncEngine), as it is otherwise."""
     if inspect.isawaitable(value):
@@ -268,7 +268,7 @@ async def _answer(value: T | Awaitable[T]) -> T:
     return value
 
 
-def _to_end(coroutine: Coroutine[Any, Any, T]) -> T:
+def run_to_end(coroutine: Coroutine[Any, Any, T]) -> T:
     """Run a coroutine that awaits only plain answers (of a sync site) to its end, without
     an event loop: the one body of a handler serves sync and asyncio sites."""
     try:
@@ -290,7 +290,7 @@ def _either(asyncio_: bool, handler: Callable[[EffectCall], Coroutine[Any, Any, 
             ) -> Callable[[EffectCall], Any]:
     if asyncio_:
         return handler
-    return lambda call: _to_end(handler(call))
+    return lambda call: run_to_end(handler(call))
 
 
 def effects(site: Site, batch: BatchSystem) -> dict[str, Effect]:
@@ -303,7 +303,7 @@ def effects(site: Site, batch: BatchSystem) -> dict[str, Effect]:
 
     async def deploy(call: EffectCall) -> FollowUp:
         try:
-            remote_id = await _answer(site.deploy(_drone(call)))
+            remote_id = await answer(site.deploy(_drone(call)))
         except DroneCrashed as exc:
             # TARDIS: TardisDroneCrashed in RequestState -> CleanupState
             return FollowUp("deploy_crashed", {"remote_id": exc.remote_id,
@@ -321,20 +321,20 @@ def effects(site: Site, batch: BatchSystem) -> dict[str, Effect]:
         return FollowUp("deployed", found)
 
     async def integrate(call: EffectCall) -> FollowUp:
-        await _answer(pool.integrate(_drone(call), open_gate=bool(call.args.get("open_gate"))))
+        await answer(pool.integrate(_drone(call), open_gate=bool(call.args.get("open_gate"))))
         return FollowUp("integrated")
 
     async def drain(call: EffectCall) -> FollowUp:
-        await _answer(pool.drain(_drone(call)))
+        await answer(pool.drain(_drone(call)))
         return FollowUp("drain_started")
 
     async def disintegrate(call: EffectCall) -> FollowUp:
-        await _answer(pool.disintegrate(_drone(call)))
+        await answer(pool.disintegrate(_drone(call)))
         return FollowUp("disintegrated")
 
     async def stop(call: EffectCall) -> FollowUp:
         try:
-            await _answer(site_.stop(_drone(call)))
+            await answer(site_.stop(_drone(call)))
         except SiteError as exc:
             # TARDIS: stop_resource failed -> stay in ShutDownState; the next heartbeat on a
             # Running status stops again
@@ -349,7 +349,7 @@ def effects(site: Site, batch: BatchSystem) -> dict[str, Effect]:
         if call.args.get("fenced") and call.fence is not None:
             observed = call.fence.get("expect", {}).get("resource_status")
             expect = observed if observed in (BOOTING, RUNNING, STOPPED, ERROR) else None
-        outcome = await _answer(site.terminate(_drone(call), expect))
+        outcome = await answer(site.terminate(_drone(call), expect))
         # kept with the effect: whether the site acted, or why it left the job alone
         call.save_progress({"acted": outcome.acted, "detail": outcome.detail})
 
@@ -372,8 +372,8 @@ def probe(site: Site, batch: BatchSystem) -> Callable[[ProbeRequest], Any]:
 
     async def ask(request: ProbeRequest) -> dict[str, Any]:
         drone = Drone(request.key, request.data.get("remote_id"), request.data)
-        site_status = await _answer(site.status([drone]))
-        pool_status = await _answer(batch.machine_status([drone]))
+        site_status = await answer(site.status([drone]))
+        pool_status = await answer(batch.machine_status([drone]))
         status = _status(site_status, pool_status, drone.name)
         if UNKNOWN in status.values():
             raise SiteError(f"drone {drone.name}: the site or the pool could not say its "
@@ -382,7 +382,7 @@ def probe(site: Site, batch: BatchSystem) -> Callable[[ProbeRequest], Any]:
 
     if is_asyncio(site, batch):
         return ask
-    return lambda request: _to_end(ask(request))
+    return lambda request: run_to_end(ask(request))
 
 
 # -- the pool: which drones to release ----------------------------------------------------------
@@ -390,21 +390,62 @@ def probe(site: Site, batch: BatchSystem) -> Callable[[ProbeRequest], Any]:
 _RELEASE_ORDER = {"available": 0, "integrating": 1, "integrate": 1, "booting": 2, "request": 3}
 POOL_STATES = frozenset(_RELEASE_ORDER)
 """The states of a drone that counts towards the pool: on its way up, or up."""
+SUPPLYING_STATES = frozenset({"available", "drain", "draining"})
+"""The states in which a drone still wanted supplies its cores, as a TARDIS drone reports
+its supply: from its first Available heartbeat until its demand is 0 (a drone drained for
+its minimum lifetime keeps its demand, and its supply, until it is down)."""
+RELEASE_POLICIES = ("established_first", "newest_first", "cobald")
 
 
-def release_order(drones: Sequence[Any], policy: str = "established_first") -> list[Any]:
+def release_order(drones: Sequence[Any], policy: str = "established_first", *,
+                  cores: float = 1.0, utilisation: Mapping[str, float] | None = None,
+                  rng: Any = None) -> list[Any]:
     """Drones (``Resource``s with demand 1) in the order to release them when demand falls.
 
     ``established_first`` (the default): established idle drones first, oldest first, and
     booting drones last, so that a drone that may be starting payload is the last picked.
-    ``newest_first``: the newest drones first, whatever their state (COBalD's proposal)."""
-    wanted = [d for d in drones if d.data.get("demand", 1) == 1 and d.state in _RELEASE_ORDER]
+    ``newest_first``: the newest drones first, whatever their state (one proposal in the
+    incident's thread). ``cobald``: COBalD's ``FactoryPool`` order, the lowest
+    ``supply x utilisation`` first (``cores`` while supplying, ``utilisation`` per drone
+    key), the drones that tie (every booting drone and every idle one) in no particular
+    order, as COBalD holds its children in a set: shuffled by ``rng`` (a ``random.Random``)."""
+    if policy not in RELEASE_POLICIES:
+        raise ValueError(f"unknown release policy {policy!r}: "
+                         f"{', '.join(RELEASE_POLICIES)}")
+    states = POOL_STATES | SUPPLYING_STATES if policy == "cobald" else POOL_STATES
+    wanted = [d for d in drones if d.data.get("demand", 1) == 1 and d.state in states]
     if policy == "newest_first":
         return sorted(wanted, key=lambda d: d.created_at, reverse=True)
-    if policy != "established_first":
-        raise ValueError(f"unknown release policy {policy!r}: established_first or "
-                         "newest_first")
+    if policy == "cobald":
+        if rng is not None:
+            rng.shuffle(wanted)
+        used = utilisation or {}
+        return sorted(wanted, key=lambda d: (cores if d.state in SUPPLYING_STATES else 0.0)
+                      * float(used.get(d.key, 0.0)))
     return sorted(wanted, key=lambda d: (_RELEASE_ORDER[d.state], d.created_at))
+
+
+# -- the drone's own last word: may its startd start a payload? --------------------------------
+
+PAYLOAD_VERDICTS = {
+    **dict.fromkeys(("integrating", "available", "drain", "draining"), "yes"),
+    **dict.fromkeys(("request", "booting", "integrate"), "wait"),
+}
+"""Whether a drone in each state may start a payload (a state not named: no)."""
+
+
+def payload_verdict(state: str | None) -> tuple[str, str]:
+    """Whether a drone in ``state`` (None: no such drone) may start a payload now, and why:
+    ``yes`` once it is integrated (a drain lets what runs finish), ``wait`` while it is on
+    its way up (its next heartbeat may still remove it: ask again), ``no`` once it is being
+    stopped or removed, or gone (HTCondor's ``HOOK_PREPARE_JOB``: ``lifecycle hook
+    prepare-job``)."""
+    if state is None:
+        return "no", "lifecycle knows no such drone"
+    verdict = PAYLOAD_VERDICTS.get(state, "no")
+    why = {"yes": "integrated", "wait": "not integrated yet: it may still be removed",
+           "no": "it is being stopped or removed, or gone"}[verdict]
+    return verdict, f"the drone is in {state}: {why}"
 
 
 # -- the built-in and its simulation --------------------------------------------------------
@@ -472,7 +513,7 @@ def reconcile(engine: Any, site: Site, batch: BatchSystem, *, machine: str = "dr
     with ThreadPoolExecutor(2, thread_name_prefix="reconcile") as pool:
         asking = pool.submit(site.status, refs), pool.submit(batch.machine_status, refs)
         try:
-            site_status, pool_status = (answer.result() for answer in asking)
+            site_status, pool_status = (asked.result() for asked in asking)
         except SiteError as exc:
             report["site_error"] = str(exc)
             return report
@@ -503,7 +544,7 @@ async def reconcile_async(engine: Any, site: Any, batch: Any, *, machine: str = 
     refs = [Drone(r.key, r.data.get("remote_id"), r.data) for r in drones]
     try:
         site_status, pool_status = await asyncio.gather(
-            _answer(site.status(refs)), _answer(batch.machine_status(refs)))
+            answer(site.status(refs)), answer(batch.machine_status(refs)))
     except SiteError as exc:
         report["site_error"] = str(exc)
         return report

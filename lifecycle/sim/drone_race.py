@@ -306,7 +306,9 @@ def run_variant(*, seed: int, race_guard: bool, options: dict[str, Any], store: 
             for _ in range(target - len(wanted)):
                 new_drone()
         elif target < len(wanted):
-            for resource in drone_machine.release_order(wanted, options["policy"])[
+            used = world.utilisation([Drone(r.key) for r in wanted])
+            for resource in drone_machine.release_order(
+                    wanted, options["policy"], utilisation=used, rng=loop.rng)[
                     : len(wanted) - target]:
                 engine.update(f"{machine}:{resource.key}", {"demand": 0}, actor="cobald")
 
@@ -404,8 +406,10 @@ SIMULATION = Simulation(
         "start_gate": Option(bool, DEFAULTS["start_gate"],
                              "drones take payload only once integrated"),
         "policy": Option(str, DEFAULTS["policy"], "which drones to release: newest_first "
-                         "(COBalD's proposal in the incident's discussion, the default here) or "
-                         "established_first", choices=("newest_first", "established_first")),
+                         "(a proposal in the incident's discussion, the default here), "
+                         "established_first, or cobald (COBalD's FactoryPool: lowest supply x "
+                         "utilisation first, ties in no order)",
+                         choices=drone_machine.RELEASE_POLICIES),
     },
     demo={"drones": 40, "hours": 1.0},
 )

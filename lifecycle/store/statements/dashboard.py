@@ -188,6 +188,12 @@ def _observation(row: Any) -> dict[str, Any]:
             "recorded_at": iso(row.recorded_at), "source": row.source}
 
 
+def state_of(db: Connection, machine: str, key: str) -> str | None:
+    """The state of one resource; None if there is no such resource."""
+    r = resources.c
+    return db.execute(select(r.state).where(r.machine == machine, r.key == key)).scalar()
+
+
 def resource_detail(db: Connection, machine: str, key: str) -> dict[str, Any] | None:
     """The resource, its newest observations, its journal (refusals marked) and its
     effects and pending timers; None if there is no such resource."""
