@@ -1,0 +1,229 @@
+"""Breadth-first, exhaustive exploration of a machine composed with a model of its world.
+
+From the state a model's setup leaves, every enabled move is tried: each world action the
+model declares, the engine's step of each resource that has eventless edges (asking its
+probe when a risky edge wants a fresh observation), the worker running the due effects and
+timers, the clock moving by each of the model's ticks (up to the horizon). States are
+deduplicated by value (:mod:`lifecycle.check.state`), and every move is checked against the
+model's invariants, also when it leads to a state already seen: breadth first, the first
+violation of an invariant is a shortest one. A move that raises (invalid data, an unknown
+trigger) is a violation too: ``replay`` would stop there.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import LifecycleError
+from ..graph import EVENTLESS
+from ..scenario import Playable
+from .memory import Actions, Fired, Memory
+from .moves import Action, Advance, Move, RunEffects, Step
+from .state import EMPTY, State, View
+
+START = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+
+Check = Callable[[View, View, Actions], str | None]
+"""An invariant's test of one move: the state before and after, what effect handlers did in
+the world meanwhile; a sentence saying what went wrong, or None."""
+Expect = Callable[[View, Actions, Actions], list[dict[str, Any]]]
+"""The scenario steps that fail where the invariant was broken, given the state after the
+move, what handlers did in the world before it along the path, and what they did in it."""
+
+
+@dataclass(frozen=True)
+class Invariant:
+    """What must hold on every move, and how a scenario file says it."""
+
+    name: str
+    text: str
+    check: Check
+    expect: Expect
+
+
+@dataclass(frozen=True)
+class Model:
+    """A machine composed with a model of its world.
+
+    ``setup(resources)`` gives the moves that make the starting state (creating that many
+    resources, and what the world and the controller first know of them); ``actions(view)``
+    the world actions enabled in a state; ``ticks`` how far the clock may move in one move.
+    ``steps``: whether the engine's steps are moves (a machine driven by triggers alone
+    has none)."""
+
+    machine: Playable
+    setup: Callable[[int], Sequence[Move]]
+    actions: Callable[[View], Iterable[Action]] = lambda view: ()
+    invariants: Sequence[Invariant] = ()
+    ticks: tuple[float, ...] = ()
+    start: dt.datetime = START
+    steps: bool = True
+    resources: int = 1
+    """How many resources the setup makes unless the bounds say."""
+
+    @property
+    def name(self) -> str:
+        return self.machine.spec.name
+
+
+@dataclass(frozen=True)
+class Bounds:
+    depth: int = 8
+    """Moves from the starting state."""
+    resources: int | None = None
+    """Resources the setup makes (None: the model's own number)."""
+    horizon: float = 300.0
+    """Seconds the clock may move from the start."""
+    queue: int = 3
+    """Open effects a resource may have: a state with more is not explored further (a
+    machine whose steps queue an effect each, never run, would grow without end)."""
+
+
+@dataclass(frozen=True)
+class Hop:
+    """One move of a path: what it was, and the state after it."""
+
+    label: str
+    moves: tuple[Move, ...]
+    actions: Actions
+    fired: Fired | None
+    state: State
+
+
+@dataclass(frozen=True)
+class Counterexample:
+    """A shortest path from the starting state to a move that breaks ``invariant``."""
+
+    invariant: Invariant
+    message: str
+    setup: tuple[Move, ...]
+    initial: State
+    hops: tuple[Hop, ...]
+    start: dt.datetime
+    machine: str
+
+    def __len__(self) -> int:
+        return len(self.hops)
+
+
+@dataclass
+class Report:
+    """What an exploration found: the states it explored, how deep it went, and for each
+    invariant broken its shortest counterexample."""
+
+    machine: str
+    bounds: Bounds
+    invariants: list[str]
+    states: int = 0
+    moves: int = 0
+    depth: int = 0
+    exhausted: bool = False
+    """Every state reachable within the horizon was explored before the depth bound."""
+    violations: dict[str, Counterexample] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return not self.violations
+
+
+RAISED = Invariant(
+    "raises", "no move raises an error (replay would stop there)",
+    lambda before, after, actions: None, lambda view, before, actions: [])
+
+
+def check(model: Model, bounds: Bounds | None = None, *,
+          until_all: bool = True) -> Report:
+    """Explore ``model`` within ``bounds``; with ``until_all``, stop once every invariant has
+    its counterexample."""
+    bounds = bounds or Bounds()
+    memory = Memory(model.machine, model.start)
+    setup = tuple(model.setup(bounds.resources or model.resources))
+    initial = State(0.0, (), EMPTY)
+    for move in setup:
+        initial, _, _ = memory.apply(initial, move)
+    report = Report(model.name, bounds, [i.name for i in model.invariants])
+    parents: dict[State, tuple[State, Hop] | None] = {initial: None}
+    frontier = [initial]
+    wanted = bool(model.invariants)
+    while frontier and report.depth < bounds.depth:
+        report.depth += 1
+        following: list[State] = []
+        for state in frontier:
+            for label, moves in enabled(model, memory, state, bounds):
+                report.moves += 1
+                hop, broken = _try(model, memory, state, label, moves)
+                for invariant, message in broken:
+                    if invariant.name not in report.violations:
+                        report.violations[invariant.name] = Counterexample(
+                            invariant, message, setup, initial,
+                            (*_path(parents, state), hop), model.start, model.name)
+                if hop.state not in parents:
+                    parents[hop.state] = (state, hop)
+                    if all(len(r.effects) <= bounds.queue for r in hop.state.resources):
+                        following.append(hop.state)
+            if until_all and wanted and all(i.name in report.violations
+                                            for i in model.invariants):
+                report.states = len(parents)
+                return report
+        frontier = following
+    report.states = len(parents)
+    report.exhausted = not frontier
+    return report
+
+
+def enabled(model: Model, memory: Memory, state: State,
+            bounds: Bounds) -> list[tuple[str, tuple[Move, ...]]]:
+    """The moves enabled in ``state``: the world's actions, each resource's step, the
+    worker when something is due, the clock's ticks within the horizon."""
+    view = View(state, model.start)
+    out = [(action.label, action.moves) for action in model.actions(view)]
+    compiled = memory.compiled
+    final = set(compiled.spec.final)
+    if model.steps:
+        out += [(f"step {r.key}", (Step(r.key),)) for r in state.resources
+                if r.state not in final and compiled.candidates(r.state, EVENTLESS)]
+    if any(_due(r, state.now) for r in state.resources):
+        out.append(("the worker runs the effects", (RunEffects(),)))
+    out += [(f"{tick:g} s pass", (Advance(tick),)) for tick in model.ticks
+            if state.now + tick <= bounds.horizon]
+    return out
+
+
+def _due(resource: Any, now: float) -> bool:
+    head = resource.head()
+    return (head is not None and not head.failed and head.due <= now) or any(
+        t.due <= now for t in resource.timers)
+
+
+def _try(model: Model, memory: Memory, state: State, label: str,
+         moves: tuple[Move, ...]) -> tuple[Hop, list[tuple[Invariant, str]]]:
+    """Do one hop's moves; the hop and the invariants it breaks (with what went wrong)."""
+    after, actions, fired = state, [], None
+    try:
+        for move in moves:
+            after, done, fired = memory.apply(after, move)
+            actions += done
+    except LifecycleError as exc:
+        hop = Hop(label, moves, actions, fired, state)
+        return hop, [(RAISED, f"{label}: {type(exc).__name__}: {exc}")]
+    hop = Hop(label, moves, actions, fired, after)
+    before_view, after_view = View(state, model.start), View(after, model.start)
+    broken = []
+    for invariant in model.invariants:
+        message = invariant.check(before_view, after_view, actions)
+        if message is not None:
+            broken.append((invariant, message))
+    return hop, broken
+
+
+def _path(parents: dict[State, tuple[State, Hop] | None], state: State) -> list[Hop]:
+    hops: list[Hop] = []
+    link = parents[state]
+    while link is not None:
+        previous, hop = link
+        hops.append(hop)
+        link = parents[previous]
+    return hops[::-1]
