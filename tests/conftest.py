@@ -209,6 +209,7 @@ INTEGRATION_MODULES = {
     "test_drone",
     "test_tardis",
     "test_engine_model",  # the engine against its model, on both databases
+    "test_check",  # counterexamples replayed on a SQLite file
 }
 INTEGRATION_TESTS = {
     # Graphviz's dot in a subprocess

@@ -12,14 +12,16 @@ trigger) is a violation too: ``replay`` would stop there.
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import LifecycleError
 from ..graph import EVENTLESS
-from ..scenario import Playable
+from ..scenario import Playable, Simulated
+from ..spec import MachineSpec
 from .memory import Actions, Fired, Memory
 from .moves import Action, Advance, Move, RunEffects, Step
 from .state import EMPTY, State, View
@@ -127,6 +129,26 @@ class Report:
     @property
     def passed(self) -> bool:
         return not self.violations
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A machine changed for a check (a rule taken out, say): a spec of its own name, the
+    guards and the simulation of the machine it was made from."""
+
+    spec: MachineSpec
+    guards: Mapping[str, Any]
+    simulation: Simulated | None
+
+
+def variant(machine: Playable, name: str, edit: Callable[[dict[str, Any]], None]) -> Variant:
+    """``machine`` with its spec document changed by ``edit`` (given the document as
+    ``MachineSpec.to_json`` writes it, to change in place), named ``name``."""
+    document = copy.deepcopy(machine.spec.to_json())
+    edit(document)
+    spec = MachineSpec.model_validate({**document, "name": name,
+                                       "data_model": machine.spec.data_model})
+    return Variant(spec, machine.guards, machine.simulation)
 
 
 RAISED = Invariant(

@@ -14,7 +14,7 @@ from .explore import Counterexample, Report
 from .memory import Actions
 from .state import Res, State, View, thaw
 
-HEADER = ("#", "time", "move", "resource", "state", "controller believed", "world was",
+HEADER = ("#", "time", "move", "resource", "state", "controller believed", "world",
           "handlers did")
 
 

@@ -18,7 +18,7 @@ from typing import Any
 from ...adapters.sites import BOOTING, DELETED, RUNNING
 from ...machines.drone import BUILTIN, TARDIS_BUILTIN
 from ...scenario import Playable
-from ..explore import Invariant, Model
+from ..explore import Invariant, Model, variant
 from ..memory import Actions
 from ..moves import Action, Create, Move, Note, Observe, SetWorld, Update
 from ..state import View
@@ -53,7 +53,10 @@ def actions(view: View) -> Iterator[Action]:
         if cached != truth:
             yield Action(f"the status cache takes {key}'s status ({truth})",
                          (Note(((f"cache:{key}", truth),)),))
-        if view.machine_state(key) in LIVE and view.believed(key) != {"resource_status": cached}:
+        seen = view.resource(key).seen
+        if view.machine_state(key) in LIVE and (
+                seen is None or seen.at < view.now
+                or view.believed(key) != {"resource_status": cached}):
             yield Action(f"the heartbeat reports {key} {cached} (cached) as of now",
                          (Observe(key, {"resource_status": cached}, source="reconcile"),))
         if view.data(key).get("demand", 1) == 1 and view.machine_state(key) in LIVE:
@@ -104,6 +107,25 @@ def model(machine: Playable = BUILTIN, invariants: Sequence[Invariant] = (PAYLOA
           ticks: tuple[float, ...] = (40.0,)) -> Model:
     """The drone's world around ``machine`` (``drone``, ``drone_tardis``, or a variant)."""
     return Model(machine, setup, actions, tuple(invariants), ticks=ticks)
+
+
+def without_freshness() -> Playable:
+    """``drone`` with no freshness rule on any edge (and so no fence: a fence is the
+    observation a risky edge rested on)."""
+    def edit(document: dict[str, Any]) -> None:
+        for edge in [*document["transitions"], *document["eventless"]]:
+            edge.pop("fresh", None)
+    return variant(BUILTIN, "drone_without_freshness", edit)
+
+
+def without_fence() -> Playable:
+    """``drone`` whose terminate does not pass the site the status it expects."""
+    def edit(document: dict[str, Any]) -> None:
+        for state in document["states"]:
+            for effect in state.get("effects", ()):
+                if isinstance(effect, dict) and effect.get("name") == "terminate":
+                    effect["args"] = {"fenced": False}
+    return variant(BUILTIN, "drone_without_fence", edit)
 
 
 MODELS = {"drone": lambda: model(BUILTIN), "drone_tardis": lambda: model(TARDIS_BUILTIN)}

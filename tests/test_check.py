@@ -1,0 +1,110 @@
+"""`lifecycle check`: the explorer finds each incident's shortest path on the machine that had
+it, finds none on the fixed machine within bounds that contain it, and writes scenarios that
+the real engine replays and fails on at their last step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lifecycle.check import (
+    Advance,
+    Bounds,
+    Memory,
+    SetWorld,
+    State,
+    Step,
+    Update,
+    check,
+    scenario,
+    text,
+    write_scenario,
+)
+from lifecycle.check.state import EMPTY
+from lifecycle.check.worlds import drone, world_model
+from lifecycle.machines import builtins
+from lifecycle.scenario import replay
+
+DRONE_INCIDENT = 4
+"""Moves the incident needs from a booting drone the controller holds as Booting: the job
+and its payload start, the demand drops, the engine steps the drone into cleanup on the
+Booting it holds, the worker removes the job (or the demand first, and the job starts
+between the step and the removal)."""
+DRONE = Bounds(depth=10, horizon=120)
+
+
+def test_the_fixed_drone_removes_no_running_payload_within_bounds() -> None:
+    report = check(world_model("drone"), DRONE)
+    assert report.passed, text(report)
+    assert report.depth == DRONE.depth and report.states > DRONE.depth
+    assert report.invariants == ["payload", "fenced"]
+
+
+def test_the_tardis_drone_removes_a_running_payload_in_the_incidents_moves() -> None:
+    report = check(world_model("drone_tardis"), DRONE)
+    example = report.violations["payload"]
+    assert len(example) == DRONE_INCIDENT
+    labels = [hop.label for hop in example.hops]
+    assert "the site starts d1's job and payload" in labels
+    assert labels[-1] == "the worker runs the effects"
+    # the controller stepped on the Booting it held while the site ran the payload
+    stepped = next(h for h in example.hops if h.label == "step d1")
+    assert stepped.state.resources[0].state == "cleanup"
+    assert dict(stepped.state.resources[0].seen.status) == {"resource_status": "Booting"}
+    assert "payload ran" in example.message
+    printed = text(report)
+    assert "VIOLATED payload" in printed and "Booting (0 s old)" in printed
+
+
+@pytest.mark.parametrize("machine", ["drone", "drone_tardis"])
+def test_bounds_below_the_incident_find_nothing(machine: str) -> None:
+    report = check(world_model(machine), Bounds(depth=DRONE_INCIDENT - 1, horizon=120))
+    assert "payload" not in report.violations
+
+
+@pytest.mark.parametrize("made", [drone.without_freshness, drone.without_fence],
+                         ids=["without_freshness", "without_fence"])
+def test_a_broken_drone_is_caught(made: object) -> None:
+    machine = made()  # type: ignore[operator]
+    report = check(drone.model(machine), DRONE)
+    assert len(report.violations["payload"]) == DRONE_INCIDENT
+
+
+@pytest.mark.parametrize("invariant", ["payload", "fenced"])
+def test_the_written_scenario_replays_and_fails_at_its_last_step(
+        invariant: str, tmp_path: Path) -> None:
+    example = check(world_model("drone_tardis"), DRONE).violations[invariant]
+    path = write_scenario(example, tmp_path / f"{invariant}.yaml")
+    steps = yaml.safe_load(path.read_text())["steps"]
+    result = replay(path, builtins())
+    assert not result.passed
+    assert result.failure is not None
+    # every state the checker found after each move, the real engine found too
+    assert result.failure.step == len(steps)
+    assert result.failure.kind == "expect_actions"
+    assert result.failure.found == ["terminate"]
+
+
+def test_the_scenario_says_what_the_checker_did() -> None:
+    example = check(world_model("drone_tardis"), DRONE).violations["payload"]
+    document = scenario(example)
+    assert document["machine"] == "drone_tardis"
+    kinds = [next(iter(step)) for step in document["steps"]]
+    assert kinds[:3] == ["create", "world", "observe"]
+    assert kinds.count("step") == 1 and kinds.count("run_effects") == 1
+    assert kinds[-1] == "expect_actions"
+
+
+def test_a_step_is_the_engines_own_decision() -> None:
+    """A stale Booting on the fixed drone makes the step ask the probe, and the drone
+    integrates on the fresh Running, as the incident's scenario shows on the engine."""
+    model = world_model("drone")
+    memory = Memory(model.machine, model.start)
+    state = State(0.0, (), EMPTY)
+    for move in [*model.setup(1), SetWorld("d1", {"resource_status": "Running"}),
+                 Advance(40), Update("d1", {"demand": 0})]:
+        state, _, _ = memory.apply(state, move)
+    state, _, fired = memory.apply(state, Step("d1"))
+    assert fired is not None and fired.fired and fired.probed and fired.dest == "integrate"
