@@ -210,6 +210,7 @@ INTEGRATION_MODULES = {
     "test_tardis",
     "test_engine_model",  # the engine against its model, on both databases
     "test_check",  # counterexamples replayed on a SQLite file
+    "test_check_property",
 }
 INTEGRATION_TESTS = {
     # Graphviz's dot in a subprocess
