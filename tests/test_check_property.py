@@ -41,7 +41,13 @@ SETTINGS = settings(max_examples=25, deadline=None, database=None, derandomize=T
                     suppress_health_check=[HealthCheck.function_scoped_fixture,
                                            HealthCheck.too_slow])
 VALUES = (0, 1, 2)
-GUARDS = {f"is_{v}": (lambda v: lambda c: c.status.get("v") == v)(v) for v in VALUES}
+
+
+def _is(value: int) -> Any:
+    return lambda c: c.status.get("v") == value
+
+
+GUARDS = {f"is_{v}": _is(v) for v in VALUES}
 
 
 def _simulation(world: Any) -> tuple[Any, Any, Any]:
