@@ -32,7 +32,9 @@ def _case(machine: str, violated: bool) -> Case:
         explored = [0.0]
 
         def op() -> None:
-            report = check(world_model(machine), BOUNDS)
+            model = world_model(machine)
+            assert model is not None
+            report = check(model, BOUNDS)
             if report.passed == violated:
                 raise BenchError(f"check {machine}: expected "
                                  f"{'a violation' if violated else 'none'}, found "

@@ -32,7 +32,7 @@ from lifecycle.check import (
     check,
     write_scenario,
 )
-from lifecycle.check.explore import Variant
+from lifecycle.check.explore import Machine
 from lifecycle.effects import FollowUp
 from lifecycle.scenario import replay
 from lifecycle.spec import MachineSpec
@@ -58,7 +58,7 @@ def _simulation(world: Any) -> tuple[Any, Any, Any]:
 
 
 @st.composite
-def machines(draw: st.DrawFn, planted: int | None = None) -> Variant:
+def machines(draw: st.DrawFn, planted: int | None = None) -> Machine:
     """A machine of ``s0``..``sN``; with ``planted`` = k, ``bad`` is reached only from
     ``s{k-1}`` and no edge skips ahead, so its shortest path is k moves of the world."""
     count = draw(st.integers(2, 5)) if planted is None else planted
@@ -95,7 +95,7 @@ def machines(draw: st.DrawFn, planted: int | None = None) -> Variant:
         "name": "generated", "initial": "s0",
         "states": [*states, *(["bad"] if planted is not None else [])],
         "transitions": _distinct(transitions), "eventless": eventless})
-    return Variant(spec, GUARDS, _simulation)
+    return Machine(spec, GUARDS, _simulation)
 
 
 def _distinct(transitions: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -110,7 +110,7 @@ def _distinct(transitions: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _world(machine: Variant) -> Model:
+def _world(machine: Machine) -> Model:
     triggers = sorted(machine.spec.triggers - {"poked"})
 
     def setup(resources: int) -> list[Any]:
@@ -154,7 +154,7 @@ def _no_poke_at(value: int) -> Invariant:
 
 @SETTINGS
 @given(machine=machines())
-def test_every_counterexample_replays_to_its_violation(machine: Variant,
+def test_every_counterexample_replays_to_its_violation(machine: Machine,
                                                        tmp_path_factory: Any) -> None:
     report = check(_world(machine), Bounds(depth=5, horizon=30))
     assert report.violations or report.states > 1
@@ -188,6 +188,6 @@ def test_a_chain_of_k_triggers_is_found_at_k(k: int) -> None:
         "name": "generated", "initial": "s0", "states": [*(f"s{i}" for i in range(k)), "bad"],
         "transitions": [*chain, {"trigger": "go_bad", "source": f"s{k - 1}", "dest": "bad"},
                         {"trigger": "poked", "source": "s0", "dest": "s0"}]})
-    model = _world(Variant(spec, GUARDS, _simulation))
+    model = _world(Machine(spec, GUARDS, _simulation))
     assert len(check(model, Bounds(depth=k, horizon=0)).violations["never_bad"]) == k
     assert "never_bad" not in check(model, Bounds(depth=k - 1, horizon=0)).violations

@@ -4,7 +4,7 @@ invariant, as a timeline and as a scenario file that ``lifecycle replay`` fails 
 
 from __future__ import annotations
 
-from .explore import Bounds, Counterexample, Invariant, Model, Report, check
+from .explore import Bounds, Counterexample, Invariant, Machine, Model, Report, check, variant
 from .memory import Actions, Memory
 from .moves import (
     Action,
@@ -23,6 +23,6 @@ from .output import scenario, text, timeline, write_scenario
 from .state import State, View
 
 __all__ = ["Action", "Actions", "Advance", "Bounds", "Counterexample", "Create", "Fire",
-           "Invariant", "Memory", "Model", "Move", "Note", "Observe", "Report", "RunEffects",
-           "SetWorld", "State", "Step", "Update", "View", "check", "scenario", "text",
-           "timeline", "write_scenario"]
+           "Invariant", "Machine", "Memory", "Model", "Move", "Note", "Observe", "Report",
+           "RunEffects", "SetWorld", "State", "Step", "Update", "View", "check", "scenario",
+           "text", "timeline", "variant", "write_scenario"]

@@ -132,23 +132,25 @@ class Report:
 
 
 @dataclass(frozen=True)
-class Variant:
-    """A machine changed for a check (a rule taken out, say): a spec of its own name, the
-    guards and the simulation of the machine it was made from."""
+class Machine:
+    """A machine to check (a ``Playable``, as a built-in is): its spec, its guards, and its
+    ``simulation``: given the :class:`~lifecycle.scenario.World`, the guards, effect
+    handlers and probes it runs with (handlers record what they did in
+    ``world.actions``)."""
 
     spec: MachineSpec
-    guards: Mapping[str, Any]
-    simulation: Simulated | None
+    guards: Mapping[str, Any] = field(default_factory=dict)
+    simulation: Simulated | None = None
 
 
-def variant(machine: Playable, name: str, edit: Callable[[dict[str, Any]], None]) -> Variant:
+def variant(machine: Playable, name: str, edit: Callable[[dict[str, Any]], None]) -> Machine:
     """``machine`` with its spec document changed by ``edit`` (given the document as
     ``MachineSpec.to_json`` writes it, to change in place), named ``name``."""
     document = copy.deepcopy(machine.spec.to_json())
     edit(document)
     spec = MachineSpec.model_validate({**document, "name": name,
                                        "data_model": machine.spec.data_model})
-    return Variant(spec, machine.guards, machine.simulation)
+    return Machine(spec, machine.guards, machine.simulation)
 
 
 RAISED = Invariant(
