@@ -108,3 +108,35 @@ def test_a_step_is_the_engines_own_decision() -> None:
         state, _, _ = memory.apply(state, move)
     state, _, fired = memory.apply(state, Step("d1"))
     assert fired is not None and fired.fired and fired.probed and fired.dest == "integrate"
+
+
+# -- startd: the stale advertised claim --------------------------------------------------------
+
+STARTD_INCIDENT = 6
+"""Moves the incident needs: the collector publishes the slot's ad, the startd fetches work
+(the hook answers, the worker runs it: two moves), the fetched job ends, the policy makes the
+slot Unclaimed, and the schedd claims with the id it read."""
+STARTD = Bounds(depth=12)
+
+
+def test_the_startd_takes_the_claim_the_collector_published_within_bounds() -> None:
+    report = check(world_model("startd"), STARTD)
+    assert report.passed, text(report)
+    assert report.exhausted  # every state of the slot's world, well within the depth
+
+
+def test_the_startd_without_options_c_and_d_refuses_it_in_the_incidents_moves(
+        tmp_path: Path) -> None:
+    report = check(world_model("startd_without_cd"), STARTD)
+    example = report.violations["claim"]
+    assert len(example) == STARTD_INCIDENT
+    assert [h.label for h in example.hops][-2:] == [
+        "the startd evaluates its policy",
+        "schedd-a claims with the id it read from the collector"]
+    path = write_scenario(example, tmp_path / "claim.yaml")
+    result = replay(path, builtins())
+    assert result.failure is not None and result.failure.kind == "expect_last"
+    assert result.failure.step == len(yaml.safe_load(path.read_text())["steps"])
+    assert "names_advertised_claim" in result.failure.found["reason"]
+    fewer = check(world_model("startd_without_cd"), Bounds(depth=STARTD_INCIDENT - 1))
+    assert fewer.passed

@@ -65,10 +65,12 @@ class Model:
     steps: bool = True
     resources: int = 1
     """How many resources the setup makes unless the bounds say."""
+    label: str | None = None
+    """What reports call it (default: the machine's name), when the world differs."""
 
     @property
     def name(self) -> str:
-        return self.machine.spec.name
+        return self.label or self.machine.spec.name
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,9 @@ class Counterexample:
     hops: tuple[Hop, ...]
     start: dt.datetime
     machine: str
+    """The machine's name, as a scenario names it."""
+    model: str
+    """The model's name, as ``lifecycle check`` names it."""
 
     def __len__(self) -> int:
         return len(self.hops)
@@ -183,7 +188,8 @@ def check(model: Model, bounds: Bounds | None = None, *,
                     if invariant.name not in report.violations:
                         report.violations[invariant.name] = Counterexample(
                             invariant, message, setup, initial,
-                            (*_path(parents, state), hop), model.start, model.name)
+                            (*_path(parents, state), hop), model.start,
+                            model.machine.spec.name, model.name)
                 if hop.state not in parents:
                     parents[hop.state] = (state, hop)
                     if all(len(r.effects) <= bounds.queue for r in hop.state.resources):

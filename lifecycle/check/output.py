@@ -105,7 +105,7 @@ def scenario(example: Counterexample) -> dict[str, Any]:
     steps += example.invariant.expect(View(last.state, start), done, last.actions)
     return {
         "machine": example.machine,
-        "description": f"Found by `lifecycle check {example.machine}`: {example.invariant.text}"
+        "description": f"Found by `lifecycle check {example.model}`: {example.invariant.text}"
                        f" is broken in {len(example)} moves: {example.message}",
         "start": start.isoformat().replace("+00:00", "Z"),
         "steps": steps,

@@ -8,7 +8,8 @@ from collections.abc import Callable
 
 from ..explore import Model
 
-MODULES = {"drone": "drone", "drone_tardis": "drone"}
+MODULES = {"drone": "drone", "drone_tardis": "drone", "startd": "startd",
+           "startd_without_cd": "startd"}
 
 
 def world_model(machine: str) -> Model | None:
