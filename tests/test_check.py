@@ -23,7 +23,7 @@ from lifecycle.check import (
     write_scenario,
 )
 from lifecycle.check.state import EMPTY
-from lifecycle.check.worlds import drone, world_model
+from lifecycle.check.worlds import drone, slurm_dispatch, world_model
 from lifecycle.machines import builtins
 from lifecycle.scenario import replay
 
@@ -139,4 +139,35 @@ def test_the_startd_without_options_c_and_d_refuses_it_in_the_incidents_moves(
     assert result.failure.step == len(yaml.safe_load(path.read_text())["steps"])
     assert "names_advertised_claim" in result.failure.found["reason"]
     fewer = check(world_model("startd_without_cd"), Bounds(depth=STARTD_INCIDENT - 1))
+    assert fewer.passed
+
+
+# -- slurm_dispatch: the scancel loop ---------------------------------------------------------
+
+SLURM_INCIDENT = 8
+"""Moves the loop needs: the container finishes, the job leaves squeue, delay A (0) runs
+out, the dispatcher steps on the squeue it holds and scancels, a second passes, the scancel
+matches nothing and delay B runs out, and the dispatcher scancels again on the same old
+squeue."""
+SLURM = Bounds(depth=SLURM_INCIDENT + 1, horizon=3)
+
+
+def test_the_dispatcher_never_scancels_on_an_squeue_older_than_its_last_scancel() -> None:
+    report = check(world_model("slurm_dispatch"), SLURM)
+    assert report.passed, text(report)
+    assert report.depth == SLURM.depth
+
+
+def test_arvados_policy_scancels_again_on_the_old_squeue(tmp_path: Path) -> None:
+    report = check(world_model("slurm_dispatch_arvados"), SLURM)
+    example = report.violations["stale"]
+    assert len(example) == SLURM_INCIDENT
+    assert sum(a[0] == "scancel" for h in example.hops for a in h.actions) == 2
+    path = write_scenario(example, tmp_path / "loop.yaml")
+    result = replay(path, {**builtins(), "slurm_dispatch_arvados": slurm_dispatch.arvados()})
+    assert result.failure is not None and result.failure.kind == "expect_actions"
+    assert result.failure.step == len(yaml.safe_load(path.read_text())["steps"])
+    assert result.failure.found == ["scancel", "scancel"]
+    fewer = check(world_model("slurm_dispatch_arvados"),
+                  Bounds(depth=SLURM_INCIDENT - 1, horizon=3))
     assert fewer.passed

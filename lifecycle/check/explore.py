@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 import datetime as dt
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import LifecycleError
@@ -24,7 +24,7 @@ from ..scenario import Playable, Simulated
 from ..spec import MachineSpec
 from .memory import Actions, Fired, Memory
 from .moves import Action, Advance, Move, RunEffects, Step
-from .state import EMPTY, State, View
+from .state import EMPTY, State, View, freeze, thaw
 
 START = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
@@ -67,6 +67,9 @@ class Model:
     """How many resources the setup makes unless the bounds say."""
     label: str | None = None
     """What reports call it (default: the machine's name), when the world differs."""
+    tally: Callable[[View, Actions], Mapping[str, Any]] | None = None
+    """After each move, the model's own values that what handlers did changes (when a job
+    was last cancelled, say): invariants read them from ``View.extra``."""
 
     @property
     def name(self) -> str:
@@ -239,6 +242,10 @@ def _try(model: Model, memory: Memory, state: State, label: str,
     except LifecycleError as exc:
         hop = Hop(label, moves, actions, fired, state)
         return hop, [(RAISED, f"{label}: {type(exc).__name__}: {exc}")]
+    if model.tally is not None:
+        counted = model.tally(View(after, model.start), actions)
+        if counted:
+            after = replace(after, extra=freeze({**thaw(after.extra), **counted}))
     hop = Hop(label, moves, actions, fired, after)
     before_view, after_view = View(state, model.start), View(after, model.start)
     broken = []

@@ -9,7 +9,8 @@ from collections.abc import Callable
 from ..explore import Model
 
 MODULES = {"drone": "drone", "drone_tardis": "drone", "startd": "startd",
-           "startd_without_cd": "startd"}
+           "startd_without_cd": "startd", "slurm_dispatch": "slurm_dispatch",
+           "slurm_dispatch_arvados": "slurm_dispatch"}
 
 
 def world_model(machine: str) -> Model | None:
