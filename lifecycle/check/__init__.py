@@ -9,6 +9,7 @@ from .memory import Actions, Memory
 from .moves import (
     Action,
     Advance,
+    Crash,
     Create,
     Fire,
     Move,
@@ -22,7 +23,7 @@ from .moves import (
 from .output import scenario, text, timeline, write_scenario
 from .state import State, View
 
-__all__ = ["Action", "Actions", "Advance", "Bounds", "Counterexample", "Create", "Fire",
+__all__ = ["Action", "Actions", "Advance", "Bounds", "Counterexample", "Crash", "Create", "Fire",
            "Invariant", "Machine", "Memory", "Model", "Move", "Note", "Observe", "Report",
            "RunEffects", "SetWorld", "State", "Step", "Update", "View", "check", "scenario",
            "text", "timeline", "variant", "write_scenario"]

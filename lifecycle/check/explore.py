@@ -23,7 +23,7 @@ from ..graph import EVENTLESS
 from ..scenario import Playable, Simulated
 from ..spec import MachineSpec
 from .memory import Actions, Fired, Memory
-from .moves import Action, Advance, Move, RunEffects, Step
+from .moves import Action, Advance, Crash, Move, RunEffects, Step
 from .state import EMPTY, State, View, freeze, thaw
 
 START = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -84,6 +84,8 @@ class Bounds:
     """Resources the setup makes (None: the model's own number)."""
     horizon: float = 300.0
     """Seconds the clock may move from the start."""
+    crashes: bool = True
+    """Whether the worker may die between a handler's end and its outcome's record."""
     queue: int = 3
     """Open effects a resource may have: a state with more is not explored further (a
     machine whose steps queue an effect each, never run, would grow without end)."""
@@ -220,6 +222,10 @@ def enabled(model: Model, memory: Memory, state: State,
                 if r.state not in final and compiled.candidates(r.state, EVENTLESS)]
     if any(_due(r, state.now) for r in state.resources):
         out.append(("the worker runs the effects", (RunEffects(),)))
+    if bounds.crashes:
+        out += [(f"the worker runs {r.key}'s {head.name} and dies before recording it",
+                 (Crash(r.key),)) for r in state.resources
+                if (head := r.head()) is not None and not head.failed and head.due <= state.now]
     out += [(f"{tick:g} s pass", (Advance(tick),)) for tick in model.ticks
             if state.now + tick <= bounds.horizon]
     return out

@@ -35,6 +35,7 @@ from ..scenario import Playable, World
 from ..spec import EffectSpec
 from .moves import (
     Advance,
+    Crash,
     Create,
     Fire,
     Move,
@@ -127,6 +128,11 @@ class Memory:
             state, fired = self.fire(state, move.key, trigger, payload)
         elif isinstance(move, RunEffects):
             state = self.run_effects(state)
+        elif isinstance(move, Crash):
+            _, resource = state.find(move.key)
+            head = resource.head()
+            assert head is not None
+            self._call(resource, head, state.now)  # its outcome dies with the worker
         else:
             raise CheckError(f"unknown move {move!r}")
         return self._leave(state), list(self.world.actions), fired

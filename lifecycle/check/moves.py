@@ -153,6 +153,20 @@ class RunEffects(Move):
 
 
 @dataclass(frozen=True)
+class Crash(Move):
+    """A fault: the worker runs ``key``'s queue head and dies before it records the outcome
+    (the handler's I/O happened; the effect runs again later)."""
+
+    key: str
+
+    def scenario(self, start: dt.datetime) -> list[dict[str, Any]]:
+        return [{"crash_effect": self.key}]
+
+    def text(self) -> str:
+        return f"the worker dies after running {self.key}'s effect, unrecorded"
+
+
+@dataclass(frozen=True)
 class Note(Move):
     """The world model's own values change (``values``: name -> new value); nothing the
     machine sees, so no scenario step."""

@@ -5,8 +5,9 @@ The container runs, its job listed by squeue and seen so by the dispatcher. The 
 then, in any order: finish the container (the API's ``container_done``), let the job leave
 squeue, poll squeue (an answer as of now), ask squeue and have the answer arrive later
 (true as of when it was asked: a lagging squeue), and make scancel fail or work again. The
-clock moves a second at a time. The invariant is what the incident's loop broke: no job is
-scancelled again on an squeue picture from before its previous scancel. Arvados' cancel
+clock moves a second at a time. The invariant is what the incident's loop broke: the
+dispatcher never decides another scancel of a job on an squeue picture from before its
+previous scancel. Arvados' cancel
 policy (no delay A, a scancel every second while the job is listed in whatever squeue the
 dispatcher holds, no backoff) is ``arvados()``.
 """
@@ -73,23 +74,26 @@ def _scancels(view: View, actions: Actions) -> dict[str, Any]:
 
 
 def _stale(before: View, after: View, actions: Actions) -> str | None:
-    if not any(name == "scancel" for name, _, _ in actions):
+    """A decision to scancel (``cancelling.due`` -> ``scancelling``) that rests on an squeue
+    older than the job's previous scancel. (A scancel run again after the worker died is the
+    outbox's at-least-once, not a new decision.)"""
+    if not (before.machine_state(JOB) == "cancelling.due"
+            and after.machine_state(JOB) == "cancelling.scancelling"):
         return None
     last = before.extra("last_scancel")
-    seen = before.resource(JOB).seen
+    seen = after.resource(JOB).seen
     if last is not None and seen is not None and seen.at < last:
-        return (f"{JOB} was scancelled again at {after.now:g} s on the squeue of "
+        return (f"{JOB} is to be scancelled again at {after.now:g} s on the squeue of "
                 f"{seen.at:g} s, older than its previous scancel at {last:g} s")
     return None
 
 
 def _expect(view: View, before: Actions, hop: Actions) -> list[dict[str, Any]]:
-    return [{"expect_actions": {"key": JOB, "actions": [
-        name for name, key, _ in before if key == JOB]}}]
+    return [{"expect": {"key": JOB, "state": "cancelling.due"}}]
 
 
-STALE = Invariant("stale", "no job is scancelled again on an squeue from before its "
-                  "previous scancel", _stale, _expect)
+STALE = Invariant("stale", "never decides another scancel of a job on an squeue from before "
+                  "its previous scancel", _stale, _expect)
 
 
 def arvados() -> Playable:
