@@ -14,6 +14,7 @@ from lifecycle.check import (
     Actions,
     Advance,
     Bounds,
+    Crash,
     Invariant,
     Memory,
     SetWorld,
@@ -27,7 +28,7 @@ from lifecycle.check import (
     write_scenario,
 )
 from lifecycle.check.state import EMPTY
-from lifecycle.check.worlds import drone, slurm_dispatch, world_model
+from lifecycle.check.worlds import drone, job_exit, slurm_dispatch, world_model
 from lifecycle.machines import builtins
 from lifecycle.machines.drone import TARDIS_BUILTIN as BUILTIN_TARDIS
 from lifecycle.scenario import replay
@@ -206,3 +207,33 @@ def test_a_crash_runs_the_effect_again_and_the_scenario_crashes_alike(tmp_path: 
     assert result.failure is not None and result.failure.kind == "expect_actions"
     assert result.failure.step == len(yaml.safe_load(path.read_text())["steps"])
     assert result.failure.found == ["terminate", "terminate"]
+
+
+# -- job_exit: the exit that repeats or skips steps ----------------------------------------------
+
+JOB_EXIT_INCIDENT = 7
+"""Moves a second queue update needs when the worker runs everything due in one move: the
+job exits, the queue goes down (so that the steps stop at the queue update: its attempt
+fails), comes back, its retry falls due (30 s), the worker dies after the update, before
+recording it, and the update runs again."""
+JOB_EXIT = Bounds(depth=JOB_EXIT_INCIDENT + 1, horizon=60)
+
+
+def test_the_job_exit_updates_the_queue_once_across_crashes() -> None:
+    report = check(world_model("job_exit"), JOB_EXIT)
+    assert report.passed, text(report)
+    assert report.invariants == ["queue_once", "mail_after_queue"]
+
+
+def test_without_the_outbox_a_crash_updates_the_queue_twice(tmp_path: Path) -> None:
+    example = check(world_model("job_exit_without_outbox"), JOB_EXIT).violations["queue_once"]
+    assert len(example) == JOB_EXIT_INCIDENT
+    assert isinstance(example.hops[-2].moves[0], Crash)
+    path = write_scenario(example, tmp_path / "twice.yaml")
+    result = replay(path, {**builtins(), "job_exit_without_outbox": job_exit.without_outbox()})
+    assert result.failure is not None and result.failure.kind == "expect_actions"
+    assert result.failure.step == len(yaml.safe_load(path.read_text())["steps"])
+    assert result.failure.found.count("committed") == 2
+    fewer = check(world_model("job_exit_without_outbox"),
+                  Bounds(depth=JOB_EXIT_INCIDENT - 1, horizon=60))
+    assert "queue_once" not in fewer.violations

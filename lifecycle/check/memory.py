@@ -53,6 +53,11 @@ Actions = list[tuple[str, str, dict[str, Any]]]
 it: (action, key, details)."""
 
 
+COMMITTED = "committed"
+"""The action the checker records when a handler's database writes commit with its effect's
+outcome (``FollowUp.writes``); a scenario's world never records it."""
+
+
 class _Moment(SimulatedClock):
     """The world's clock, set to each state's time before a move (a state explored later
     may be earlier than the last one)."""
@@ -310,15 +315,18 @@ class Memory:
                 answer = asyncio.run(_awaited(answer))
         except Exception as exc:  # the handler's failure is recorded, not raised
             return call, exc
-        if isinstance(answer, FollowUp) and answer.writes is not None:
-            raise CheckError(f"effect {head.name} of {self.spec.name} writes to the database "
-                             "with its follow-up: the checker cannot run it in memory")
         return call, answer
 
     def _done(self, state: State, key: str, follow_up: FollowUp | None) -> State:
-        """The head is done (the queue goes on); its follow-up fired in the same write."""
+        """The head is done (the queue goes on); its follow-up fired in the same write, with
+        the handler's own database writes, which commit here and only here: they are not run
+        (there is no database), but recorded as a ``committed`` action of the resource, so
+        that invariants can count them."""
         _, resource = state.find(key)
+        head = resource.head()
         state = state.put(replace(resource, effects=resource.effects[1:]))
+        if follow_up is not None and follow_up.writes is not None and head is not None:
+            self.world.actions.append((COMMITTED, key, {"effect": head.name}))
         if follow_up is not None:
             state, _ = self.fire(state, key, follow_up.trigger, dict(follow_up.payload))
         return state

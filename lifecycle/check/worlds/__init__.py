@@ -10,7 +10,8 @@ from ..explore import Model
 
 MODULES = {"drone": "drone", "drone_tardis": "drone", "startd": "startd",
            "startd_without_cd": "startd", "slurm_dispatch": "slurm_dispatch",
-           "slurm_dispatch_arvados": "slurm_dispatch"}
+           "slurm_dispatch_arvados": "slurm_dispatch", "job_exit": "job_exit",
+           "job_exit_without_outbox": "job_exit"}
 
 
 def world_model(machine: str) -> Model | None:
