@@ -5,10 +5,12 @@ the real engine replays and fails on at their last step."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
 import yaml
+from click.testing import CliRunner
 
 from lifecycle.check import (
     Actions,
@@ -29,6 +31,7 @@ from lifecycle.check import (
 )
 from lifecycle.check.state import EMPTY
 from lifecycle.check.worlds import drone, job_exit, slurm_dispatch, world_model
+from lifecycle.cli import main
 from lifecycle.machines import builtins
 from lifecycle.machines.drone import TARDIS_BUILTIN as BUILTIN_TARDIS
 from lifecycle.scenario import replay
@@ -237,3 +240,55 @@ def test_without_the_outbox_a_crash_updates_the_queue_twice(tmp_path: Path) -> N
     fewer = check(world_model("job_exit_without_outbox"),
                   Bounds(depth=JOB_EXIT_INCIDENT - 1, horizon=60))
     assert "queue_once" not in fewer.violations
+
+
+# -- the command line --------------------------------------------------------------------------
+
+USER_MODEL = '''
+from lifecycle import MachineSpec
+from lifecycle.check import Action, Create, Fire, Invariant, Machine, Model
+
+spec = MachineSpec.model_validate({
+    "name": "toggle", "initial": "off", "states": ["off", "on", "broken"],
+    "transitions": [{"trigger": "flip", "source": "off", "dest": "on"},
+                    {"trigger": "flip", "source": "on", "dest": "broken"}]})
+never_broken = Invariant(
+    "broken", "never broken",
+    lambda before, after, did: "broken" if after.machine_state("t1") == "broken" else None,
+    lambda view, before, did: [{"expect": {"key": "t1", "state": "on"}}])
+MODEL = Model(Machine(spec), lambda n: [Create("t1")],
+              lambda view: [Action("flip", (Fire("t1", "flip"),))], [never_broken])
+'''
+
+
+def test_the_command_prints_the_timeline_writes_the_scenario_and_exits_1(
+        tmp_path: Path) -> None:
+    runner = CliRunner()
+    path = tmp_path / "race.yaml"
+    found = runner.invoke(main, ["check", "drone_tardis", "--invariant", "payload",
+                                 "--write-scenario", str(path)])
+    assert found.exit_code == 1, found.output
+    assert "VIOLATED payload" in found.output and "shortest counterexample: 4 moves" in found.output
+    assert not replay(path, builtins()).passed
+    clean = runner.invoke(main, ["check", "drone", "--depth", "4", "--json"])
+    assert clean.exit_code == 0, clean.output
+    figures = json.loads(clean.output)
+    assert figures["passed"] and figures["bounds"]["depth"] == 4 and figures["states"] > 1
+    assert figures["violations"] == {}
+
+
+def test_the_command_checks_a_users_model_from_a_file(tmp_path: Path) -> None:
+    (tmp_path / "toggle.py").write_text(USER_MODEL)
+    result = CliRunner().invoke(main, ["check", f"{tmp_path / 'toggle.py'}:MODEL", "--json"])
+    assert result.exit_code == 1, result.output
+    violation = json.loads(result.output)["violations"]["broken"]
+    assert violation["length"] == 2
+    assert [row["move"] for row in violation["timeline"]] == ["start", "flip", "flip"]
+
+
+def test_the_command_names_what_it_cannot_check() -> None:
+    runner = CliRunner()
+    unknown = runner.invoke(main, ["check", "no_such_machine"])
+    assert unknown.exit_code == 2 and "neither a built-in machine" in unknown.output
+    wrong = runner.invoke(main, ["check", "drone", "--invariant", "nope"])
+    assert wrong.exit_code == 2 and "unknown invariant nope" in wrong.output
