@@ -46,7 +46,7 @@ from .moves import (
     Step,
     Update,
 )
-from .state import EMPTY, Frozen, Pending, Res, Seen, State, Timer, freeze, thaw
+from .state import Frozen, Pending, Res, Seen, State, Timer, freeze, thaw
 
 Actions = list[tuple[str, str, dict[str, Any]]]
 """What effect handlers asked the world to do during a move, as the scenario's world records
@@ -140,7 +140,9 @@ class Memory:
             self._call(resource, head, state.now)  # its outcome dies with the worker
         else:
             raise CheckError(f"unknown move {move!r}")
-        return self._leave(state), list(self.world.actions), fired
+        if isinstance(move, SetWorld | RunEffects | Crash):  # what may change the world
+            state = replace(state, world=freeze(self.world.status))
+        return state, list(self.world.actions), fired
 
     def _enter(self, state: State) -> None:
         """Set the world the handlers and probes see to the state's."""
@@ -148,16 +150,15 @@ class Memory:
         self.world.actions = []
         self.clock.at = self.time(state.now)
 
-    def _leave(self, state: State) -> State:
-        return replace(state, world=freeze(self.world.status))
-
     def _create(self, state: State, move: Create) -> State:
         spec = self.spec
         dest = spec.graph.enter(move.state if move.state is not None else spec.initial)
         data = validated_data(spec, move.key, dict(move.data))
         resource = Res(move.key, dest, 1, freeze(data), state.now)
         entered = list(reversed(spec.graph.ancestors(dest)))
-        resource = self._entered(resource, (), entered, [], None, 1, None, EMPTY, state.now)
+        # (the creation's journal row carries the data as its payload, as its effects see it)
+        resource = self._entered(resource, (), entered, [], None, 1, None, freeze(data),
+                                 state.now)
         return state.put(resource)
 
     def _update(self, state: State, move: Update) -> State:
