@@ -26,8 +26,11 @@ from ..state import View
 
 JOB = "c1"
 LISTED = {"in_squeue": True, "job_id": JOB, "state": "RUNNING"}
-ARVADOS_DELAYS = {"delay_a": 0.0, "delay_b": 1.0, "next_delay": 1.0, "error_delay": 1.0,
-                  "error_cap": 1.0}
+SHORT_DELAYS = {"delay_a": 0.0, "delay_b": 1.0, "next_delay": 1.0, "error_delay": 1.0,
+                "error_cap": 1.0}
+"""Arvados' delays (none before the first scancel, a second between them, no backoff). Both
+machines are checked with them, so that a few seconds of horizon hold several scancels of
+one job: what differs is the freshness rule alone."""
 
 
 def _setup(delays: dict[str, float]) -> Any:
@@ -112,5 +115,5 @@ def model(machine: Playable = BUILTIN, delays: dict[str, float] | None = None,
                  label=label, tally=_scancels)
 
 
-MODELS = {"slurm_dispatch": lambda: model(),
-          "slurm_dispatch_arvados": lambda: model(arvados(), ARVADOS_DELAYS)}
+MODELS = {"slurm_dispatch": lambda: model(BUILTIN, SHORT_DELAYS),
+          "slurm_dispatch_arvados": lambda: model(arvados(), SHORT_DELAYS)}
