@@ -13,12 +13,18 @@ import yaml
 from click.testing import CliRunner
 
 from lifecycle.check import (
+    Action,
     Actions,
     Advance,
     Bounds,
     Crash,
+    Create,
+    Eventually,
+    Fire,
     Invariant,
+    Machine,
     Memory,
+    Model,
     SetWorld,
     State,
     Step,
@@ -35,6 +41,7 @@ from lifecycle.cli import main
 from lifecycle.machines import builtins
 from lifecycle.machines.drone import TARDIS_BUILTIN as BUILTIN_TARDIS
 from lifecycle.scenario import replay
+from lifecycle.spec import MachineSpec
 
 DRONE_INCIDENT = 4
 """Moves the incident needs from a booting drone the controller holds as Booting: the job
@@ -294,3 +301,46 @@ def test_the_command_names_what_it_cannot_check() -> None:
     assert unknown.exit_code == 2 and "neither a built-in machine" in unknown.output
     wrong = runner.invoke(main, ["check", "drone", "--invariant", "nope"])
     assert wrong.exit_code == 2 and "unknown invariant nope" in wrong.output
+
+
+# -- liveness: what must stay possible -----------------------------------------------------------
+
+
+def _trap_model(jam: bool) -> Model:
+    spec = MachineSpec.model_validate({
+        "name": "trap", "initial": "a", "states": ["a", "b", "trap"],
+        "transitions": [{"trigger": "flip", "source": "a", "dest": "b"},
+                        {"trigger": "flip", "source": "b", "dest": "a"},
+                        {"trigger": "jam", "source": "b", "dest": "trap"}]})
+
+    def actions(view: View) -> list[Action]:
+        out = [Action("flip", (Fire("t1", "flip"),))] if view.machine_state("t1") != "trap" \
+            else []
+        if jam and view.machine_state("t1") == "b":
+            out.append(Action("jam", (Fire("t1", "jam"),)))
+        return out
+
+    back = Eventually("back", "t1 gets back to a", lambda v: v.machine_state("t1") != "a",
+                      lambda v: v.machine_state("t1") == "a")
+    return Model(Machine(spec), lambda n: [Create("t1")], actions, eventually=[back])
+
+
+def test_a_state_from_which_a_liveness_property_never_holds_is_found_shortest() -> None:
+    report = check(_trap_model(jam=True), Bounds(depth=6))
+    stuck = report.stuck["back"]
+    assert [h.label for h in stuck.hops] == ["flip", "jam"]
+    assert not report.passed and "NEVER back" in text(report)
+    assert check(_trap_model(jam=False), Bounds(depth=6)).passed
+
+
+def test_a_job_exit_that_gave_up_finishes_only_after_the_operators_retry() -> None:
+    model = world_model("job_exit")
+    assert model is not None
+    bounds = Bounds(depth=30, horizon=150)  # six failed attempts, 30 s apart, then stuck
+    assert check(model, bounds).passed
+
+    def without_retry(view: View) -> list[Action]:
+        return [a for a in model.actions(view) if a.label != "the operator runs lifecycle retry"]
+
+    stuck = check(dataclasses.replace(model, actions=without_retry), bounds).stuck["finishes"]
+    assert stuck.hops[-1].state.resources[0].state == "stuck_queue"

@@ -4,7 +4,17 @@ invariant, as a timeline and as a scenario file that ``lifecycle replay`` fails 
 
 from __future__ import annotations
 
-from .explore import Bounds, Counterexample, Invariant, Machine, Model, Report, check, variant
+from .explore import (
+    Bounds,
+    Counterexample,
+    Eventually,
+    Invariant,
+    Machine,
+    Model,
+    Report,
+    check,
+    variant,
+)
 from .memory import Actions, Memory
 from .moves import (
     Action,
@@ -15,6 +25,7 @@ from .moves import (
     Move,
     Note,
     Observe,
+    Retry,
     RunEffects,
     SetWorld,
     Step,
@@ -23,7 +34,7 @@ from .moves import (
 from .output import scenario, text, timeline, write_scenario
 from .state import State, View
 
-__all__ = ["Action", "Actions", "Advance", "Bounds", "Counterexample", "Crash", "Create", "Fire",
-           "Invariant", "Machine", "Memory", "Model", "Move", "Note", "Observe", "Report",
-           "RunEffects", "SetWorld", "State", "Step", "Update", "View", "check", "scenario",
-           "text", "timeline", "variant", "write_scenario"]
+__all__ = ["Action", "Actions", "Advance", "Bounds", "Counterexample", "Crash", "Create",
+           "Eventually", "Fire", "Invariant", "Machine", "Memory", "Model", "Move", "Note",
+           "Observe", "Report", "Retry", "RunEffects", "SetWorld", "State", "Step", "Update",
+           "View", "check", "scenario", "text", "timeline", "variant", "write_scenario"]

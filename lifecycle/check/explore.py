@@ -47,6 +47,23 @@ class Invariant:
 
 
 @dataclass(frozen=True)
+class Eventually:
+    """A liveness property: wherever ``owed`` holds, a state where ``met`` holds must stay
+    reachable by some moves of the machine and its world (every drone with demand 0 can
+    still leave ``booting``). Checked on the whole explored graph; a state from which
+    nothing reaches it is reported with the shortest path to it."""
+
+    name: str
+    text: str
+    owed: Callable[[View], bool]
+    met: Callable[[View], bool]
+
+    def as_invariant(self) -> Invariant:
+        return Invariant(self.name, self.text, lambda before, after, actions: None,
+                         lambda view, before, actions: [])
+
+
+@dataclass(frozen=True)
 class Model:
     """A machine composed with a model of its world.
 
@@ -67,6 +84,8 @@ class Model:
     """How many resources the setup makes unless the bounds say."""
     label: str | None = None
     """What reports call it (default: the machine's name), when the world differs."""
+    eventually: Sequence[Eventually] = ()
+    """Liveness properties, checked on the whole explored graph."""
     tally: Callable[[View, Actions], Mapping[str, Any]] | None = None
     """After each move, the model's own values that what handlers did changes (when a job
     was last cancelled, say): invariants read them from ``View.extra``."""
@@ -129,16 +148,23 @@ class Report:
     machine: str
     bounds: Bounds
     invariants: list[str]
+    eventually: list[str] = field(default_factory=list)
     states: int = 0
     moves: int = 0
     depth: int = 0
     exhausted: bool = False
-    """Every state reachable within the horizon was explored before the depth bound."""
+    """Every state reachable within the horizon was explored before the depth bound (but
+    those past the queue bound: ``cut``)."""
+    cut: int = 0
+    """States with more open effects than the queue bound, not explored further."""
     violations: dict[str, Counterexample] = field(default_factory=dict)
+    stuck: dict[str, Counterexample] = field(default_factory=dict)
+    """For each liveness property that can stop being reachable, the shortest path to a
+    state from which it never happens."""
 
     @property
     def passed(self) -> bool:
-        return not self.violations
+        return not self.violations and not self.stuck
 
 
 @dataclass(frozen=True)
@@ -171,42 +197,91 @@ RAISED = Invariant(
 def check(model: Model, bounds: Bounds | None = None, *,
           until_all: bool = True) -> Report:
     """Explore ``model`` within ``bounds``; with ``until_all``, stop once every invariant has
-    its counterexample."""
+    its counterexample (the liveness properties, which need the whole exploration, are then
+    not checked: the report lists none)."""
     bounds = bounds or Bounds()
     memory = Memory(model.machine, model.start)
     setup = tuple(model.setup(bounds.resources or model.resources))
     initial = State(0.0, (), EMPTY)
     for move in setup:
         initial, _, _ = memory.apply(initial, move)
-    report = Report(model.name, bounds, [i.name for i in model.invariants])
+    report = Report(model.name, bounds, [i.name for i in model.invariants],
+                    [e.name for e in model.eventually])
     parents: dict[State, tuple[State, Hop] | None] = {initial: None}
-    frontier = [initial]
-    wanted = bool(model.invariants)
+    following: dict[State, set[State]] = {}
+    frontier: list[State] = [initial]
+    partial: set[State] = set()
+    """States whose future the horizon cut: something was due after it."""
+    early = until_all and bool(model.invariants)
     while frontier and report.depth < bounds.depth:
         report.depth += 1
-        following: list[State] = []
+        reached: list[State] = []
         for state in frontier:
+            after = following.setdefault(state, set())
+            if _waiting(state) and any(state.now + t > bounds.horizon for t in model.ticks):
+                partial.add(state)
             for label, moves in enabled(model, memory, state, bounds):
                 report.moves += 1
                 hop, broken = _try(model, memory, state, label, moves)
+                after.add(hop.state)
                 for invariant, message in broken:
                     if invariant.name not in report.violations:
-                        report.violations[invariant.name] = Counterexample(
-                            invariant, message, setup, initial,
-                            (*_path(parents, state), hop), model.start,
-                            model.machine.spec.name, model.name)
+                        report.violations[invariant.name] = _example(
+                            model, invariant, message, setup, initial,
+                            (*_path(parents, state), hop))
                 if hop.state not in parents:
                     parents[hop.state] = (state, hop)
                     if all(len(r.effects) <= bounds.queue for r in hop.state.resources):
-                        following.append(hop.state)
-            if until_all and wanted and all(i.name in report.violations
-                                            for i in model.invariants):
-                report.states = len(parents)
+                        reached.append(hop.state)
+                    else:
+                        report.cut += 1
+            if early and all(i.name in report.violations for i in model.invariants):
+                report.states, report.eventually = len(parents), []
                 return report
-        frontier = following
+        frontier = reached
     report.states = len(parents)
     report.exhausted = not frontier
+    for property_ in model.eventually:
+        stuck = _never_reached(model, property_, parents, following, partial)
+        if stuck is not None:
+            report.stuck[property_.name] = _example(
+                model, property_.as_invariant(), f"after this, {property_.text} can no "
+                "longer happen: no move of the machine or its world leads there",
+                setup, initial, tuple(_path(parents, stuck)))
     return report
+
+
+def _example(model: Model, invariant: Invariant, message: str, setup: tuple[Move, ...],
+             initial: State, hops: tuple[Hop, ...]) -> Counterexample:
+    return Counterexample(invariant, message, setup, initial, hops, model.start,
+                          model.machine.spec.name, model.name)
+
+
+def _never_reached(model: Model, property_: Eventually,
+                   parents: dict[State, tuple[State, Hop] | None],
+                   following: dict[State, set[State]], partial: set[State]) -> State | None:
+    """The first state (breadth first) where ``property_`` is owed and from which no
+    explored path reaches a state where it is met. A state not all of whose moves were
+    explored (at the depth bound, past the queue bound, its clock stopped by the horizon)
+    is taken to reach it: nothing is claimed beyond the bounds. (Time that would only pass,
+    with nothing due, is no way out.)"""
+    start = model.start
+    meets = {s for s in parents if s not in following or s in partial
+             or property_.met(View(s, start))}
+    before: dict[State, list[State]] = {}
+    for state, after in following.items():
+        for successor in after:
+            before.setdefault(successor, []).append(state)
+    reach, todo = set(meets), list(meets)
+    while todo:
+        for previous in before.get(todo.pop(), ()):
+            if previous not in reach:
+                reach.add(previous)
+                todo.append(previous)
+    for state in parents:  # in the order found: breadth first
+        if state not in reach and property_.owed(View(state, start)):
+            return state
+    return None
 
 
 def enabled(model: Model, memory: Memory, state: State,
@@ -229,6 +304,12 @@ def enabled(model: Model, memory: Memory, state: State,
     out += [(f"{tick:g} s pass", (Advance(tick),)) for tick in model.ticks
             if state.now + tick <= bounds.horizon]
     return out
+
+
+def _waiting(state: State) -> bool:
+    """Whether an effect's retry or a timer falls due after now."""
+    return any(t.due > state.now for r in state.resources for t in r.timers) or any(
+        e.due > state.now and not e.failed for r in state.resources for e in r.effects)
 
 
 def _due(resource: Any, now: float) -> bool:

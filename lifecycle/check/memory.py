@@ -41,6 +41,7 @@ from .moves import (
     Move,
     Note,
     Observe,
+    Retry,
     RunEffects,
     SetWorld,
     Step,
@@ -133,6 +134,11 @@ class Memory:
             state, fired = self.fire(state, move.key, trigger, payload)
         elif isinstance(move, RunEffects):
             state = self.run_effects(state)
+        elif isinstance(move, Retry):
+            _, resource = state.find(move.key)
+            state = state.put(replace(resource, effects=tuple(
+                replace(e, failed=False, attempts=0, due=state.now) if e.failed else e
+                for e in resource.effects)))
         elif isinstance(move, Crash):
             _, resource = state.find(move.key)
             head = resource.head()

@@ -153,6 +153,20 @@ class RunEffects(Move):
 
 
 @dataclass(frozen=True)
+class Retry(Move):
+    """An operator's ``lifecycle retry KEY``: its effects that failed for good go back in
+    the queue, due now, with fresh attempts."""
+
+    key: str
+
+    def scenario(self, start: dt.datetime) -> list[dict[str, Any]]:
+        return [{"retry": self.key}]
+
+    def text(self) -> str:
+        return f"lifecycle retry {self.key}"
+
+
+@dataclass(frozen=True)
 class Crash(Move):
     """A fault: the worker runs ``key``'s queue head and dies before it records the outcome
     (the handler's I/O happened; the effect runs again later)."""

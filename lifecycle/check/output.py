@@ -70,14 +70,20 @@ def text(report: Report) -> str:
     b = report.bounds
     lines = [f"{report.machine}: {report.states} states, {report.moves} moves, depth "
              f"{report.depth}{' (every state within the horizon)' if report.exhausted else ''}"
+             f"{f', {report.cut} past the queue bound' if report.cut else ''}"
              f"; bounds: depth {b.depth}, resources {b.resources or 'the model' + chr(39) + 's'}"
              f", horizon {b.horizon:g} s"]
     if report.passed:
-        lines.append(f"no violation of: {', '.join(report.invariants)}")
+        checked = [*report.invariants, *report.eventually]
+        lines.append(f"no violation of: {', '.join(checked)}")
     for name, example in report.violations.items():
         lines += ["", f"VIOLATED {name}: {example.invariant.text}",
                   f"  {example.message}",
                   f"  shortest counterexample: {len(example)} moves", ""]
+        lines += _table(timeline(example))
+    for name, example in report.stuck.items():
+        lines += ["", f"NEVER {name}: {example.invariant.text}", f"  {example.message}",
+                  f"  shortest path there: {len(example)} moves", ""]
         lines += _table(timeline(example))
     return "\n".join(lines)
 

@@ -108,12 +108,15 @@ def _json(report: Report, seconds: float, written: dict[str, str]) -> dict[str, 
         "machine": report.machine, "passed": report.passed, "states": report.states,
         "moves": report.moves, "depth": report.depth, "exhausted": report.exhausted,
         "seconds": round(seconds, 3), "bounds": dataclasses.asdict(report.bounds),
-        "invariants": report.invariants,
-        "violations": {
-            name: {"text": example.invariant.text, "message": example.message,
-                   "length": len(example),
-                   "timeline": [dict(zip(output.HEADER, row, strict=True))
-                                for row in output.timeline(example)],
-                   "scenario": written.get(name)}
-            for name, example in report.violations.items()},
+        "cut": report.cut, "invariants": report.invariants, "eventually": report.eventually,
+        "violations": {name: {**_example(example), "scenario": written.get(name)}
+                       for name, example in report.violations.items()},
+        "stuck": {name: _example(example) for name, example in report.stuck.items()},
     }
+
+
+def _example(example: Any) -> dict[str, Any]:
+    return {"text": example.invariant.text, "message": example.message,
+            "length": len(example),
+            "timeline": [dict(zip(output.HEADER, row, strict=True))
+                         for row in output.timeline(example)]}

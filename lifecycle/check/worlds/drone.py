@@ -18,7 +18,7 @@ from typing import Any
 from ...adapters.sites import BOOTING, DELETED, RUNNING
 from ...machines.drone import BUILTIN, TARDIS_BUILTIN
 from ...scenario import Playable
-from ..explore import Invariant, Model, variant
+from ..explore import Eventually, Invariant, Model, variant
 from ..memory import Actions
 from ..moves import Action, Create, Move, Note, Observe, SetWorld, Update
 from ..state import View
@@ -103,10 +103,19 @@ FENCED = Invariant("fenced", "only fenced removals reach a job the site has", _u
                    _without(lambda details: details.get("expect") is None))
 
 
+RELEASED = Eventually(
+    "released", "a drone with demand 0 leaves booting",
+    lambda view: any(view.machine_state(k) == "booting" and view.data(k).get("demand") == 0
+                     for k in view.keys),
+    lambda view: all(view.machine_state(k) != "booting" or view.data(k).get("demand") != 0
+                     for k in view.keys))
+
+
 def model(machine: Playable = BUILTIN, invariants: Sequence[Invariant] = (PAYLOAD, FENCED),
           ticks: tuple[float, ...] = (40.0,)) -> Model:
     """The drone's world around ``machine`` (``drone``, ``drone_tardis``, or a variant)."""
-    return Model(machine, setup, actions, tuple(invariants), ticks=ticks)
+    return Model(machine, setup, actions, tuple(invariants), ticks=ticks,
+                 eventually=(RELEASED,))
 
 
 def without_freshness() -> Playable:

@@ -3,8 +3,9 @@ down, a mail server that may refuse, and a worker that may die between any step'
 its record.
 
 The job runs and asked for mail. The world may then, in any order: exit the job, take the
-queue down or bring it back, make the mail server refuse or accept, and let time pass (the
-steps' retries are 30 s apart). The invariants are the incident's: the job queue is updated
+queue down or bring it back, make the mail server refuse or accept, let time pass (the
+steps' retries are 30 s apart), and, once a step gave up, have the operator run
+``lifecycle retry``. The invariants are the incident's: the job queue is updated
 (committed) at most once per exit, and the mail goes out only after the queue says the job
 completed. ``job_exit_without_outbox`` updates a queue elsewhere at once from the step's
 handler, as the starter did, instead of committing the update with the step's record.
@@ -18,9 +19,9 @@ from typing import Any
 
 from ...machines.job_exit import BUILTIN, Settings, make
 from ...scenario import Playable
-from ..explore import Invariant, Machine, Model
+from ..explore import Eventually, Invariant, Machine, Model
 from ..memory import COMMITTED, Actions
-from ..moves import Action, Create, Fire, Move, SetWorld
+from ..moves import Action, Create, Fire, Move, Retry, SetWorld
 from ..state import View
 
 JOB = "42.0"
@@ -41,6 +42,8 @@ def actions(view: View) -> Iterator[Action]:
     down = world.get("queue") == "down"
     yield Action("the job queue comes back" if down else "the job queue goes down",
                  (SetWorld(JOB, {**world, "queue": "up" if down else "down"}),))
+    if any(effect.failed for effect in view.resource(JOB).effects):
+        yield Action("the operator runs lifecycle retry", (Retry(JOB),))
     refusing = world.get("mail") == "refuse"
     yield Action("the mail server accepts again" if refusing else "the mail server refuses",
                  (SetWorld(JOB, {**world, "mail": "accept" if refusing else "refuse"}),))
@@ -107,8 +110,14 @@ def without_outbox() -> Playable:
     return Machine(spec, BUILTIN.guards, _elsewhere)
 
 
+FINISHES = Eventually("finishes", "every exit finishes (done)",
+                      lambda view: view.machine_state(JOB) != "running",
+                      lambda view: view.machine_state(JOB) == "done")
+
+
 def model(machine: Playable = BUILTIN) -> Model:
-    return Model(machine, setup, actions, (ONCE, MAIL), ticks=(30.0,), tally=_commits)
+    return Model(machine, setup, actions, (ONCE, MAIL), ticks=(30.0,), tally=_commits,
+                 eventually=(FINISHES,))
 
 
 MODELS = {"job_exit": lambda: model(),
