@@ -29,6 +29,7 @@ from rich.text import Text
 from . import (
     aio,
     backlog,
+    check,
     dashboard,
     effects,
     fleet,
@@ -59,6 +60,7 @@ GROUPS: dict[str, list[Case]] = {
     "heartbeat": heartbeat.CASES,
     "simulations": simulations.CASES,
     "dashboard": [*dashboard.CASES["sqlite"], *dashboard.CASES["postgresql"]],
+    "check": check.CASES,
 }
 CASES: dict[str, Case] = {case.id: case for cases in GROUPS.values() for case in cases}
 
@@ -176,6 +178,11 @@ SECTIONS: list[tuple[str, list[Comparison]]] = [
      "(linear: about 1x)", [
         Comparison(f"sim.drone_race.{grown}", "sim.drone_race.base", Goal(1.1), cpu=True)
         for grown in ("hours", "drones")
+    ]),
+    ("13 · lifecycle check: exploring the drone's world, ms per state explored (states per "
+     "second: 1000 / ms)", [
+        Comparison("check.drone", None, Goal(2, unit="ms")),
+        Comparison("check.drone_tardis", None, None),
     ]),
 ]
 
@@ -360,7 +367,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     runnable, workspace,
                     heartbeat.settings(args.rounds, args.quick) if group == "heartbeat"
                     else simulations.settings(args.rounds, args.quick)
-                    if group == "simulations" else settings,
+                    if group == "simulations"
+                    else check.settings(args.rounds, args.quick)
+                    if group == "check" else settings,
                     skipped, lambda message: status.update(message)))
             verified = [db for db in ("sqlite", "postgresql") if f"fleet.{db}.fire" in results]
             if verified:

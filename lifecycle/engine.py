@@ -807,7 +807,7 @@ class Engine:
             tx.execute(store.sql.move[with_data, risky], params)
             if tx.rowcount != 1:
                 return _MOVED
-            fence = _fence(edge, row.observation) if risky else None
+            fence = fence_for(edge, row.observation) if risky else None
             self._journal(tx, row.id, seq, "transition", trigger=trigger, source=row.state,
                           dest=dest, version=row.version + 1,
                           spec_version=compiled.spec.version, actor=actor, at=params["now"],
@@ -1002,21 +1002,7 @@ class Engine:
 
     def _validated(self, spec: MachineSpec, key: str, data: dict[str, Any],
                    transition: dict[str, Any] | None = None) -> dict[str, Any]:
-        """The data as the spec's model makes it. The key is in the validation context (a
-        model may check the data against it: job_exit's id); so is, for a model whose class
-        says ``follows_transitions = True``, the ``transition`` being written (trigger,
-        source, dest, payload, now, seq), from which it computes the data that follows."""
-        if spec.data_model is None:
-            return data
-        try:
-            return spec.data_model.model_validate(data, context={
-                "key": key, "transition": transition}).model_dump(mode="json")
-        except ValidationError as exc:
-            detail = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or 'data'}: {e['msg']}"
-                for e in exc.errors()
-            )
-            raise InvalidData(spec.name, key, detail) from None
+        return validated_data(spec, key, data, transition)
 
     # -- reading -----------------------------------------------------------------------
 
@@ -1115,7 +1101,28 @@ def _asking(tries: _Tries, request: ProbeRequest) -> bool:
     return True
 
 
-def _fence(edge: Edge, observation: Observation | None) -> dict[str, Any]:
+def validated_data(spec: MachineSpec, key: str, data: dict[str, Any],
+                   transition: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The data as the spec's model makes it. The key is in the validation context (a model
+    may check the data against it: job_exit's id); so is, for a model whose class says
+    ``follows_transitions = True``, the ``transition`` being written (trigger, source, dest,
+    payload, now, seq), from which it computes the data that follows."""
+    if spec.data_model is None:
+        return data
+    try:
+        return spec.data_model.model_validate(data, context={
+            "key": key, "transition": transition}).model_dump(mode="json")
+    except ValidationError as exc:
+        detail = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'data'}: {e['msg']}"
+            for e in exc.errors()
+        )
+        raise InvalidData(spec.name, key, detail) from None
+
+
+def fence_for(edge: Edge, observation: Observation | None) -> dict[str, Any]:
+    """The fence a risky edge's transition records: the observation it rested on and
+    what its effects may expect of the world (the edge's ``fence``, else the status)."""
     assert observation is not None
     return {
         "observation_id": observation.id,
@@ -1190,4 +1197,5 @@ def _not_fired(row: _Row, trigger: str, reason: str | None,
                       guards=dict(guards or {}), error=error, probed=probed)
 
 
-__all__ = ["Deciding", "Engine", "Guard", "OnStale", "SpecFor"]
+__all__ = ["Deciding", "Engine", "Guard", "OnStale", "SpecFor", "fence_for",
+           "validated_data"]

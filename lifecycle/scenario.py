@@ -17,12 +17,15 @@ steps:
   - run_effects: {}
   - expect_actions: {key: d1, actions: [deploy, terminate]}  # what simulated effects did
   - retry: d1                   # put a stuck resource's failed effects back in the queue
+  - crash_effect: d1            # its queue head's handler runs; the worker dies unrecorded
 ```
 """
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+import inspect
 import json
 import tempfile
 from collections.abc import Callable, Mapping
@@ -34,15 +37,17 @@ import yaml
 
 from .clock import SimulatedClock
 from .documents import DocumentError, compose_yaml, load_yaml, read_text
+from .effects import EffectCall
 from .engine import Engine
 from .errors import LifecycleError, ScenarioError
 from .outbox import retry_failed
 from .spec import MachineSpec, load_spec, suggest
 from .store import Store
+from .store.statements import effects as effect_rows
 from .worker import Worker
 
 STEP_KINDS = ("create", "advance", "observe", "world", "update", "step", "fire", "expect",
-              "expect_last", "run_effects", "expect_actions", "retry")
+              "expect_last", "run_effects", "expect_actions", "retry", "crash_effect")
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,11 +313,42 @@ def _do(step: Step, engine: Engine, clock: SimulatedClock, world: World, worker:
         _expect(step, engine, world, last)
     elif kind == "retry":
         retry_failed(engine, _args(step, ("key",))["key"])
+    elif kind == "crash_effect":
+        crash_effect(engine, _args(step, ("key",))["key"])
     elif kind == "run_effects":
         if step.args not in (None, {}):
             raise ValueError("run_effects takes no arguments ({})")
         worker.run_until_idle()
     return last
+
+
+def crash_effect(engine: Engine, key: str) -> str:
+    """A worker runs the queue head of ``key`` and dies before it records the outcome: the
+    handler is called as the worker calls it (a failure of its own is lost with the worker),
+    and the outbox is left as it was, so the effect runs again. Its name."""
+    resource = engine.get(key)
+    with engine.store.read() as db:
+        row = effect_rows.pending_head(db, resource.machine, resource.key)
+    if row is None:
+        raise ValueError(f"crash_effect: {key} has no effect to run")
+    (id_, name, args, idempotency_key, fence, attempts, seq, progress, trigger,
+     payload) = row
+    value = engine.store.json_value
+    call = EffectCall(id_, name, resource.machine, resource.key, dict(value(args)),
+                      idempotency_key, value(fence) if fence is not None else None,
+                      attempts + 1, seq, trigger, dict(value(payload) or {}),
+                      dict(resource.data), dict(value(progress) or {}), engine.clock.now())
+    try:
+        answer = engine.handlers[name].handler(call)
+        if inspect.isawaitable(answer):
+            asyncio.run(_awaited(answer))
+    except Exception:  # lost with the worker, as its outcome is
+        pass
+    return str(name)
+
+
+async def _awaited(answer: Any) -> Any:
+    return await answer
 
 
 def _fire(step: Step, engine: Engine) -> dict[str, Any]:

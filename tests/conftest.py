@@ -212,6 +212,8 @@ INTEGRATION_MODULES = {
     "test_prepare_job_hook",  # lifecycle serve and the hook, in subprocesses
     "test_cobald_daemon",  # COBalD's daemon in a subprocess, on a SQLite file
     "test_engine_model",  # the engine against its model, on both databases
+    "test_check",  # counterexamples replayed on a SQLite file
+    "test_check_property",
 }
 INTEGRATION_TESTS = {
     # Graphviz's dot in a subprocess

@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("adapters", ("adapters.*",)),
     ("machines", ("machines.*",)),
     ("simulations", ("sim.*", "demo")),
+    ("check", ("check", "check.*")),
     ("dashboard", ("dashboard", "dashboard.*")),
     ("cli", ("cli", "cli.*", "__main__")),
 ]

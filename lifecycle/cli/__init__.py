@@ -7,6 +7,7 @@
 | ``machines`` | machines, describe, diagram, diagrams |
 | ``outbox`` | worker, stuck, retry |
 | ``sim`` | replay, simulate, reconcile, demo |
+| ``check`` | check (every interleaving of a machine with its world, within bounds) |
 | ``tardis`` | tardis (a drone pool on asyncio, from a TARDIS configuration) |
 | ``db`` | db upgrade, downgrade, current, history |
 | ``queue`` | queue show, list (the job queue of ``job_exit``) |
@@ -73,6 +74,9 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
              'Replay scenario FILES (or every *.yaml/*.yml/*.json in a directory), each on a '
              'fresh database with a simulated clock; exit 1 at the first failing expectation '
              'of any.'),
+    'check': ('check', 'check',
+             'Explore every interleaving of MACHINE with its world, breadth first, up to the '
+             "bounds; print each broken invariant's shortest counterexample; exit 1 if any."),
     'simulate': ('sim', 'simulate',
              "Run simulation NAME: the incident's race as it happened and with lifecycle's "
              'machine, on temporary databases.'),

@@ -182,6 +182,19 @@ def on_failure(db: Connection, effect_id: int) -> str | None:
     return str(value) if value else None
 
 
+def pending_head(db: Connection, machine: str, key: str) -> Any:
+    """The pending head of a resource's effect queue, as a worker would claim it: (id, name,
+    args, idempotency_key, fence, attempts, seq, progress, trigger, payload), or None."""
+    e, j, r = outbox.c, journal.c, resources.c
+    return db.execute(
+        select(e.id, e.name, e.args, e.idempotency_key, e.fence, e.attempts, e.seq,
+               e.progress, j.trigger, j.payload)
+        .join(resources, r.id == e.resource_id)
+        .join(journal, (j.resource_id == e.resource_id) & (j.seq == e.seq))
+        .where(r.machine == machine, r.key == key, e.head == 1,
+               e.status == PENDING)).first()
+
+
 # -- listings and repairs -------------------------------------------------------------------
 
 
@@ -239,6 +252,6 @@ def of_resource(db: Connection, resource_id: int) -> list[Any]:
                            .where(f.resource_id == resource_id).order_by(f.id)).all())
 
 
-__all__ = ["EffectStatements", "claim", "claimants", "counts", "expire",
-           "held_elsewhere", "listed", "of_resource", "on_failure", "renew", "retry_failed",
+__all__ = ["EffectStatements", "claim", "claimants", "counts", "expire", "held_elsewhere",
+           "listed", "of_resource", "on_failure", "pending_head", "renew", "retry_failed",
            "unclaim", "unhandled"]

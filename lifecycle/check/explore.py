@@ -1,0 +1,353 @@
+"""Breadth-first, exhaustive exploration of a machine composed with a model of its world.
+
+From the state a model's setup leaves, every enabled move is tried: each world action the
+model declares, the engine's step of each resource that has eventless edges (asking its
+probe when a risky edge wants a fresh observation), the worker running the due effects and
+timers, the clock moving by each of the model's ticks (up to the horizon). States are
+deduplicated by value (:mod:`lifecycle.check.state`), and every move is checked against the
+model's invariants, also when it leads to a state already seen: breadth first, the first
+violation of an invariant is a shortest one. A move that raises (invalid data, an unknown
+trigger) is a violation too: ``replay`` would stop there.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..errors import LifecycleError
+from ..graph import EVENTLESS
+from ..scenario import Playable, Simulated
+from ..spec import MachineSpec
+from .memory import Actions, Fired, Memory
+from .moves import Action, Advance, Crash, Move, RunEffects, Step
+from .state import EMPTY, State, View, freeze, thaw
+
+START = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+
+Check = Callable[[View, View, Actions], str | None]
+"""An invariant's test of one move: the state before and after, what effect handlers did in
+the world meanwhile; a sentence saying what went wrong, or None."""
+Expect = Callable[[View, Actions, Actions], list[dict[str, Any]]]
+"""The scenario steps that fail where the invariant was broken, given the state after the
+move, what handlers did in the world before it along the path, and what they did in it."""
+
+
+@dataclass(frozen=True)
+class Invariant:
+    """What must hold on every move, and how a scenario file says it."""
+
+    name: str
+    text: str
+    check: Check
+    expect: Expect
+
+
+@dataclass(frozen=True)
+class Eventually:
+    """A liveness property: wherever ``owed`` holds, a state where ``met`` holds must stay
+    reachable by some moves of the machine and its world (every drone with demand 0 can
+    still leave ``booting``). Checked on the whole explored graph; a state from which
+    nothing reaches it is reported with the shortest path to it."""
+
+    name: str
+    text: str
+    owed: Callable[[View], bool]
+    met: Callable[[View], bool]
+
+    def as_invariant(self) -> Invariant:
+        return Invariant(self.name, self.text, lambda before, after, actions: None,
+                         lambda view, before, actions: [])
+
+
+@dataclass(frozen=True)
+class Model:
+    """A machine composed with a model of its world.
+
+    ``setup(resources)`` gives the moves that make the starting state (creating that many
+    resources, and what the world and the controller first know of them); ``actions(view)``
+    the world actions enabled in a state; ``ticks`` how far the clock may move in one move.
+    ``steps``: whether the engine's steps are moves (a machine driven by triggers alone
+    has none)."""
+
+    machine: Playable
+    setup: Callable[[int], Sequence[Move]]
+    actions: Callable[[View], Iterable[Action]] = lambda view: ()
+    invariants: Sequence[Invariant] = ()
+    ticks: tuple[float, ...] = ()
+    start: dt.datetime = START
+    steps: bool = True
+    resources: int = 1
+    """How many resources the setup makes unless the bounds say."""
+    label: str | None = None
+    """What reports call it (default: the machine's name), when the world differs."""
+    eventually: Sequence[Eventually] = ()
+    """Liveness properties, checked on the whole explored graph."""
+    tally: Callable[[View, Actions], Mapping[str, Any]] | None = None
+    """After each move, the model's own values that what handlers did changes (when a job
+    was last cancelled, say): invariants read them from ``View.extra``."""
+
+    @property
+    def name(self) -> str:
+        return self.label or self.machine.spec.name
+
+
+@dataclass(frozen=True)
+class Bounds:
+    depth: int = 8
+    """Moves from the starting state."""
+    resources: int | None = None
+    """Resources the setup makes (None: the model's own number)."""
+    horizon: float = 300.0
+    """Seconds the clock may move from the start."""
+    crashes: bool = True
+    """Whether the worker may die between a handler's end and its outcome's record."""
+    queue: int = 3
+    """Open effects a resource may have: a state with more is not explored further (a
+    machine whose steps queue an effect each, never run, would grow without end)."""
+
+
+@dataclass(frozen=True)
+class Hop:
+    """One move of a path: what it was, and the state after it."""
+
+    label: str
+    moves: tuple[Move, ...]
+    actions: Actions
+    fired: Fired | None
+    state: State
+
+
+@dataclass(frozen=True)
+class Counterexample:
+    """A shortest path from the starting state to a move that breaks ``invariant``."""
+
+    invariant: Invariant
+    message: str
+    setup: tuple[Move, ...]
+    initial: State
+    hops: tuple[Hop, ...]
+    start: dt.datetime
+    machine: str
+    """The machine's name, as a scenario names it."""
+    model: str
+    """The model's name, as ``lifecycle check`` names it."""
+
+    def __len__(self) -> int:
+        return len(self.hops)
+
+
+@dataclass
+class Report:
+    """What an exploration found: the states it explored, how deep it went, and for each
+    invariant broken its shortest counterexample."""
+
+    machine: str
+    bounds: Bounds
+    invariants: list[str]
+    eventually: list[str] = field(default_factory=list)
+    states: int = 0
+    moves: int = 0
+    depth: int = 0
+    exhausted: bool = False
+    """Every state reachable within the horizon was explored before the depth bound (but
+    those past the queue bound: ``cut``)."""
+    cut: int = 0
+    """States with more open effects than the queue bound, not explored further."""
+    violations: dict[str, Counterexample] = field(default_factory=dict)
+    stuck: dict[str, Counterexample] = field(default_factory=dict)
+    """For each liveness property that can stop being reachable, the shortest path to a
+    state from which it never happens."""
+
+    @property
+    def passed(self) -> bool:
+        return not self.violations and not self.stuck
+
+
+@dataclass(frozen=True)
+class Machine:
+    """A machine to check (a ``Playable``, as a built-in is): its spec, its guards, and its
+    ``simulation``: given the :class:`~lifecycle.scenario.World`, the guards, effect
+    handlers and probes it runs with (handlers record what they did in
+    ``world.actions``)."""
+
+    spec: MachineSpec
+    guards: Mapping[str, Any] = field(default_factory=dict)
+    simulation: Simulated | None = None
+
+
+def variant(machine: Playable, name: str, edit: Callable[[dict[str, Any]], None]) -> Machine:
+    """``machine`` with its spec document changed by ``edit`` (given the document as
+    ``MachineSpec.to_json`` writes it, to change in place), named ``name``."""
+    document = copy.deepcopy(machine.spec.to_json())
+    edit(document)
+    spec = MachineSpec.model_validate({**document, "name": name,
+                                       "data_model": machine.spec.data_model})
+    return Machine(spec, machine.guards, machine.simulation)
+
+
+RAISED = Invariant(
+    "raises", "no move raises an error (replay would stop there)",
+    lambda before, after, actions: None, lambda view, before, actions: [])
+
+
+def check(model: Model, bounds: Bounds | None = None, *,
+          until_all: bool = True) -> Report:
+    """Explore ``model`` within ``bounds``; with ``until_all``, stop once every invariant has
+    its counterexample (the liveness properties, which need the whole exploration, are then
+    not checked: the report lists none)."""
+    bounds = bounds or Bounds()
+    memory = Memory(model.machine, model.start)
+    setup = tuple(model.setup(bounds.resources or model.resources))
+    initial = State(0.0, (), EMPTY)
+    for move in setup:
+        initial, _, _ = memory.apply(initial, move)
+    report = Report(model.name, bounds, [i.name for i in model.invariants],
+                    [e.name for e in model.eventually])
+    parents: dict[State, tuple[State, Hop] | None] = {initial: None}
+    following: dict[State, set[State]] = {}
+    frontier: list[State] = [initial]
+    partial: set[State] = set()
+    """States whose future the horizon cut: something was due after it."""
+    early = until_all and bool(model.invariants)
+    while frontier and report.depth < bounds.depth:
+        report.depth += 1
+        reached: list[State] = []
+        for state in frontier:
+            after = following.setdefault(state, set())
+            if _waiting(state) and any(state.now + t > bounds.horizon for t in model.ticks):
+                partial.add(state)
+            for label, moves in enabled(model, memory, state, bounds):
+                report.moves += 1
+                hop, broken = _try(model, memory, state, label, moves)
+                after.add(hop.state)
+                for invariant, message in broken:
+                    if invariant.name not in report.violations:
+                        report.violations[invariant.name] = _example(
+                            model, invariant, message, setup, initial,
+                            (*_path(parents, state), hop))
+                if hop.state not in parents:
+                    parents[hop.state] = (state, hop)
+                    if all(len(r.effects) <= bounds.queue for r in hop.state.resources):
+                        reached.append(hop.state)
+                    else:
+                        report.cut += 1
+            if early and all(i.name in report.violations for i in model.invariants):
+                report.states, report.eventually = len(parents), []
+                return report
+        frontier = reached
+    report.states = len(parents)
+    report.exhausted = not frontier
+    for property_ in model.eventually:
+        stuck = _never_reached(model, property_, parents, following, partial)
+        if stuck is not None:
+            report.stuck[property_.name] = _example(
+                model, property_.as_invariant(), f"after this, {property_.text} can no "
+                "longer happen: no move of the machine or its world leads there",
+                setup, initial, tuple(_path(parents, stuck)))
+    return report
+
+
+def _example(model: Model, invariant: Invariant, message: str, setup: tuple[Move, ...],
+             initial: State, hops: tuple[Hop, ...]) -> Counterexample:
+    return Counterexample(invariant, message, setup, initial, hops, model.start,
+                          model.machine.spec.name, model.name)
+
+
+def _never_reached(model: Model, property_: Eventually,
+                   parents: dict[State, tuple[State, Hop] | None],
+                   following: dict[State, set[State]], partial: set[State]) -> State | None:
+    """The first state (breadth first) where ``property_`` is owed and from which no
+    explored path reaches a state where it is met. A state not all of whose moves were
+    explored (at the depth bound, past the queue bound, its clock stopped by the horizon)
+    is taken to reach it: nothing is claimed beyond the bounds. (Time that would only pass,
+    with nothing due, is no way out.)"""
+    start = model.start
+    meets = {s for s in parents if s not in following or s in partial
+             or property_.met(View(s, start))}
+    before: dict[State, list[State]] = {}
+    for state, after in following.items():
+        for successor in after:
+            before.setdefault(successor, []).append(state)
+    reach, todo = set(meets), list(meets)
+    while todo:
+        for previous in before.get(todo.pop(), ()):
+            if previous not in reach:
+                reach.add(previous)
+                todo.append(previous)
+    for state in parents:  # in the order found: breadth first
+        if state not in reach and property_.owed(View(state, start)):
+            return state
+    return None
+
+
+def enabled(model: Model, memory: Memory, state: State,
+            bounds: Bounds) -> list[tuple[str, tuple[Move, ...]]]:
+    """The moves enabled in ``state``: the world's actions, each resource's step, the
+    worker when something is due, the clock's ticks within the horizon."""
+    view = View(state, model.start)
+    out = [(action.label, action.moves) for action in model.actions(view)]
+    compiled = memory.compiled
+    final = set(compiled.spec.final)
+    if model.steps:
+        out += [(f"step {r.key}", (Step(r.key),)) for r in state.resources
+                if r.state not in final and compiled.candidates(r.state, EVENTLESS)]
+    if any(_due(r, state.now) for r in state.resources):
+        out.append(("the worker runs the effects", (RunEffects(),)))
+    if bounds.crashes:
+        out += [(f"the worker runs {r.key}'s {head.name} and dies before recording it",
+                 (Crash(r.key),)) for r in state.resources
+                if (head := r.head()) is not None and not head.failed and head.due <= state.now]
+    out += [(f"{tick:g} s pass", (Advance(tick),)) for tick in model.ticks
+            if state.now + tick <= bounds.horizon]
+    return out
+
+
+def _waiting(state: State) -> bool:
+    """Whether an effect's retry or a timer falls due after now."""
+    return any(t.due > state.now for r in state.resources for t in r.timers) or any(
+        e.due > state.now and not e.failed for r in state.resources for e in r.effects)
+
+
+def _due(resource: Any, now: float) -> bool:
+    head = resource.head()
+    return (head is not None and not head.failed and head.due <= now) or any(
+        t.due <= now for t in resource.timers)
+
+
+def _try(model: Model, memory: Memory, state: State, label: str,
+         moves: tuple[Move, ...]) -> tuple[Hop, list[tuple[Invariant, str]]]:
+    """Do one hop's moves; the hop and the invariants it breaks (with what went wrong)."""
+    after, actions, fired = state, [], None
+    try:
+        for move in moves:
+            after, done, fired = memory.apply(after, move)
+            actions += done
+    except LifecycleError as exc:
+        hop = Hop(label, moves, actions, fired, state)
+        return hop, [(RAISED, f"{label}: {type(exc).__name__}: {exc}")]
+    if model.tally is not None:
+        counted = model.tally(View(after, model.start), actions)
+        if counted:
+            after = replace(after, extra=freeze({**thaw(after.extra), **counted}))
+    hop = Hop(label, moves, actions, fired, after)
+    before_view, after_view = View(state, model.start), View(after, model.start)
+    broken = []
+    for invariant in model.invariants:
+        message = invariant.check(before_view, after_view, actions)
+        if message is not None:
+            broken.append((invariant, message))
+    return hop, broken
+
+
+def _path(parents: dict[State, tuple[State, Hop] | None], state: State) -> list[Hop]:
+    hops: list[Hop] = []
+    link = parents[state]
+    while link is not None:
+        previous, hop = link
+        hops.append(hop)
+        link = parents[previous]
+    return hops[::-1]

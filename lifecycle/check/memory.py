@@ -1,0 +1,397 @@
+"""The engine and the worker on an in-memory :class:`~lifecycle.check.state.State`.
+
+Deciding is the machine's own: :class:`~lifecycle.compiled.CompiledMachine` (the guards,
+the freshness rules as their last condition, the order of edges), its ``crossed`` states,
+entry effects and timeouts; the data as the spec's model validates it
+(:func:`~lifecycle.engine.validated_data`), the fence a risky edge records
+(:func:`~lifecycle.engine.fence_for`), the effect handlers and probes the machine runs with
+in a scenario (``Builtin.simulation``, against the :class:`~lifecycle.scenario.World` the
+state holds), called with :class:`~lifecycle.effects.EffectCall` as the worker calls them.
+What is here is the bookkeeping the engine and the worker do around those decisions in the
+database (which observation is newest, the outbox's queue per resource, retries, timers),
+without the database: a state is a value, so a branch costs a copy of a tuple, not of a
+database. Each written counterexample is replayed by ``lifecycle replay`` on the real engine
+and worker, which is where the two are checked against each other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import inspect
+import random
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..clock import SimulatedClock
+from ..compiled import CompiledMachine, Decision, GuardContext
+from ..effects import Effect, EffectCall, FollowUp, as_effect
+from ..engine import fence_for, validated_data
+from ..errors import LifecycleError, PermanentError, ProbeFailed
+from ..fresh import ProbeRequest, checked_answer
+from ..graph import EVENTLESS
+from ..records import Observation
+from ..scenario import Playable, World
+from ..spec import EffectSpec
+from .moves import (
+    Advance,
+    Crash,
+    Create,
+    Fire,
+    Move,
+    Note,
+    Observe,
+    Retry,
+    RunEffects,
+    SetWorld,
+    Step,
+    Update,
+)
+from .state import Frozen, Pending, Res, Seen, State, Timer, freeze, thaw
+
+Actions = list[tuple[str, str, dict[str, Any]]]
+"""What effect handlers asked the world to do during a move, as the scenario's world records
+it: (action, key, details)."""
+
+
+COMMITTED = "committed"
+"""The action the checker records when a handler's database writes commit with its effect's
+outcome (``FollowUp.writes``); a scenario's world never records it."""
+
+
+class _Moment(SimulatedClock):
+    """The world's clock, set to each state's time before a move (a state explored later
+    may be earlier than the last one)."""
+
+    __slots__ = ("at",)
+
+    def __init__(self, start: dt.datetime) -> None:
+        super().__init__(start)
+        self.at: dt.datetime = start
+
+    def now(self) -> dt.datetime:
+        return self.at
+
+
+@dataclass(frozen=True, slots=True)
+class Fired:
+    """What a fire or a step came to (as ``replay`` shows it)."""
+
+    fired: bool
+    dest: str | None = None
+    reason: str | None = None
+    probed: bool = False
+
+
+class CheckError(LifecycleError):
+    """The machine does something the checker cannot run in memory."""
+
+
+class Memory:
+    """A machine's engine and worker over in-memory states."""
+
+    def __init__(self, machine: Playable, start: dt.datetime) -> None:
+        self.start = start
+        self.clock = _Moment(start)
+        self.world = World(clock=self.clock)
+        simulation = machine.simulation
+        guards, effects, probes = (simulation(self.world) if simulation is not None
+                                   else (machine.guards, {}, {}))
+        self.spec = machine.spec
+        self.compiled = CompiledMachine(machine.spec, guards)
+        self.handlers: dict[str, Effect] = {n: as_effect(h) for n, h in effects.items()}
+        self.probes = dict(probes)
+        self._follows = getattr(self.spec.data_model, "follows_transitions", False) is True
+
+    def time(self, seconds: float) -> dt.datetime:
+        return self.start + dt.timedelta(seconds=seconds)
+
+    # -- moves -------------------------------------------------------------------------
+
+    def apply(self, state: State, move: Move) -> tuple[State, Actions, Fired | None]:
+        """The state after ``move``, what handlers did in the world, and what a fire or a
+        step came to."""
+        self._enter(state)
+        fired: Fired | None = None
+        if isinstance(move, Advance):
+            state = replace(state, now=state.now + move.seconds)
+        elif isinstance(move, Note):
+            extra = {**thaw(state.extra), **{k: v for k, v in move.values}}
+            state = replace(state, extra=freeze(extra))
+        elif isinstance(move, SetWorld):
+            self.world.status[move.key] = dict(move.status)
+        elif isinstance(move, Create):
+            state = self._create(state, move)
+        elif isinstance(move, Observe):
+            at = state.now if move.at is None else min(move.at, state.now)
+            _, resource = state.find(move.key)
+            state = state.put(_observed(resource, freeze(move.status), at, move.source))
+        elif isinstance(move, Update):
+            state = self._update(state, move)
+        elif isinstance(move, Fire | Step):
+            trigger = move.trigger if isinstance(move, Fire) else EVENTLESS
+            payload = dict(move.payload) if isinstance(move, Fire) else {}
+            state, fired = self.fire(state, move.key, trigger, payload)
+        elif isinstance(move, RunEffects):
+            state = self.run_effects(state)
+        elif isinstance(move, Retry):
+            _, resource = state.find(move.key)
+            state = state.put(replace(resource, effects=tuple(
+                replace(e, failed=False, attempts=0, due=state.now) if e.failed else e
+                for e in resource.effects)))
+        elif isinstance(move, Crash):
+            _, resource = state.find(move.key)
+            head = resource.head()
+            assert head is not None
+            self._call(resource, head, state.now)  # its outcome dies with the worker
+        else:
+            raise CheckError(f"unknown move {move!r}")
+        if isinstance(move, SetWorld | RunEffects | Crash):  # what may change the world
+            state = replace(state, world=freeze(self.world.status))
+        return state, list(self.world.actions), fired
+
+    def _enter(self, state: State) -> None:
+        """Set the world the handlers and probes see to the state's."""
+        self.world.status = thaw(state.world)
+        self.world.actions = []
+        self.clock.at = self.time(state.now)
+
+    def _create(self, state: State, move: Create) -> State:
+        spec = self.spec
+        dest = spec.graph.enter(move.state if move.state is not None else spec.initial)
+        data = validated_data(spec, move.key, dict(move.data))
+        resource = Res(move.key, dest, 1, freeze(data), state.now)
+        entered = list(reversed(spec.graph.ancestors(dest)))
+        # (the creation's journal row carries the data as its payload, as its effects see it)
+        resource = self._entered(resource, (), entered, [], None, 1, None, freeze(data),
+                                 state.now)
+        return state.put(resource)
+
+    def _update(self, state: State, move: Update) -> State:
+        _, resource = state.find(move.key)
+        merged = validated_data(self.spec, move.key, {**thaw(resource.data), **move.data})
+        return state.put(replace(resource, data=freeze(merged), version=resource.version + 1))
+
+    # -- deciding, as Engine._attempt does -----------------------------------------------
+
+    def fire(self, state: State, key: str, trigger: str,
+             payload: dict[str, Any]) -> tuple[State, Fired]:
+        """Decide ``trigger`` (or a step) on ``key`` and write what it decides; a risky edge
+        held back by its freshness rule alone asks its probe once, and is decided again on
+        the answer (refused when the probe failed or its answer is not fresh either)."""
+        _, resource = state.find(key)
+        if trigger != EVENTLESS and trigger not in self.compiled.triggers:
+            raise CheckError(f"machine {self.spec.name} has no trigger {trigger!r}")
+        decision, context = self._decide(resource, trigger, payload, state.now)
+        probed = False
+        if context.stale:
+            rule = next((edge.fresh for edge, _ in context.stale
+                         if edge.fresh is not None and edge.fresh.probe in self.probes), None)
+            if rule is not None and rule.probe is not None:
+                probed = True
+                answer = self._probe(rule.probe, resource, state.now)
+                if answer is not None:
+                    resource = answer
+                    state = state.put(resource)
+                    decision, context = self._decide(resource, trigger, payload, state.now)
+        if not decision.fired:
+            return state, Fired(False, reason=decision.reason, probed=probed)
+        assert decision.edge is not None and decision.dest is not None
+        moved = self._transition(resource, trigger, payload, decision, state.now)
+        return state.put(moved), Fired(True, decision.dest, probed=probed)
+
+    def _decide(self, resource: Res, trigger: str, payload: dict[str, Any],
+                now: float) -> tuple[Decision, GuardContext]:
+        context = GuardContext(self.spec.name, resource.key, resource.state, resource.version,
+                               thaw(resource.data), payload, self.time(now),
+                               self._observation(resource.seen), self.time(resource.since))
+        return self.compiled.decide(resource.state, trigger, context), context
+
+    def _observation(self, seen: Seen | None) -> Observation | None:
+        if seen is None:
+            return None
+        at = self.time(seen.at)
+        return Observation(0, thaw(seen.status), at, at, seen.source)
+
+    def _probe(self, name: str, resource: Res, now: float) -> Res | None:
+        """Ask probe ``name`` about ``resource`` (the world is the state's): the resource
+        with the answer as its observation, or None when the probe failed."""
+        request = ProbeRequest(self.spec.name, resource.key, resource.state, resource.version,
+                               thaw(resource.data), self._observation(resource.seen))
+        try:
+            answer = self.probes[name](request)
+            if inspect.isawaitable(answer):
+                answer = asyncio.run(_awaited(answer))
+            status, observed_at = checked_answer(name, answer)
+        except ProbeFailed:
+            return None
+        except Exception:  # a probe that raised failed, as call_probe says
+            return None
+        at = now if observed_at is None else min(
+            (observed_at - self.start).total_seconds(), now)
+        return _observed(resource, freeze(status), at, name)
+
+    def _transition(self, resource: Res, trigger: str, payload: dict[str, Any],
+                    decision: Decision, now: float) -> Res:
+        """The resource after the transition decided (Engine._transition, in memory)."""
+        edge, dest = decision.edge, decision.dest
+        assert edge is not None and dest is not None
+        data = thaw(resource.data)
+        if (payload and edge.merge_payload) or self._follows:
+            merged = {**data, **payload} if edge.merge_payload else data
+            data = validated_data(self.spec, resource.key, merged, {
+                "trigger": trigger, "source": resource.state, "dest": dest,
+                "payload": payload, "now": self.time(now), "seq": resource.version + 1}
+                if self._follows else None)
+        fence = (fence_for(edge, self._observation(resource.seen))
+                 if edge.fresh is not None else None)
+        exited, entered = ([], []) if not self.compiled.on_entry else \
+            self.compiled.crossed(resource.state, dest, edge.dest)
+        version = resource.version + 1
+        moved = replace(resource, state=dest, version=version, data=freeze(data), since=now)
+        return self._entered(moved, edge.effects, entered, exited, fence, version,
+                             None if trigger == EVENTLESS else trigger, freeze(payload), now)
+
+    def _entered(self, resource: Res, effects: tuple[EffectSpec, ...], entered: list[str],
+                 exited: list[str], fence: dict[str, Any] | None, seq: int,
+                 trigger: str | None, payload: Frozen, now: float) -> Res:
+        """The effects a transition and the states it enters ask for, appended to the
+        resource's queue; the timers of the states left cancelled, of those entered set."""
+        asked = (*effects, *(e for s in entered for e in self.compiled.entry_effects.get(s, ())))
+        frozen_fence = freeze(fence) if fence is not None else None
+        queue = resource.effects + tuple(
+            Pending(e.name, freeze(e.args), frozen_fence, seq, i, trigger, payload,
+                    e.on_failure, due=now) for i, e in enumerate(asked))
+        timers = tuple(t for t in resource.timers if t.state not in exited)
+        for name in entered:
+            timeout = self.compiled.timeouts.get(name)
+            if timeout is not None:
+                after = timeout.after
+                seconds = float(thaw(resource.data).get(after, 0) if isinstance(after, str)
+                                else after)
+                timers += (Timer(name, timeout.trigger, now + seconds),)
+        return replace(resource, effects=queue, timers=timers)
+
+    # -- the worker, as run_until_idle does it --------------------------------------------
+
+    def run_effects(self, state: State) -> State:
+        """Every due effect (each resource's queue head, resources in key order), then every
+        due timer, again until nothing is due now."""
+        for _ in range(10_000):
+            ran = False
+            for resource in state.resources:
+                head = resource.head()
+                if head is not None and not head.failed and head.due <= state.now:
+                    state = self.run_effect(state, resource.key)
+                    ran = True
+            if not ran:
+                state, fired = self._fire_due_timers(state)
+                if not fired:
+                    return state
+        raise CheckError("the worker never became idle: effects or timers that ask for each "
+                         "other at one instant")
+
+    def run_effect(self, state: State, key: str) -> State:
+        """Run the head effect of ``key`` and record its outcome, as the worker does."""
+        _, resource = state.find(key)
+        head = resource.head()
+        assert head is not None
+        call, outcome = self._call(resource, head, state.now)
+        progressed = replace(head, attempts=head.attempts + 1, progress=freeze(call.progress))
+        state = state.put(replace(resource, effects=(progressed, *resource.effects[1:])))
+        if not isinstance(outcome, BaseException):
+            try:
+                return self._done(state, key, outcome)
+            except LifecycleError as failure:  # recording the success failed
+                outcome = failure
+        return self._failed(state, key, progressed, outcome)
+
+    def _call(self, resource: Res, head: Pending,
+              now: float) -> tuple[EffectCall, FollowUp | BaseException | None]:
+        call = EffectCall(0, head.name, self.spec.name, resource.key, thaw(head.args),
+                          f"{self.spec.name}:{resource.key}:{head.seq}:{head.position}:"
+                          f"{head.name}", thaw(head.fence) if head.fence is not None else None,
+                          head.attempts + 1, head.seq, head.trigger, thaw(head.payload),
+                          thaw(resource.data), thaw(head.progress), self.time(now))
+        effect = self.handlers.get(head.name)
+        if effect is None:
+            return call, PermanentError(f"no handler for effect {head.name!r}")
+        try:
+            answer = effect.handler(call)
+            if inspect.isawaitable(answer):
+                answer = asyncio.run(_awaited(answer))
+        except Exception as exc:  # the handler's failure is recorded, not raised
+            return call, exc
+        return call, answer
+
+    def _done(self, state: State, key: str, follow_up: FollowUp | None) -> State:
+        """The head is done (the queue goes on); its follow-up fired in the same write, with
+        the handler's own database writes, which commit here and only here: they are not run
+        (there is no database), but recorded as a ``committed`` action of the resource, so
+        that invariants can count them."""
+        _, resource = state.find(key)
+        head = resource.head()
+        state = state.put(replace(resource, effects=resource.effects[1:]))
+        if follow_up is not None and follow_up.writes is not None and head is not None:
+            self.world.actions.append((COMMITTED, key, {"effect": head.name}))
+        if follow_up is not None:
+            state, _ = self.fire(state, key, follow_up.trigger, dict(follow_up.payload))
+        return state
+
+    def _failed(self, state: State, key: str, head: Pending, failure: BaseException) -> State:
+        """A failed attempt: retried after the backoff's longest delay, or failed for good
+        (its ``on_failure`` fired: given up if that asked for effects, else it holds the
+        queue)."""
+        effect = self.handlers.get(head.name) or Effect(lambda c: None)
+        limit = effect.retry.max_attempts
+        _, resource = state.find(key)
+        if not isinstance(failure, PermanentError) and (limit is None or head.attempts < limit):
+            delay = effect.retry.delay(head.attempts, _NO_JITTER)
+            retried = replace(head, due=state.now + delay)
+            return state.put(replace(resource, effects=(retried, *resource.effects[1:])))
+        rest = resource.effects[1:]
+        if head.on_failure is None:
+            return state.put(replace(resource, effects=(replace(head, failed=True), *rest)))
+        before = state.put(replace(resource, effects=rest))
+        after, fired = self.fire(before, key, head.on_failure, {
+            "effect": head.name, "error": f"{type(failure).__name__}: {failure}"})
+        _, moved = after.find(key)
+        if fired.fired and len(moved.effects) > len(rest):
+            return after  # given up: the machine went another way
+        return after.put(replace(moved, effects=(replace(head, failed=True), *moved.effects)))
+
+    def _fire_due_timers(self, state: State) -> tuple[State, bool]:
+        due = sorted((t.due, r.key, t) for r in state.resources for t in r.timers
+                     if t.due <= state.now)
+        for _, key, timer in due:
+            _, resource = state.find(key)
+            if timer not in resource.timers:
+                continue  # cancelled by an earlier timer's transition
+            state = state.put(replace(resource, timers=tuple(
+                t for t in resource.timers if t != timer)))
+            state, _ = self.fire(state, key, timer.trigger, {})
+        return state, bool(due)
+
+
+class _NoJitter(random.Random):
+    """The backoff's longest delay: a retry is due no later in the checker than in the
+    worker."""
+
+    def random(self) -> float:
+        return 0.0
+
+
+_NO_JITTER = _NoJitter()
+
+
+def _observed(resource: Res, status: Frozen, at: float, source: str) -> Res:
+    """The resource after an observation: it becomes the newest unless an observation true
+    later is already held (a tie goes to the new one, as the store does)."""
+    if resource.seen is not None and resource.seen.at > at:
+        return resource
+    return replace(resource, seen=Seen(status, at, source))
+
+
+async def _awaited(answer: Any) -> Any:
+    return await answer
+

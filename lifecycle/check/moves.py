@@ -1,0 +1,207 @@
+"""The moves of an exploration, in the words of a scenario file.
+
+Every move is something ``lifecycle replay`` can do too (``create``, ``advance``,
+``observe``, ``world``, ``update``, ``fire``, ``step``, ``run_effects``), so a path the
+checker found is written as a scenario step for step. A world model declares its actions as
+moves (a :class:`Note` changes only the model's own values, which no scenario needs: a status
+cache taking a new status is seen when a heartbeat reports it).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def _at(start: dt.datetime, seconds: float) -> str:
+    return (start + dt.timedelta(seconds=seconds)).isoformat().replace("+00:00", "Z")
+
+
+@dataclass(frozen=True)
+class Move(ABC):
+    """One step of the machine or of its world."""
+
+    @abstractmethod
+    def scenario(self, start: dt.datetime) -> list[dict[str, Any]]:
+        """The scenario file's steps that do this move."""
+
+    @abstractmethod
+    def text(self) -> str:
+        """The move in a timeline."""
+
+
+@dataclass(frozen=True)
+class Create(Move):
+    key: str
+    state: str | None = None
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+    def scenario(self, start: dt.datetime) -> list[dict[str, Any]]:
+        args: dict[str, Any] = {"key": self.key}
+        if self.state is not None:
+            args["state"] = self.state
+        if self.data:
+            args["data"] = dict(self.data)
+        return [{"create": args}]
+
+    def text(self) -> str:
+        return f"create {self.key}" + (f" in {self.state}" if self.state else "")
+
+
+@dataclass(frozen=True)
+class Advance(Move):
+    seconds: float
+
+    def scenario(self, start: dt.datetime) -> list[dict[str, Any]]:
+        return [{"advance": self.seconds}]
+
+    def text(self) -> str:
+        return f"{self.seconds:g} s pass"
+
+
+@dataclass(frozen=True)
+class Observe(Move):
+    """A status report reaches the controller: true at ``at`` (seconds from the start; None:
+    now)."""
+
+    key: str
+    status: Mapping[str, Any]
+    at: float | None = None
+    source: str = "scenario"
+
+    def scenario(self, start: dt.datetime) -> list[dict[str, Any]]:
+        args: dict[str, Any] = {"key": self.key, "status": dict(self.status)}
+        if self.at is not None:
+            args["at"] = _at(start, self.at)
+        if self.source != "scenario":
+            args["source"] = self.source
+        return [{"observe": args}]
+
+    def text(self) -> str:
+        return f"{self.key} is reported {_status(self.status)}"
+
+
+@dataclass(frozen=True)
+class SetWorld(Move):
+    """The world changes: what ``key``'s probe and effect handlers see from now on."""
+
+    key: str
+    status: Mapping[str, Any]
+
+    def scenario(self, start: dt.datetime) -> list[dict[str, Any]]:
+        return [{"world": {"key": self.key, "status": dict(self.status)}}]
+
+    def text(self) -> str:
+        return f"the world says {self.key} is {_status(self.status)}"
+
+
+@dataclass(frozen=True)
+class Update(Move):
+    key: str
+    data: Mapping[str, Any]
+
+    def scenario(self, start: dt.datetime) -> list[dict[str, Any]]:
+        return [{"update": {"key": self.key, "data": dict(self.data)}}]
+
+    def text(self) -> str:
+        return f"{self.key}'s data: {_status(self.data)}"
+
+
+@dataclass(frozen=True)
+class Fire(Move):
+    key: str
+    trigger: str
+    payload: Mapping[str, Any] = field(default_factory=dict)
+
+    def scenario(self, start: dt.datetime) -> list[dict[str, Any]]:
+        args: dict[str, Any] = {"key": self.key, "trigger": self.trigger}
+        if self.payload:
+            args["payload"] = dict(self.payload)
+        return [{"fire": args}]
+
+    def text(self) -> str:
+        return f"fire {self.trigger} on {self.key}"
+
+
+@dataclass(frozen=True)
+class Step(Move):
+    """The engine takes ``key``'s eventless edges (asking its probe when a risky edge
+    wants a fresh observation)."""
+
+    key: str
+
+    def scenario(self, start: dt.datetime) -> list[dict[str, Any]]:
+        return [{"step": self.key}]
+
+    def text(self) -> str:
+        return f"step {self.key}"
+
+
+@dataclass(frozen=True)
+class RunEffects(Move):
+    """The worker carries out every due effect (and the follow-ups' effects) and every due
+    timer, until there is nothing left to do now."""
+
+    def scenario(self, start: dt.datetime) -> list[dict[str, Any]]:
+        return [{"run_effects": {}}]
+
+    def text(self) -> str:
+        return "the worker runs the effects"
+
+
+@dataclass(frozen=True)
+class Retry(Move):
+    """An operator's ``lifecycle retry KEY``: its effects that failed for good go back in
+    the queue, due now, with fresh attempts."""
+
+    key: str
+
+    def scenario(self, start: dt.datetime) -> list[dict[str, Any]]:
+        return [{"retry": self.key}]
+
+    def text(self) -> str:
+        return f"lifecycle retry {self.key}"
+
+
+@dataclass(frozen=True)
+class Crash(Move):
+    """A fault: the worker runs ``key``'s queue head and dies before it records the outcome
+    (the handler's I/O happened; the effect runs again later)."""
+
+    key: str
+
+    def scenario(self, start: dt.datetime) -> list[dict[str, Any]]:
+        return [{"crash_effect": self.key}]
+
+    def text(self) -> str:
+        return f"the worker dies after running {self.key}'s effect, unrecorded"
+
+
+@dataclass(frozen=True)
+class Note(Move):
+    """The world model's own values change (``values``: name -> new value); nothing the
+    machine sees, so no scenario step."""
+
+    values: tuple[tuple[str, Any], ...]
+    said: str = ""
+
+    def scenario(self, start: dt.datetime) -> list[dict[str, Any]]:
+        return []
+
+    def text(self) -> str:
+        return self.said or ", ".join(f"{k} = {v}" for k, v in self.values)
+
+
+@dataclass(frozen=True)
+class Action:
+    """A world action: what it is called in a timeline, and its moves, in order."""
+
+    label: str
+    moves: tuple[Move, ...]
+
+
+def _status(value: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in value.items()) or "{}"

@@ -1,0 +1,167 @@
+"""What the checker explores: a machine's resources and its world, as hashable values.
+
+A state holds everything a later decision could read, and nothing it could not: each
+resource's state, version, data, newest observation, last transition, open effects (with
+their attempts and saved progress) and pending timers; the world's status per key (what
+probes and effect handlers see) and the world model's own values (``extra``: a status
+cache, say); and the clock. Two paths that reach equal states are one state. Journal
+sequence numbers and observation ids are left out: no decision reads them, and they would
+make every path its own state; so would the version, which is kept for guards but not
+compared.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+_LIST = "\x00list"
+"""The first item of a frozen list, so that a list of pairs never equals a frozen object."""
+
+
+class Frozen(tuple):  # type: ignore[type-arg]
+    """A JSON object, frozen: its ``(key, value)`` pairs in key order."""
+
+    __slots__ = ()
+
+
+def freeze(value: Any) -> Any:
+    """A JSON value as a hashable one (objects: :class:`Frozen`; lists: tuples)."""
+    if isinstance(value, Mapping):
+        return Frozen(sorted((str(k), freeze(v)) for k, v in value.items()))
+    if isinstance(value, list | tuple):
+        return (_LIST, *(freeze(v) for v in value))
+    return value
+
+
+def thaw(value: Any) -> Any:
+    """A frozen value as JSON again (a new copy: the caller may change it)."""
+    if type(value) is Frozen:
+        return {k: thaw(v) for k, v in value}
+    if isinstance(value, tuple) and value and value[0] == _LIST:
+        return [thaw(v) for v in value[1:]]
+    return value
+
+
+EMPTY = freeze({})
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """An open effect: as the outbox holds it. ``failed``: it failed for good and holds its
+    resource's queue until retried; ``due``: when its next attempt may start (seconds)."""
+
+    name: str
+    args: Frozen
+    fence: Frozen | None
+    seq: int
+    position: int
+    trigger: str | None
+    payload: Frozen
+    on_failure: str | None
+    attempts: int = 0
+    progress: Frozen = EMPTY
+    due: float = 0.0
+    failed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Timer:
+    state: str
+    trigger: str
+    due: float
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """The newest observation: its status, when it was true (seconds), its source."""
+
+    status: Frozen
+    at: float
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class Res:
+    """One resource, as its row, its newest observation and its outbox and timers hold it."""
+
+    key: str
+    state: str
+    version: int = field(compare=False)
+    """Counted as the engine counts it (guards may read it), but not compared: a
+    transition back to the same state and data is the same state."""
+    data: Frozen = field(default=EMPTY)
+    since: float = 0.0
+    """When its last transition (or its creation) was, in seconds from the start."""
+    seen: Seen | None = None
+    effects: tuple[Pending, ...] = ()
+    timers: tuple[Timer, ...] = ()
+
+    def head(self) -> Pending | None:
+        """The first open effect (the queue's head), if any."""
+        return self.effects[0] if self.effects else None
+
+
+@dataclass(frozen=True, slots=True)
+class State:
+    """One point of the exploration: the clock (seconds from the start), the resources in
+    key order, the world's status per key, and the world model's own values."""
+
+    now: float
+    resources: tuple[Res, ...]
+    world: Frozen
+    extra: Frozen = EMPTY
+
+    def find(self, key: str) -> tuple[int, Res]:
+        for index, resource in enumerate(self.resources):
+            if resource.key == key:
+                return index, resource
+        raise KeyError(key)
+
+    def put(self, resource: Res) -> State:
+        """This state with ``resource`` written (added in key order when it is new)."""
+        others = [r for r in self.resources if r.key != resource.key]
+        return replace(self, resources=tuple(sorted([*others, resource], key=lambda r: r.key)))
+
+
+@dataclass(frozen=True)
+class View:
+    """A state as world actions and invariants read it: plain values, the times as seconds
+    from the start, and ``start`` to turn them into times."""
+
+    state: State
+    start: dt.datetime
+
+    @property
+    def now(self) -> float:
+        return self.state.now
+
+    @property
+    def keys(self) -> list[str]:
+        return [r.key for r in self.state.resources]
+
+    def resource(self, key: str) -> Res:
+        return self.state.find(key)[1]
+
+    def machine_state(self, key: str) -> str:
+        return self.resource(key).state
+
+    def data(self, key: str) -> dict[str, Any]:
+        return thaw(self.resource(key).data)  # type: ignore[no-any-return]
+
+    def believed(self, key: str) -> dict[str, Any] | None:
+        """The status of the resource's newest observation: what the controller believes."""
+        seen = self.resource(key).seen
+        return None if seen is None else thaw(seen.status)
+
+    def world(self, key: str) -> dict[str, Any]:
+        """What the world says of ``key`` (what its probe and effect handlers see)."""
+        return thaw(dict(self.state.world).get(key, EMPTY))  # type: ignore[no-any-return]
+
+    def extra(self, name: str, default: Any = None) -> Any:
+        return thaw(dict(self.state.extra).get(name, freeze(default)))
+
+    def __iter__(self) -> Iterator[Res]:
+        return iter(self.state.resources)

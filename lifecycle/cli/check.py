@@ -1,0 +1,122 @@
+"""``check``: explore a machine with its world, breadth first, within bounds."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import json
+import sys
+import time as timing
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ..check import Bounds, Model, Report, output
+from ..check import check as explore
+from ..check.worlds import MODULES, world_model
+from .common import json_option
+
+
+def _model(name: str) -> Model:
+    """A built-in machine's model, or ``FILE.py:NAME`` / ``MODULE:NAME``: a Model (or a
+    function that makes one) of the user's own."""
+    found = world_model(name)
+    if found is not None:
+        return found
+    where, _, attribute = name.rpartition(":")
+    if not where or not attribute:
+        raise click.BadParameter(
+            f"{name!r} is neither a built-in machine with a world model "
+            f"({', '.join(sorted(MODULES))}) nor FILE.py:NAME or MODULE:NAME",
+            param_hint="MACHINE")
+    if where.endswith(".py"):
+        spec = importlib.util.spec_from_file_location(Path(where).stem, where)
+        if spec is None or spec.loader is None or not Path(where).is_file():
+            raise click.BadParameter(f"no Python file {where}", param_hint="MACHINE")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(where)
+    value = getattr(module, attribute, None)
+    value = value() if callable(value) and not isinstance(value, Model) else value
+    if not isinstance(value, Model):
+        raise click.BadParameter(f"{name}: {attribute} is not a lifecycle.check.Model",
+                                 param_hint="MACHINE")
+    return value
+
+
+@click.command()
+@click.argument("machine")
+@click.option("--depth", type=click.IntRange(0), default=8, show_default=True,
+              help="Moves from the starting state.")
+@click.option("--resources", type=click.IntRange(1), default=None,
+              help="Resources the world starts with (default: the model's).")
+@click.option("--horizon", type=click.FloatRange(0), default=300.0, show_default=True,
+              help="Seconds the clock may move.")
+@click.option("--invariant", "invariants", multiple=True, metavar="NAME",
+              help="Check only this invariant (again for more).")
+@click.option("--write-scenario", "scenario_path", type=click.Path(dir_okay=False),
+              help="Write each counterexample as a scenario file here (PATH, or PATH's name "
+                   "with the invariant's when there are several).")
+@json_option
+def check(machine: str, depth: int, resources: int | None, horizon: float,
+          invariants: tuple[str, ...], scenario_path: str | None, as_json: bool) -> None:
+    """Explore every interleaving of MACHINE with its world, breadth first, up to the
+    bounds; print each broken invariant's shortest counterexample; exit 1 if any."""
+    model = _model(machine)
+    if invariants:
+        known = {i.name: i for i in model.invariants}
+        unknown = [n for n in invariants if n not in known]
+        if unknown:
+            raise click.BadParameter(f"unknown invariant {', '.join(unknown)} (the model has "
+                                     f"{', '.join(known) or 'none'})", param_hint="--invariant")
+        model = dataclasses.replace(model, invariants=[known[n] for n in invariants])
+    began = timing.perf_counter()
+    report = explore(model, Bounds(depth=depth, resources=resources, horizon=horizon))
+    seconds = timing.perf_counter() - began
+    written = _write(report, scenario_path)
+    if as_json:
+        print(json.dumps(_json(report, seconds, written), indent=2))
+    else:
+        click.echo(output.text(report))
+        click.echo(f"{report.states:,} states in {seconds:.2f} s")
+        for name, path in written.items():
+            click.echo(f"{name}: scenario written to {path}; `lifecycle replay {path}` fails "
+                      "on it")
+    if not report.passed:
+        sys.exit(1)
+
+
+def _write(report: Report, where: str | None) -> dict[str, str]:
+    if where is None or not report.violations:
+        return {}
+    path = Path(where)
+    several = len(report.violations) > 1
+    written = {}
+    for name, example in report.violations.items():
+        target = path.with_name(f"{path.stem}_{name}{path.suffix or '.yaml'}") if several \
+            else path
+        written[name] = str(output.write_scenario(example, target))
+    return written
+
+
+def _json(report: Report, seconds: float, written: dict[str, str]) -> dict[str, Any]:
+    return {
+        "machine": report.machine, "passed": report.passed, "states": report.states,
+        "moves": report.moves, "depth": report.depth, "exhausted": report.exhausted,
+        "seconds": round(seconds, 3), "bounds": dataclasses.asdict(report.bounds),
+        "cut": report.cut, "invariants": report.invariants, "eventually": report.eventually,
+        "violations": {name: {**_example(example), "scenario": written.get(name)}
+                       for name, example in report.violations.items()},
+        "stuck": {name: _example(example) for name, example in report.stuck.items()},
+    }
+
+
+def _example(example: Any) -> dict[str, Any]:
+    return {"text": example.invariant.text, "message": example.message,
+            "length": len(example),
+            "timeline": [dict(zip(output.HEADER, row, strict=True))
+                         for row in output.timeline(example)]}

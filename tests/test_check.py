@@ -1,0 +1,346 @@
+"""`lifecycle check`: the explorer finds each incident's shortest path on the machine that had
+it, finds none on the fixed machine within bounds that contain it, and writes scenarios that
+the real engine replays and fails on at their last step."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from lifecycle.check import (
+    Action,
+    Actions,
+    Advance,
+    Bounds,
+    Crash,
+    Create,
+    Eventually,
+    Fire,
+    Invariant,
+    Machine,
+    Memory,
+    Model,
+    SetWorld,
+    State,
+    Step,
+    Update,
+    View,
+    check,
+    scenario,
+    text,
+    write_scenario,
+)
+from lifecycle.check.state import EMPTY
+from lifecycle.check.worlds import drone, job_exit, slurm_dispatch, world_model
+from lifecycle.cli import main
+from lifecycle.machines import builtins
+from lifecycle.machines.drone import TARDIS_BUILTIN as BUILTIN_TARDIS
+from lifecycle.scenario import replay
+from lifecycle.spec import MachineSpec
+
+DRONE_INCIDENT = 4
+"""Moves the incident needs from a booting drone the controller holds as Booting: the job
+and its payload start, the demand drops, the engine steps the drone into cleanup on the
+Booting it holds, the worker removes the job (or the demand first, and the job starts
+between the step and the removal)."""
+DRONE = Bounds(depth=10, horizon=120)
+DRONE_WHOLE = Bounds(depth=40, horizon=80)
+"""Two ticks of 40 s: observations go stale (the rule's 30 s) once and twice."""
+
+
+def test_the_fixed_drone_removes_no_running_payload_within_bounds() -> None:
+    report = check(world_model("drone"), DRONE_WHOLE)
+    assert report.passed, text(report)
+    assert report.exhausted and report.depth < DRONE_WHOLE.depth  # every state, not a depth
+    assert report.invariants == ["payload", "fenced"]
+
+
+def test_the_tardis_drone_removes_a_running_payload_in_the_incidents_moves() -> None:
+    report = check(world_model("drone_tardis"), DRONE)
+    example = report.violations["payload"]
+    assert len(example) == DRONE_INCIDENT
+    labels = [hop.label for hop in example.hops]
+    assert "the site starts d1's job and payload" in labels
+    assert labels[-1] == "the worker runs the effects"
+    # the controller stepped on the Booting it held while the site ran the payload
+    stepped = next(h for h in example.hops if h.label == "step d1")
+    assert stepped.state.resources[0].state == "cleanup"
+    assert dict(stepped.state.resources[0].seen.status) == {"resource_status": "Booting"}
+    assert "payload ran" in example.message
+    printed = text(report)
+    assert "VIOLATED payload" in printed and "Booting (0 s old)" in printed
+
+
+@pytest.mark.parametrize("machine", ["drone", "drone_tardis"])
+def test_bounds_below_the_incident_find_nothing(machine: str) -> None:
+    report = check(world_model(machine), Bounds(depth=DRONE_INCIDENT - 1, horizon=120))
+    assert "payload" not in report.violations
+
+
+@pytest.mark.parametrize("made", [drone.without_freshness, drone.without_fence],
+                         ids=["without_freshness", "without_fence"])
+def test_a_broken_drone_is_caught(made: object) -> None:
+    machine = made()  # type: ignore[operator]
+    report = check(drone.model(machine), DRONE)
+    assert len(report.violations["payload"]) == DRONE_INCIDENT
+
+
+@pytest.mark.parametrize("invariant", ["payload", "fenced"])
+def test_the_written_scenario_replays_and_fails_at_its_last_step(
+        invariant: str, tmp_path: Path) -> None:
+    example = check(world_model("drone_tardis"), DRONE).violations[invariant]
+    path = write_scenario(example, tmp_path / f"{invariant}.yaml")
+    steps = yaml.safe_load(path.read_text())["steps"]
+    result = replay(path, builtins())
+    assert not result.passed
+    assert result.failure is not None
+    # every state the checker found after each move, the real engine found too
+    assert result.failure.step == len(steps)
+    assert result.failure.kind == "expect_actions"
+    assert result.failure.found == ["terminate"]
+
+
+def test_the_scenario_says_what_the_checker_did() -> None:
+    example = check(world_model("drone_tardis"), DRONE).violations["payload"]
+    document = scenario(example)
+    assert document["machine"] == "drone_tardis"
+    kinds = [next(iter(step)) for step in document["steps"]]
+    assert kinds[:3] == ["create", "world", "observe"]
+    assert kinds.count("step") == 1 and kinds.count("run_effects") == 1
+    assert kinds[-1] == "expect_actions"
+
+
+def test_a_step_is_the_engines_own_decision() -> None:
+    """A stale Booting on the fixed drone makes the step ask the probe, and the drone
+    integrates on the fresh Running, as the incident's scenario shows on the engine."""
+    model = world_model("drone")
+    memory = Memory(model.machine, model.start)
+    state = State(0.0, (), EMPTY)
+    for move in [*model.setup(1), SetWorld("d1", {"resource_status": "Running"}),
+                 Advance(40), Update("d1", {"demand": 0})]:
+        state, _, _ = memory.apply(state, move)
+    state, _, fired = memory.apply(state, Step("d1"))
+    assert fired is not None and fired.fired and fired.probed and fired.dest == "integrate"
+
+
+# -- startd: the stale advertised claim --------------------------------------------------------
+
+STARTD_INCIDENT = 6
+"""Moves the incident needs: the collector publishes the slot's ad, the startd fetches work
+(the hook answers, the worker runs it: two moves), the fetched job ends, the policy makes the
+slot Unclaimed, and the schedd claims with the id it read."""
+STARTD = Bounds(depth=12)
+
+
+def test_the_startd_takes_the_claim_the_collector_published_within_bounds() -> None:
+    report = check(world_model("startd"), STARTD)
+    assert report.passed, text(report)
+    assert report.exhausted  # every state of the slot's world, well within the depth
+
+
+def test_the_startd_without_options_c_and_d_refuses_it_in_the_incidents_moves(
+        tmp_path: Path) -> None:
+    report = check(world_model("startd_without_cd"), STARTD)
+    example = report.violations["claim"]
+    assert len(example) == STARTD_INCIDENT
+    assert [h.label for h in example.hops][-2:] == [
+        "the startd evaluates its policy",
+        "schedd-a claims with the id it read from the collector"]
+    path = write_scenario(example, tmp_path / "claim.yaml")
+    result = replay(path, builtins())
+    assert result.failure is not None and result.failure.kind == "expect_last"
+    assert result.failure.step == len(yaml.safe_load(path.read_text())["steps"])
+    assert "names_advertised_claim" in result.failure.found["reason"]
+    fewer = check(world_model("startd_without_cd"), Bounds(depth=STARTD_INCIDENT - 1))
+    assert fewer.passed
+
+
+# -- slurm_dispatch: the scancel loop ---------------------------------------------------------
+
+SLURM_INCIDENT = 7
+"""Moves the loop needs: the container finishes, delay A (0) runs out, the dispatcher steps
+on the squeue it holds, a second passes, it scancels and delay B runs out (the worker runs
+the effect and then the timer; or the scancel matched nothing), and the dispatcher steps
+into another scancel on the same old squeue."""
+SLURM = Bounds(depth=SLURM_INCIDENT + 1, horizon=3)
+
+
+def test_the_dispatcher_never_scancels_on_an_squeue_older_than_its_last_scancel() -> None:
+    report = check(world_model("slurm_dispatch"), SLURM)
+    assert report.passed, text(report)
+    assert report.depth == SLURM.depth
+
+
+def test_arvados_policy_scancels_again_on_the_old_squeue(tmp_path: Path) -> None:
+    report = check(world_model("slurm_dispatch_arvados"), SLURM)
+    example = report.violations["stale"]
+    assert len(example) == SLURM_INCIDENT
+    assert sum(a[0] == "scancel" for h in example.hops for a in h.actions) >= 1
+    assert example.hops[-1].label == "step c1"
+    path = write_scenario(example, tmp_path / "loop.yaml")
+    result = replay(path, {**builtins(), "slurm_dispatch_arvados": slurm_dispatch.arvados()})
+    assert result.failure is not None and result.failure.kind == "expect"
+    assert result.failure.step == len(yaml.safe_load(path.read_text())["steps"])
+    assert result.failure.found["state"] == "cancelling.scancelling"
+    fewer = check(world_model("slurm_dispatch_arvados"),
+                  Bounds(depth=SLURM_INCIDENT - 1, horizon=3))
+    assert fewer.passed
+
+
+# -- faults: the worker dies between a handler's end and its outcome's record -------------------
+
+
+def _terminated_twice(before: View, after: View, actions: Actions) -> str | None:
+    return "the job was terminated a second time" if any(
+        name == "terminate" for name, _, _ in actions) and before.extra("terminated") else None
+
+
+def test_a_crash_runs_the_effect_again_and_the_scenario_crashes_alike(tmp_path: Path) -> None:
+    """At least once: a worker that dies after terminate ran, before it was recorded, leaves
+    the effect to run again. The checker finds that path, and the scenario's
+    ``crash_effect`` does on the real engine what the checker's crash did."""
+    once = Invariant("once", "the site is asked to terminate once", _terminated_twice,
+                     lambda view, before, hop: [{"expect_actions": {"key": "d1",
+                                                                    "actions": ["terminate"]}}])
+    model = dataclasses.replace(
+        drone.model(BUILTIN_TARDIS), invariants=(once,),
+        tally=lambda view, actions: {"terminated": True} if any(
+            a[0] == "terminate" for a in actions) else {})
+    example = check(model, Bounds(depth=5, horizon=0)).violations["once"]
+    assert [h.moves[0].__class__.__name__ for h in example.hops] == [
+        "Update", "Step", "Crash", "RunEffects"]
+    path = write_scenario(example, tmp_path / "twice.yaml")
+    result = replay(path, builtins())
+    assert result.failure is not None and result.failure.kind == "expect_actions"
+    assert result.failure.step == len(yaml.safe_load(path.read_text())["steps"])
+    assert result.failure.found == ["terminate", "terminate"]
+
+
+# -- job_exit: the exit that repeats or skips steps ----------------------------------------------
+
+JOB_EXIT_INCIDENT = 7
+"""Moves a second queue update needs when the worker runs everything due in one move: the
+job exits, the queue goes down (so that the steps stop at the queue update: its attempt
+fails), comes back, its retry falls due (30 s), the worker dies after the update, before
+recording it, and the update runs again."""
+JOB_EXIT = Bounds(depth=JOB_EXIT_INCIDENT + 1, horizon=60)
+
+
+def test_the_job_exit_updates_the_queue_once_across_crashes() -> None:
+    report = check(world_model("job_exit"), JOB_EXIT)
+    assert report.passed, text(report)
+    assert report.invariants == ["queue_once", "mail_after_queue"]
+
+
+def test_without_the_outbox_a_crash_updates_the_queue_twice(tmp_path: Path) -> None:
+    example = check(world_model("job_exit_without_outbox"), JOB_EXIT).violations["queue_once"]
+    assert len(example) == JOB_EXIT_INCIDENT
+    assert isinstance(example.hops[-2].moves[0], Crash)
+    path = write_scenario(example, tmp_path / "twice.yaml")
+    result = replay(path, {**builtins(), "job_exit_without_outbox": job_exit.without_outbox()})
+    assert result.failure is not None and result.failure.kind == "expect_actions"
+    assert result.failure.step == len(yaml.safe_load(path.read_text())["steps"])
+    assert result.failure.found.count("committed") == 2
+    fewer = check(world_model("job_exit_without_outbox"),
+                  Bounds(depth=JOB_EXIT_INCIDENT - 1, horizon=60))
+    assert "queue_once" not in fewer.violations
+
+
+# -- the command line --------------------------------------------------------------------------
+
+USER_MODEL = '''
+from lifecycle import MachineSpec
+from lifecycle.check import Action, Create, Fire, Invariant, Machine, Model
+
+spec = MachineSpec.model_validate({
+    "name": "toggle", "initial": "off", "states": ["off", "on", "broken"],
+    "transitions": [{"trigger": "flip", "source": "off", "dest": "on"},
+                    {"trigger": "flip", "source": "on", "dest": "broken"}]})
+never_broken = Invariant(
+    "broken", "never broken",
+    lambda before, after, did: "broken" if after.machine_state("t1") == "broken" else None,
+    lambda view, before, did: [{"expect": {"key": "t1", "state": "on"}}])
+MODEL = Model(Machine(spec), lambda n: [Create("t1")],
+              lambda view: [Action("flip", (Fire("t1", "flip"),))], [never_broken])
+'''
+
+
+def test_the_command_prints_the_timeline_writes_the_scenario_and_exits_1(
+        tmp_path: Path) -> None:
+    runner = CliRunner()
+    path = tmp_path / "race.yaml"
+    found = runner.invoke(main, ["check", "drone_tardis", "--invariant", "payload",
+                                 "--write-scenario", str(path)])
+    assert found.exit_code == 1, found.output
+    assert "VIOLATED payload" in found.output and "shortest counterexample: 4 moves" in found.output
+    assert not replay(path, builtins()).passed
+    clean = runner.invoke(main, ["check", "drone", "--depth", "4", "--json"])
+    assert clean.exit_code == 0, clean.output
+    figures = json.loads(clean.output)
+    assert figures["passed"] and figures["bounds"]["depth"] == 4 and figures["states"] > 1
+    assert figures["violations"] == {}
+
+
+def test_the_command_checks_a_users_model_from_a_file(tmp_path: Path) -> None:
+    (tmp_path / "toggle.py").write_text(USER_MODEL)
+    result = CliRunner().invoke(main, ["check", f"{tmp_path / 'toggle.py'}:MODEL", "--json"])
+    assert result.exit_code == 1, result.output
+    violation = json.loads(result.output)["violations"]["broken"]
+    assert violation["length"] == 2
+    assert [row["move"] for row in violation["timeline"]] == ["start", "flip", "flip"]
+
+
+def test_the_command_names_what_it_cannot_check() -> None:
+    runner = CliRunner()
+    unknown = runner.invoke(main, ["check", "no_such_machine"])
+    assert unknown.exit_code == 2 and "neither a built-in machine" in unknown.output
+    wrong = runner.invoke(main, ["check", "drone", "--invariant", "nope"])
+    assert wrong.exit_code == 2 and "unknown invariant nope" in wrong.output
+
+
+# -- liveness: what must stay possible -----------------------------------------------------------
+
+
+def _trap_model(jam: bool) -> Model:
+    spec = MachineSpec.model_validate({
+        "name": "trap", "initial": "a", "states": ["a", "b", "trap"],
+        "transitions": [{"trigger": "flip", "source": "a", "dest": "b"},
+                        {"trigger": "flip", "source": "b", "dest": "a"},
+                        {"trigger": "jam", "source": "b", "dest": "trap"}]})
+
+    def actions(view: View) -> list[Action]:
+        out = [Action("flip", (Fire("t1", "flip"),))] if view.machine_state("t1") != "trap" \
+            else []
+        if jam and view.machine_state("t1") == "b":
+            out.append(Action("jam", (Fire("t1", "jam"),)))
+        return out
+
+    back = Eventually("back", "t1 gets back to a", lambda v: v.machine_state("t1") != "a",
+                      lambda v: v.machine_state("t1") == "a")
+    return Model(Machine(spec), lambda n: [Create("t1")], actions, eventually=[back])
+
+
+def test_a_state_from_which_a_liveness_property_never_holds_is_found_shortest() -> None:
+    report = check(_trap_model(jam=True), Bounds(depth=6))
+    stuck = report.stuck["back"]
+    assert [h.label for h in stuck.hops] == ["flip", "jam"]
+    assert not report.passed and "NEVER back" in text(report)
+    assert check(_trap_model(jam=False), Bounds(depth=6)).passed
+
+
+def test_a_job_exit_that_gave_up_finishes_only_after_the_operators_retry() -> None:
+    model = world_model("job_exit")
+    assert model is not None
+    bounds = Bounds(depth=30, horizon=150)  # six failed attempts, 30 s apart, then stuck
+    assert check(model, bounds).passed
+
+    def without_retry(view: View) -> list[Action]:
+        return [a for a in model.actions(view) if a.label != "the operator runs lifecycle retry"]
+
+    stuck = check(dataclasses.replace(model, actions=without_retry), bounds).stuck["finishes"]
+    assert stuck.hops[-1].state.resources[0].state == "stuck_queue"

@@ -1,0 +1,193 @@
+"""The checker on generated machines and worlds: every counterexample it reports replays on
+the real engine and worker to the same violation (each state it found along the way, then
+the broken invariant's own expectation, which fails); a bad state planted k moves from the
+start is found at exactly k moves, and not within k - 1.
+
+A generated machine has states ``s0``..``sN``; triggers between them; eventless edges
+guarded by the newest observation's value (some risky, with a freshness rule); and an
+effect, ``poke``, on some edges, whose handler records itself in the world and fires the
+follow-up ``poked``. Its world sets the value the world has, reports it (as of now), fires
+the triggers, and lets time pass. The examples are bounded (no deadline: a busy machine only
+makes them slower)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lifecycle.check import (
+    Action,
+    Bounds,
+    Create,
+    Fire,
+    Invariant,
+    Model,
+    Observe,
+    SetWorld,
+    View,
+    check,
+    write_scenario,
+)
+from lifecycle.check.explore import Machine
+from lifecycle.effects import FollowUp
+from lifecycle.scenario import replay
+from lifecycle.spec import MachineSpec
+
+SETTINGS = settings(max_examples=25, deadline=None, database=None, derandomize=True,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                           HealthCheck.too_slow])
+VALUES = (0, 1, 2)
+
+
+def _is(value: int) -> Any:
+    return lambda c: c.status.get("v") == value
+
+
+GUARDS = {f"is_{v}": _is(v) for v in VALUES}
+
+
+def _simulation(world: Any) -> tuple[Any, Any, Any]:
+    def poke(call: Any) -> FollowUp:
+        world.actions.append(("poke", call.key, {"v": world.status.get(call.key, {}).get("v")}))
+        return FollowUp("poked")
+    return GUARDS, {"poke": poke}, {}
+
+
+@st.composite
+def machines(draw: st.DrawFn, planted: int | None = None) -> Machine:
+    """A machine of ``s0``..``sN``; with ``planted`` = k, ``bad`` is reached only from
+    ``s{k-1}`` and no edge skips ahead, so its shortest path is k moves of the world."""
+    count = draw(st.integers(2, 5)) if planted is None else planted
+    states = [f"s{i}" for i in range(count)]
+
+    def reach(source: int) -> st.SearchStrategy[int]:
+        top = count - 1 if planted is None else min(source + 1, count - 1)
+        return st.integers(0, top)
+
+    # a chain s0 -go-> s1 -go-> ... keeps every state reachable; the drawn edges go anywhere
+    # (planted: back, to itself or one ahead, so no path to bad is shorter than the chain)
+    transitions: list[dict[str, Any]] = [
+        {"trigger": "go", "source": states[i], "dest": states[i + 1]} for i in range(count - 1)]
+    eventless = []
+    for i in range(count):
+        for n in range(draw(st.integers(0, 2))):
+            edge: dict[str, Any] = {"trigger": f"t{n}", "source": states[i],
+                                    "dest": states[draw(reach(i))]}
+            if draw(st.booleans()):
+                edge["effects"] = ["poke"]
+            transitions.append(edge)
+        if draw(st.booleans()):
+            guarded: dict[str, Any] = {"source": states[i], "dest": states[draw(reach(i))],
+                                       "guards": [f"is_{draw(st.sampled_from(VALUES))}"]}
+            if draw(st.booleans()):
+                guarded["fresh"] = {"max_age": 10}
+            eventless.append(guarded)
+    transitions.append({"trigger": "poked", "source": states, "dest": states[0]}
+                       if planted is None else
+                       {"trigger": "poked", "source": states[0], "dest": states[0]})
+    if planted is not None:
+        transitions.append({"trigger": "go_bad", "source": states[-1], "dest": "bad"})
+    spec = MachineSpec.model_validate({
+        "name": "generated", "initial": "s0",
+        "states": [*states, *(["bad"] if planted is not None else [])],
+        "transitions": _distinct(transitions), "eventless": eventless})
+    return Machine(spec, GUARDS, _simulation)
+
+
+def _distinct(transitions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One edge per (trigger, source): the spec refuses overlapping ones."""
+    seen, out = set(), []
+    for t in transitions:
+        sources = t["source"] if isinstance(t["source"], list) else [t["source"]]
+        if any((t["trigger"], s) in seen for s in sources):
+            continue
+        seen.update((t["trigger"], s) for s in sources)
+        out.append(t)
+    return out
+
+
+def _world(machine: Machine) -> Model:
+    triggers = sorted(machine.spec.triggers - {"poked"})
+
+    def setup(resources: int) -> list[Any]:
+        return [Create("r1"), SetWorld("r1", {"v": 0})]
+
+    def actions(view: View) -> list[Action]:
+        value = view.world("r1").get("v")
+        out = [Action(f"the world's value becomes {v}", (SetWorld("r1", {"v": v}),))
+               for v in VALUES if v != value]
+        out.append(Action(f"r1 is reported {value}", (Observe("r1", {"v": value}),)))
+        here = view.machine_state("r1")
+        out += [Action(f"fire {t}", (Fire("r1", t),)) for t in triggers
+                if any(e.trigger == t and here in e.sources for e in machine.spec.transitions)]
+        return out
+
+    # the last state: "bad" when one was planted, else the end of the chain
+    last = machine.spec.states[-1].name
+    return Model(machine, setup, actions, (_never(last), _no_poke_at(2)), ticks=(15.0,))
+
+
+def _never(state: str) -> Invariant:
+    def broken(before: View, after: View, actions: Any) -> str | None:
+        return f"r1 entered {state}" if after.machine_state("r1") == state else None
+
+    def expect(view: View, done: Any, hop: Any) -> list[dict[str, Any]]:
+        return [{"expect": {"key": "r1", "state": "not " + state}}]
+    return Invariant("never_" + state, f"r1 never enters {state}", broken, expect)
+
+
+def _no_poke_at(value: int) -> Invariant:
+    def broken(before: View, after: View, actions: Any) -> str | None:
+        hit = any(name == "poke" and d["v"] == value for name, _, d in actions)
+        return f"poked while the world's value was {value}" if hit else None
+
+    def expect(view: View, done: Any, hop: Any) -> list[dict[str, Any]]:
+        return [{"expect_actions": {"key": "r1", "actions": [
+            name for name, _, d in [*done, *hop] if not (name == "poke" and d["v"] == value)]}}]
+    return Invariant(f"no_poke_at_{value}", f"no poke while the value is {value}", broken,
+                     expect)
+
+
+@SETTINGS
+@given(machine=machines())
+def test_every_counterexample_replays_to_its_violation(machine: Machine,
+                                                       tmp_path_factory: Any) -> None:
+    report = check(_world(machine), Bounds(depth=5, horizon=30))
+    assert report.violations or report.states > 1
+    directory = Path(tmp_path_factory.mktemp("replays"))
+    for name, example in report.violations.items():
+        path = write_scenario(example, directory / f"{name}.yaml")
+        result = replay(path, {"generated": machine})
+        assert not result.passed and result.failure is not None, name
+        # the last step is the invariant's own expectation: every state before it matched
+        assert result.failure.kind == ("expect" if name.startswith("never_") else
+                                       "expect_actions")
+        assert result.failure.step == result.steps, (name, result.failure)
+
+
+@SETTINGS
+@given(data=st.data(), k=st.integers(1, 4))
+def test_a_bad_state_planted_at_depth_k_is_found_at_depth_k(data: st.DataObject,
+                                                            k: int) -> None:
+    """``bad`` is k moves away: k - 1 ``go`` along the chain, then ``go_bad``; nothing the
+    machine or its world does is a shortcut."""
+    model = _world(data.draw(machines(planted=k)))
+    found = check(model, Bounds(depth=k, horizon=30)).violations.get("never_bad")
+    assert found is not None and len(found) == k
+    assert "never_bad" not in check(model, Bounds(depth=k - 1, horizon=30)).violations
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_a_chain_of_k_triggers_is_found_at_k(k: int) -> None:
+    chain = [{"trigger": "go", "source": f"s{i}", "dest": f"s{i + 1}"} for i in range(k - 1)]
+    spec = MachineSpec.model_validate({
+        "name": "generated", "initial": "s0", "states": [*(f"s{i}" for i in range(k)), "bad"],
+        "transitions": [*chain, {"trigger": "go_bad", "source": f"s{k - 1}", "dest": "bad"},
+                        {"trigger": "poked", "source": "s0", "dest": "s0"}]})
+    model = _world(Machine(spec, GUARDS, _simulation))
+    assert len(check(model, Bounds(depth=k, horizon=0)).violations["never_bad"]) == k
+    assert "never_bad" not in check(model, Bounds(depth=k - 1, horizon=0)).violations
