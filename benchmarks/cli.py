@@ -36,6 +36,7 @@ from . import (
     in_memory,
     persisted,
     postgres,
+    queues,
     simulations,
     startup,
     vs_django,
@@ -59,6 +60,7 @@ GROUPS: dict[str, list[Case]] = {
     "heartbeat": heartbeat.CASES,
     "simulations": simulations.CASES,
     "dashboard": [*dashboard.CASES["sqlite"], *dashboard.CASES["postgresql"]],
+    "queues": queues.CASES,
 }
 CASES: dict[str, Case] = {case.id: case for cases in GROUPS.values() for case in cases}
 
@@ -177,10 +179,16 @@ SECTIONS: list[tuple[str, list[Comparison]]] = [
         Comparison(f"sim.drone_race.{grown}", "sim.drone_race.base", Goal(1.1), cpu=True)
         for grown in ("hours", "drones")
     ]),
+    ("13 · draining no-op jobs against pgqueuer and procrastinate, PostgreSQL: µs per job", [
+        Comparison(f"queues.lifecycle.{n}p", f"queues.{other}.{n}p", None, cpu=cpu)
+        for n in queues.PROCESSES for other in ("pgqueuer", "procrastinate")
+        for cpu in (False, True)
+    ]),
 ]
 
 PACKAGES = ["lifecycle-fsm", "transitions", "SQLAlchemy", "psycopg", "django", "django-fsm-2",
-            "django-fsm-log", "sqlalchemy-fsm", "python-statemachine"]
+            "django-fsm-log", "sqlalchemy-fsm", "python-statemachine", "pgqueuer",
+            "procrastinate"]
 
 
 def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -203,7 +211,9 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="a fixed number of operations per round instead of calibrating")
     parser.add_argument("--effects", type=int, metavar="N",
                         help=f"effects the effects group drains per round, ten per resource "
-                        f"(default {effects.COUNT:,}, quick {effects.QUICK_COUNT})")
+                        f"(default {effects.COUNT:,}, quick {effects.QUICK_COUNT}); jobs the "
+                        f"queues group drains (default {queues.COUNT:,}, quick "
+                        f"{queues.QUICK_COUNT})")
     parser.add_argument("--only", metavar="NAMES",
                         help="comma-separated groups or case ids: " + ", ".join(
                             [*GROUPS, *CASES]))
@@ -346,6 +356,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if group == "drones":
                     results.update(aio.run_drones(workspace, args.quick,
                                                   lambda message: status.update(message)))
+                    continue
+                if group == "queues":
+                    results.update(queues.run_group(
+                        runnable, workspace, lambda message: status.update(message),
+                        quick=args.quick, rounds=args.rounds, count=args.effects))
                     continue
                 if group == "effects":
                     measured, summary = effects.run_group(
@@ -494,12 +509,14 @@ def _table(results: dict[str, Measurement], skipped: dict[str, str], settings: S
     whole = ("heartbeat.", "sim.")  # one whole heartbeat or simulation per round
     counts = sorted({m.ops_per_round for m in results.values()
                      if m.case.id not in effects.SPECS and m.case.id not in aio.DRONE_CASES
+                     and m.case.id not in queues.SPECS
                      and not m.case.id.startswith(whole)}) or [0]
     span = f"{counts[0]:,}" if len(counts) == 1 else f"{counts[0]:,} to {counts[-1]:,}"
     ops = (f"{settings.ops:,} ops per round" if settings.ops else
            f"~{settings.round_seconds:g} s per case and round ({span} ops, calibrated in "
            "warm-up)")
-    timed = [m for m in results.values() if m.case.id not in effects.SPECS]
+    timed = [m for m in results.values()
+             if m.case.id not in effects.SPECS and m.case.id not in queues.SPECS]
     rounds = sorted({len(m.samples_us) for m in timed}) or [settings.rounds]
     rounds_text = "/".join(str(r) for r in rounds)
     if any(m.case.id.startswith(whole) for m in timed):
@@ -513,6 +530,7 @@ def _table(results: dict[str, Measurement], skipped: dict[str, str], settings: S
         + f"± is half the range of the rounds. Whole run {elapsed:.1f} s.",
         *([_effects_note(summary, results)] if summary and summary.throughput else []),
         *([drones] if (drones := aio.note(results, quick)) else []),
+        *([jobs] if (jobs := queues.note(results)) else []),
         f"{environment['machine']}; {versions}",
         *notes,
     ]))
