@@ -34,6 +34,7 @@ from . import (
     fleet,
     heartbeat,
     in_memory,
+    network,
     persisted,
     postgres,
     queues,
@@ -61,6 +62,7 @@ GROUPS: dict[str, list[Case]] = {
     "simulations": simulations.CASES,
     "dashboard": [*dashboard.CASES["sqlite"], *dashboard.CASES["postgresql"]],
     "queues": queues.CASES,
+    "network": network.CASES,
 }
 CASES: dict[str, Case] = {case.id: case for cases in GROUPS.values() for case in cases}
 
@@ -183,6 +185,15 @@ SECTIONS: list[tuple[str, list[Comparison]]] = [
         Comparison(f"queues.lifecycle.{n}p", f"queues.{other}.{n}p", None, cpu=cpu)
         for n in queues.PROCESSES for other in ("pgqueuer", "procrastinate")
         for cpu in (False, True)
+    ]),
+    ("14 · PostgreSQL across a network: a proxy holds each message to the server 0.25 or 1 ms "
+     "(µs per operation; observe_many: per batch)", [
+        *[Comparison(network.case_id("fire", d), network.case_id("floor", d),
+                     Goal(network.GOAL_1MS) if d == 1 else None)
+          for d in network.DELAYS_MS],
+        Comparison(network.case_id("fire", 0), network.case_id("floor", 0), None, cpu=True),
+        *[Comparison(network.case_id(kind, d), network.case_id(kind, 0) if d else None, None)
+          for kind in ("create", "observe", "observe_many") for d in network.DELAYS_MS],
     ]),
 ]
 
@@ -385,7 +396,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.json:
         print(json.dumps({**_to_json(results, skipped, settings, environment, elapsed,
-                                     summary), "verify": verify_figures}, indent=2))
+                                     summary), "verify": verify_figures,
+                          "round_trips": network.ROUND_TRIPS}, indent=2))
     else:
         console = Console() if sys.stdout.isatty() else Console(width=130)
         console.print(_table(results, skipped, settings, environment, elapsed, summary,
@@ -531,6 +543,7 @@ def _table(results: dict[str, Measurement], skipped: dict[str, str], settings: S
         *([_effects_note(summary, results)] if summary and summary.throughput else []),
         *([drones] if (drones := aio.note(results, quick)) else []),
         *([jobs] if (jobs := queues.note(results)) else []),
+        *([trips] if (trips := network.note(results)) else []),
         f"{environment['machine']}; {versions}",
         *notes,
     ]))
