@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import selectors
 import sys
 from typing import Any
@@ -59,7 +60,8 @@ async def _pipe(connection: tuple[asyncio.StreamReader, asyncio.StreamWriter],
             await writer.drain()
         writer.close()
 
-    await asyncio.gather(to_server(), deliver(), to_client(), return_exceptions=True)
+    with contextlib.suppress(asyncio.CancelledError):  # the proxy closing: the client is done
+        await asyncio.gather(to_server(), deliver(), to_client(), return_exceptions=True)
     writer.close()
     up_writer.close()
 
