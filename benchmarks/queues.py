@@ -400,7 +400,8 @@ def note(results: dict[str, Measurement]) -> str | None:
     return (f"Section 13: {some.ops_per_round:,} no-op jobs drained per round, each system "
             f"in a fresh database of its own, median of {len(some.samples_us)} rounds; per "
             "job: lifecycle claims in batches of 4 and records each done in a transaction "
-            "of its own (no follow-up asked for), pgqueuer dequeues 10 at a time and records "
+            "of its own (no follow-up asked for; its enqueue, untimed, was a transition with "
+            "its journal row), pgqueuer (asyncpg) dequeues 10 at a time and records "
             "completions in batches, procrastinate takes one at a time. "
             + " · ".join(lines) + ".")
 
