@@ -79,6 +79,12 @@ def _fill(store: Store, engine: Engine, size: int) -> None:
             for seq in range(2, DEPTH + 2) for rid in ids])
 
 
+def _sqlite_time(value: dt.datetime) -> str:
+    """UTC as sortable text, the format lifecycle stores on SQLite."""
+    return value.astimezone(UTC).replace(tzinfo=None).isoformat(sep=" ",
+                                                                timespec="microseconds")
+
+
 _FILLED: dict[tuple[int, str, int], str] = {}
 """The outbox of each size, by workspace: filled once, shared by both cases of a size (each
 operation leaves it as it found it)."""
@@ -160,7 +166,9 @@ def _before(db: str, size: int) -> Case:
                 assert store.url.startswith("sqlite:///")
                 connection: Any = sqlite3.connect(store.url.removeprefix("sqlite:///"),
                                                   isolation_level=None)
-                pick = BEFORE_PICK.format(now="'2026-06-01 00:00:00.000000'")
+                # the time from the clock, bound at each claim as the Worker's is: the
+                # ``effect`` case of the same outbox adds effects due at the time it runs
+                pick = BEFORE_PICK.format(now=":now")
                 claim = (f"UPDATE lifecycle_effects SET status = 'running', "
                          f"attempts = attempts + 1 WHERE id IN ({pick}) RETURNING id")
                 give = ("UPDATE lifecycle_effects SET status = 'pending', "
@@ -179,7 +187,10 @@ def _before(db: str, size: int) -> Case:
                 cursor = connection.cursor()
                 if db == "sqlite":
                     cursor.execute("BEGIN IMMEDIATE")
-                ids = [row[0] for row in cursor.execute(claim).fetchall()]
+                    now = {"now": _sqlite_time(dt.datetime.now(UTC))}
+                    ids = [row[0] for row in cursor.execute(claim, now).fetchall()]
+                else:
+                    ids = [row[0] for row in cursor.execute(claim).fetchall()]
                 connection.commit()
                 if len(ids) != BATCH:
                     raise BenchError(f"claimed {len(ids)} effects, not {BATCH}")

@@ -35,8 +35,10 @@ from . import (
     fleet,
     heartbeat,
     in_memory,
+    network,
     persisted,
     postgres,
+    queues,
     simulations,
     startup,
     vs_django,
@@ -61,6 +63,8 @@ GROUPS: dict[str, list[Case]] = {
     "simulations": simulations.CASES,
     "dashboard": [*dashboard.CASES["sqlite"], *dashboard.CASES["postgresql"]],
     "check": check.CASES,
+    "queues": queues.CASES,
+    "network": network.CASES,
 }
 CASES: dict[str, Case] = {case.id: case for cases in GROUPS.values() for case in cases}
 
@@ -184,10 +188,25 @@ SECTIONS: list[tuple[str, list[Comparison]]] = [
         Comparison("check.drone", None, Goal(2, unit="ms")),
         Comparison("check.drone_tardis", None, None),
     ]),
+    ("14 · draining no-op jobs against pgqueuer and procrastinate, PostgreSQL: µs per job", [
+        Comparison(f"queues.lifecycle.{n}p", f"queues.{other}.{n}p", None, cpu=cpu)
+        for n in queues.PROCESSES for other in ("pgqueuer", "procrastinate")
+        for cpu in (False, True)
+    ]),
+    ("15 · PostgreSQL across a network: a proxy holds each message to the server 0.25 or 1 ms "
+     "(µs per operation; observe_many: per batch)", [
+        *[Comparison(network.case_id("fire", d), network.case_id("floor", d),
+                     Goal(network.GOAL_1MS) if d == 1 else None)
+          for d in network.DELAYS_MS],
+        Comparison(network.case_id("fire", 0), network.case_id("floor", 0), None, cpu=True),
+        *[Comparison(network.case_id(kind, d), network.case_id(kind, 0) if d else None, None)
+          for kind in ("create", "observe", "observe_many") for d in network.DELAYS_MS],
+    ]),
 ]
 
 PACKAGES = ["lifecycle-fsm", "transitions", "SQLAlchemy", "psycopg", "django", "django-fsm-2",
-            "django-fsm-log", "sqlalchemy-fsm", "python-statemachine"]
+            "django-fsm-log", "sqlalchemy-fsm", "python-statemachine", "pgqueuer",
+            "procrastinate"]
 
 
 def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -210,7 +229,9 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="a fixed number of operations per round instead of calibrating")
     parser.add_argument("--effects", type=int, metavar="N",
                         help=f"effects the effects group drains per round, ten per resource "
-                        f"(default {effects.COUNT:,}, quick {effects.QUICK_COUNT})")
+                        f"(default {effects.COUNT:,}, quick {effects.QUICK_COUNT}); jobs the "
+                        f"queues group drains (default {queues.COUNT:,}, quick "
+                        f"{queues.QUICK_COUNT})")
     parser.add_argument("--only", metavar="NAMES",
                         help="comma-separated groups or case ids: " + ", ".join(
                             [*GROUPS, *CASES]))
@@ -354,6 +375,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     results.update(aio.run_drones(workspace, args.quick,
                                                   lambda message: status.update(message)))
                     continue
+                if group == "queues":
+                    results.update(queues.run_group(
+                        runnable, workspace, lambda message: status.update(message),
+                        quick=args.quick, rounds=args.rounds, count=args.effects))
+                    continue
                 if group == "effects":
                     measured, summary = effects.run_group(
                         runnable, workspace, settings, lambda message: status.update(message),
@@ -379,7 +405,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.json:
         print(json.dumps({**_to_json(results, skipped, settings, environment, elapsed,
-                                     summary), "verify": verify_figures}, indent=2))
+                                     summary), "verify": verify_figures,
+                          "round_trips": network.ROUND_TRIPS}, indent=2))
     else:
         console = Console() if sys.stdout.isatty() else Console(width=130)
         console.print(_table(results, skipped, settings, environment, elapsed, summary,
@@ -503,12 +530,14 @@ def _table(results: dict[str, Measurement], skipped: dict[str, str], settings: S
     whole = ("heartbeat.", "sim.")  # one whole heartbeat or simulation per round
     counts = sorted({m.ops_per_round for m in results.values()
                      if m.case.id not in effects.SPECS and m.case.id not in aio.DRONE_CASES
+                     and m.case.id not in queues.SPECS
                      and not m.case.id.startswith(whole)}) or [0]
     span = f"{counts[0]:,}" if len(counts) == 1 else f"{counts[0]:,} to {counts[-1]:,}"
     ops = (f"{settings.ops:,} ops per round" if settings.ops else
            f"~{settings.round_seconds:g} s per case and round ({span} ops, calibrated in "
            "warm-up)")
-    timed = [m for m in results.values() if m.case.id not in effects.SPECS]
+    timed = [m for m in results.values()
+             if m.case.id not in effects.SPECS and m.case.id not in queues.SPECS]
     rounds = sorted({len(m.samples_us) for m in timed}) or [settings.rounds]
     rounds_text = "/".join(str(r) for r in rounds)
     if any(m.case.id.startswith(whole) for m in timed):
@@ -522,6 +551,8 @@ def _table(results: dict[str, Measurement], skipped: dict[str, str], settings: S
         + f"± is half the range of the rounds. Whole run {elapsed:.1f} s.",
         *([_effects_note(summary, results)] if summary and summary.throughput else []),
         *([drones] if (drones := aio.note(results, quick)) else []),
+        *([jobs] if (jobs := queues.note(results)) else []),
+        *([trips] if (trips := network.note(results)) else []),
         f"{environment['machine']}; {versions}",
         *notes,
     ]))

@@ -261,7 +261,10 @@ def _serve(url: str, pipe: Connection) -> None:
 class Pool:
     """Worker processes, started once and kept for every drain."""
 
-    def __init__(self, url: str, size: int) -> None:
+    def __init__(self, url: Any, size: int,
+                 serve: Callable[[Any, Connection], None] | None = None) -> None:
+        """``size`` processes, each running ``serve(url, pipe)`` (default: a :class:`Drainer`
+        of ``url``): it says ready, then answers each word with a report."""
         context = multiprocessing.get_context("forkserver")
         # the fork server imports lifecycle once; every worker is forked from it
         context.set_forkserver_preload([__name__])
@@ -269,7 +272,7 @@ class Pool:
         self.processes: list[Any] = []
         for i in range(size):
             mine, theirs = context.Pipe()
-            process = context.Process(target=_serve, args=(url, theirs),
+            process = context.Process(target=serve or _serve, args=(url, theirs),
                                       name=f"effects-worker-{i}", daemon=True)
             process.start()
             theirs.close()
