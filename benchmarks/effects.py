@@ -237,10 +237,11 @@ class Drainer:
                 connection.commit()
 
 
-def _serve(url: str, pipe: Connection) -> None:
-    """A worker process: set up, say ready, then drain on every word until told to stop."""
+def serve(make: Callable[[Any], Any], setting: Any, pipe: Connection) -> None:
+    """A worker process: set up a drainer (``make(setting)``), say ready, then drain on every
+    word until told to stop."""
     try:
-        drainer = Drainer(url)
+        drainer = make(setting)
     except BaseException:
         pipe.send(("error", traceback.format_exc()))
         return
@@ -261,10 +262,10 @@ def _serve(url: str, pipe: Connection) -> None:
 class Pool:
     """Worker processes, started once and kept for every drain."""
 
-    def __init__(self, url: Any, size: int,
-                 serve: Callable[[Any, Connection], None] | None = None) -> None:
-        """``size`` processes, each running ``serve(url, pipe)`` (default: a :class:`Drainer`
-        of ``url``): it says ready, then answers each word with a report."""
+    def __init__(self, url: Any, size: int, drainer: Callable[[Any], Any] | None = None) -> None:
+        """``size`` processes, each serving a drainer (default: a :class:`Drainer` of
+        ``url``; else ``drainer(url)``): it says ready, then answers each word with a
+        report."""
         context = multiprocessing.get_context("forkserver")
         # the fork server imports lifecycle once; every worker is forked from it
         context.set_forkserver_preload([__name__])
@@ -272,7 +273,7 @@ class Pool:
         self.processes: list[Any] = []
         for i in range(size):
             mine, theirs = context.Pipe()
-            process = context.Process(target=serve or _serve, args=(url, theirs),
+            process = context.Process(target=serve, args=(drainer or Drainer, url, theirs),
                                       name=f"effects-worker-{i}", daemon=True)
             process.start()
             theirs.close()

@@ -36,13 +36,11 @@ import asyncio
 import gc
 import statistics
 import time
-import traceback
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
 
 import psycopg
 from sqlalchemy.engine import make_url
@@ -175,26 +173,6 @@ class Drainer:
     async def _procrastinate(self) -> None:
         await self.app.run_worker_async(queues=[QUEUE], wait=False, concurrency=CONCURRENCY,
                                         install_signal_handlers=False)
-
-
-def _serve(urls: dict[str, str], pipe: Connection) -> None:
-    try:
-        drainer = Drainer(urls)
-    except BaseException:
-        pipe.send(("error", traceback.format_exc()))
-        return
-    pipe.send(("ready", None))
-    try:
-        while True:
-            kind = pipe.recv()
-            if kind is None:
-                break
-            try:
-                pipe.send(("report", drainer.drain(kind)))
-            except BaseException:
-                pipe.send(("error", traceback.format_exc()))
-    finally:
-        drainer.close()
 
 
 # -- the queues, filled before every drain and checked after it -----------------------------
@@ -347,7 +325,7 @@ def run_group(cases: list[Case], workspace: Workspace,
         queues = Queues(urls, count)
         stack.callback(queues.close)
         progress(f"queues: starting {size} worker processes")
-        pool = effects.Pool(urls, size, serve=_serve)
+        pool = effects.Pool(urls, size, drainer=Drainer)
         stack.callback(pool.close)
         pool.wait_ready()
 

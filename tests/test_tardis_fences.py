@@ -112,7 +112,7 @@ def test_condor_rm_removes_an_idle_job_and_leaves_one_that_started(schedd: Sched
 
 
 def test_a_failing_condor_rm_is_a_site_error(schedd: Schedd) -> None:
-    from lifecycle.errors import SiteError
+    from lifecycle.adapters.sites import SiteError
 
     [pool], _ = configured()
 

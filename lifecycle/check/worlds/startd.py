@@ -8,7 +8,8 @@ collector publish the slot's ad (the advertised claim id at that moment), and ha
 schedd, once, claim the slot with the id the collector published, while the slot is
 claimable (Unclaimed). The invariant is the incident's: that claim is not refused. The
 startd the report describes (``keep_advertised_claim: false``, without options C and D)
-throws the advertised claim away on every fetch cycle.
+throws the advertised claim away on every fetch cycle. The slot runs the report's fetch
+cycle (``fetch_cycle: report``), the one the incident happened in.
 """
 
 from __future__ import annotations
@@ -29,8 +30,10 @@ JOB = {"JobId": 1, "Cmd": "/bin/true"}
 
 def _setup(keep: bool) -> Any:
     def setup(resources: int) -> list[Move]:
+        # the report's fetch cycle (a fetched job's end goes straight back to Owner): the one
+        # the incident happened in, and the one that makes a new claim id on every job
         data: dict[str, Any] = {"address": "10.0.0.1:9618", "birthdate": 1767225600,
-                                "hook_keyword": "FETCH"}
+                                "hook_keyword": "FETCH", "fetch_cycle": "report"}
         if not keep:
             data["keep_advertised_claim"] = False
         return [Create(SLOT, data=data), SetWorld(SLOT, {"fetch": JOB})]
@@ -43,7 +46,9 @@ def actions(view: View) -> Iterator[Action]:
     published = view.extra("published")
     if state in ("owner.idle", CLAIMABLE):
         yield Action("the startd fetches work", (Fire(SLOT, "fetch"),))
-    if state == "claimed.busy" and view.data(SLOT).get("job") == JOB:
+    # the job as the startd keeps it: the hook's ad and what the startd adds (HookKeyword, ...)
+    job = view.data(SLOT).get("job") or {}
+    if state == "claimed.busy" and job.get("JobId") == JOB["JobId"]:
         yield Action("the fetched job ends", (Fire(SLOT, "starter_exited"),))
     if state == "owner.idle":
         yield Action("the startd evaluates its policy", (Fire(SLOT, "evaluate"),))
