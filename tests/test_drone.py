@@ -16,12 +16,11 @@ from lifecycle import (
     Engine,
     PermanentError,
     SimulatedClock,
-    SiteError,
     Store,
     Worker,
     effect_records,
 )
-from lifecycle.adapters.sites import UNKNOWN, Drone, Terminated
+from lifecycle.adapters.sites import UNKNOWN, Drone, SiteError, Terminated
 from lifecycle.cli import main
 from lifecycle.machines import drone
 from lifecycle.machines.drone_sim import ScenarioBatch, ScenarioSite
