@@ -136,8 +136,8 @@ def crash_engine(url: str, crash_log: Path, seed: int, probability: float,
             writes = self.inner.complete(job, ad, key=key, now=now)
             assert writes is not None
 
-            def crashing(cursor: Any) -> None:
-                writes(cursor)
+            def crashing(tx: Any) -> None:   # the effect's Transaction
+                writes(tx)
                 crasher.point("queue:in_commit", str(job))
 
             return crashing

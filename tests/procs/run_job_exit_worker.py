@@ -18,10 +18,12 @@ import time
 import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+# tests/ on the path, as pytest puts it there: `procs` is this folder (a package named
+# `tests`, which some installed distributions ship, cannot shadow it)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lifecycle import Engine, Store, Worker, outbox_counts
-from tests.procs import job_exit_faults
+from procs import job_exit_faults
 
 
 def _idle(url: str) -> bool:

@@ -9,9 +9,11 @@ from pathlib import Path
 
 from lifecycle import Worker, outbox_counts
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+# tests/ on the path, as pytest puts it there: `procs` is this folder (a package named
+# `tests`, which some installed distributions ship, cannot shadow it)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.procs import machines
+from procs import machines
 
 
 def main() -> None:
