@@ -19,9 +19,10 @@ import pytest
 pytest.importorskip("lifecycle.adapters.tardis",
                     reason="cobald-tardis is not installed (make installs it)")
 
+from test_tardis import drone_effects
 from waiting import until
 
-from lifecycle import Engine, Store
+from lifecycle import Engine, Store, outbox_counts
 from lifecycle.machines import drone
 
 TESTS = Path(__file__).resolve().parent
@@ -162,9 +163,7 @@ def test_cobalds_daemon_runs_lifecycles_drones_through_tardis_adapters(
 
 
 def held_effects(engine: Engine) -> int:
-    with engine.store.read() as db:
-        return int(db.exec_driver_sql(
-            "SELECT count(*) FROM lifecycle_effects WHERE status = 'running'").scalar() or 0)
+    return outbox_counts(engine).get("running", 0)
 
 
 def test_on_the_real_slurm_a_drone_whose_job_starts_before_its_removal_keeps_its_job(
@@ -223,7 +222,7 @@ BatchSystem:
         assert (tmp_path / "started").read_text() == job   # it started before the removal
         # (a heartbeat that saw it still pending meanwhile asks for one more terminate: the
         # same fence leaves the job alone again)
-        terminates = [p for name, p in _effects(engine, second.key) if name == "terminate"]
+        terminates = [p for name, p in drone_effects(engine, second.key) if name == "terminate"]
         assert terminates and all(t["acted"] is False for t in terminates), terminates
         assert f"job {job} is RUNNING, not PENDING: left alone" in terminates[0]["detail"]
         history = engine.history(f"drone:{second.key}")
@@ -239,13 +238,3 @@ BatchSystem:
         read.close()
 
 
-def _effects(engine: Engine, key: str) -> list[tuple[str, dict[str, Any]]]:
-    from sqlalchemy import select
-
-    from lifecycle.store import outbox, resources
-
-    with engine.store.read() as db:
-        rows = db.execute(select(outbox.c.name, outbox.c.progress).join(
-            resources, resources.c.id == outbox.c.resource_id).where(
-            resources.c.key == key).order_by(outbox.c.id)).all()
-    return [(name, engine.store.json_value(progress) or {}) for name, progress in rows]

@@ -45,7 +45,9 @@ from lifecycle.adapters.tardis import (
 )
 from lifecycle.machines import drone
 from lifecycle.machines.drone_sim import ScenarioBatch
+from lifecycle.queries import resource_id
 from lifecycle.scenario import World
+from lifecycle.store.statements import effects as effect_rows
 
 WAIT = 60.0
 # TARDIS's site configuration model is pydantic 1 style, which pydantic 2 warns about
@@ -282,16 +284,12 @@ def test_tardis_exceptions_become_lifecycle_outcomes(store: Store) -> None:
     assert terminate[1]["acted"] is False and "Running now, not Booting" in terminate[1]["detail"]
 
 
-def drone_effects(engine: AsyncEngine, key: str) -> list[tuple[str, dict[str, Any]]]:
-    from sqlalchemy import select
-
-    from lifecycle.store import outbox, resources
-
+def drone_effects(engine: Engine | AsyncEngine, key: str) -> list[tuple[str, dict[str, Any]]]:
+    """The drone's effects in order, each its name and what its handler saved."""
     with engine.store.read() as db:
-        rows = db.execute(select(outbox.c.name, outbox.c.progress).join(
-            resources, resources.c.id == outbox.c.resource_id).where(
-            resources.c.key == key).order_by(outbox.c.id)).all()
-    return [(name, engine.store.json_value(progress) or {}) for name, progress in rows]
+        rid, _ = resource_id(db, key)
+        rows = effect_rows.of_resource(db, rid)
+    return [(row.name, engine.store.json_value(row.progress) or {}) for row in rows]
 
 
 # -- TARDIS's real SlurmAdapter against the real single-node Slurm of tests/slurm_cluster.py

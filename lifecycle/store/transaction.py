@@ -112,8 +112,5 @@ class Transaction:
             ids.append(cursor.fetchone()[0])
         return ids
 
-    def __iter__(self) -> Any:
-        return iter(self._cursor)
-
 
 __all__ = ["JSON_PARAM", "TIME_PARAM", "Transaction"]
