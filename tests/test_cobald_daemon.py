@@ -222,9 +222,15 @@ BatchSystem:
         assert (tmp_path / "started").read_text() == job   # it started before the removal
         # (a heartbeat that saw it still pending meanwhile asks for one more terminate: the
         # same fence leaves the job alone again)
-        terminates = [p for name, p in drone_effects(engine, second.key) if name == "terminate"]
-        assert terminates and all(t["acted"] is False for t in terminates), terminates
-        assert f"job {job} is RUNNING, not PENDING: left alone" in terminates[0]["detail"]
+        def terminates(done: bool) -> list[dict[str, Any]]:
+            return [p for name, p in drone_effects(engine, second.key, done=done)
+                    if name == "terminate"]
+
+        until(lambda: terminates(True) and len(terminates(True)) == len(terminates(False)),
+              "every terminate asked for carried out", WAIT)
+        done = terminates(True)
+        assert all(t["acted"] is False for t in done), done
+        assert f"job {job} is RUNNING, not PENDING: left alone" in done[0]["detail"]
         history = engine.history(f"drone:{second.key}")
         [cleanup] = [e for e in history if e.dest == "cleanup" and e.source == "booting"]
         assert cleanup.fence is not None     # the fresh Booting the removal rested on

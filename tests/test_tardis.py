@@ -46,6 +46,7 @@ from lifecycle.adapters.tardis import (
 from lifecycle.machines import drone
 from lifecycle.machines.drone_sim import ScenarioBatch
 from lifecycle.queries import resource_id
+from lifecycle.records import DONE
 from lifecycle.scenario import World
 from lifecycle.store.statements import effects as effect_rows
 
@@ -284,12 +285,15 @@ def test_tardis_exceptions_become_lifecycle_outcomes(store: Store) -> None:
     assert terminate[1]["acted"] is False and "Running now, not Booting" in terminate[1]["detail"]
 
 
-def drone_effects(engine: Engine | AsyncEngine, key: str) -> list[tuple[str, dict[str, Any]]]:
-    """The drone's effects in order, each its name and what its handler saved."""
+def drone_effects(engine: Engine | AsyncEngine, key: str, *,
+                  done: bool = False) -> list[tuple[str, dict[str, Any]]]:
+    """The drone's effects in order (``done``: only those carried out), each its name and
+    what its handler saved."""
     with engine.store.read() as db:
         rid, _ = resource_id(db, key)
         rows = effect_rows.of_resource(db, rid)
-    return [(row.name, engine.store.json_value(row.progress) or {}) for row in rows]
+    return [(row.name, engine.store.json_value(row.progress) or {}) for row in rows
+            if not done or row.status == DONE]
 
 
 # -- TARDIS's real SlurmAdapter against the real single-node Slurm of tests/slurm_cluster.py
