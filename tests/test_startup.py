@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 import pytest
 
-from lifecycle import machines, revisions
+from lifecycle import revisions
 from lifecycle.cli import COMMANDS, main
 from lifecycle.store import migrate
 

@@ -58,8 +58,10 @@ def load(name: str, target: str) -> Builtin:
         raise SetupError(f"machine {name!r}: its entry point {target!r} cannot be loaded: "
                          f"{type(exc).__name__}: {exc}") from exc
     if not isinstance(value, Builtin):
-        raise SetupError(f"machine {name!r}: its entry point {target!r} is a "
-                         f"{type(value).__name__}, not a lifecycle.machines.Builtin")
+        kind = type(value).__name__
+        raise SetupError(f"machine {name!r}: its entry point {target!r} gives "
+                         f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}, not a "
+                         "lifecycle.machines.Builtin")
     if value.spec.name != name:
         raise SetupError(f"machine {name!r}: its entry point {target!r} gives the machine "
                          f"{value.spec.name!r}; the entry point's name must be the spec's")
