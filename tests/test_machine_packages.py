@@ -147,3 +147,15 @@ def test_the_index_is_what_the_machines_say(monkeypatch: pytest.MonkeyPatch,
     assert set(index.fresh() or {}) == set(found)
     for builtin in found.values():  # the engine refuses no built-in spec for its guards
         assert builtin.spec.guard_names() <= set(builtin.guards)
+
+
+def test_without_a_place_for_the_index_the_machines_answer(monkeypatch: pytest.MonkeyPatch,
+                                                          tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "a-file"))  # (not a directory)
+    job_exit = machines.builtin("job_exit")
+    assert job_exit is not None
+    assert machines.shipped()["job_exit"] == (job_exit.spec.version,
+                                              tuple(sorted(job_exit.effects)))
+    assert index.fresh() is None
+    assert [p.name for p in tmp_path.iterdir()] == ["a-file"]  # (no temporary file left)

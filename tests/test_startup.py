@@ -93,7 +93,9 @@ def test_help_imports_no_database_library() -> None:
     assert "lifecycle.engine" not in modules and "lifecycle.cli.resources" not in modules
 
 
-def test_show_imports_no_database_library_nor_its_machine(sqlite_url: str) -> None:
+def test_show_imports_no_database_library_nor_its_machine(
+        sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # (writable by any user)
     code, _ = _loaded("db", "upgrade", "--db", sqlite_url)
     assert code in (0, None)
     code, _ = _loaded("create", "batch_job", "j1", "--data", '{"cmd": "x"}', "--db", sqlite_url)

@@ -13,6 +13,7 @@ Python environment; when it cannot be written, nothing is cached."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import site
@@ -60,15 +61,18 @@ def write(machines: Mapping[str, Entry], directories: Iterable[str]) -> None:
     document = {"format": VERSION, "python": sys.version,
                 "files": [[name, _stamp(name)] for name in watched],
                 "machines": {name: list(entry) for name, entry in machines.items()}}
+    import threading
+
     target = path()
+    temporary = f"{target}.{os.getpid()}.{threading.get_ident()}.tmp"
     try:
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        temporary = f"{target}.{os.getpid()}.tmp"
         with open(temporary, "w", encoding="utf-8") as file:
             json.dump(document, file)
         os.replace(temporary, target)
-    except OSError:
-        pass  # (a read-only home: nothing is cached, every show loads the machines)
+    except OSError:  # (a read-only home: nothing is cached, every show loads the machines)
+        with contextlib.suppress(OSError):
+            os.remove(temporary)
 
 
 def _stamp(name: str) -> list[int] | None:
