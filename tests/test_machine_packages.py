@@ -18,6 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from lifecycle import machines
+from lifecycle.check import worlds
 from lifecycle.cli import main
 from lifecycle.cli.context import make_engine
 from lifecycle.errors import SetupError
@@ -62,7 +63,8 @@ def toy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     info = site / f"{PACKAGE}-1.0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {PACKAGE}\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text(f"[lifecycle.machines]\nkettle = {PACKAGE}:KETTLE\n")
+    (info / "entry_points.txt").write_text(f"[lifecycle.machines]\nkettle = {PACKAGE}:KETTLE\n"
+                                           f"[lifecycle.worlds]\nkettle = {PACKAGE}:KETTLE\n")
     monkeypatch.syspath_prepend(str(site))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.delenv("LIFECYCLE_PLUGINS", raising=False)
@@ -159,3 +161,10 @@ def test_without_a_place_for_the_index_the_machines_answer(monkeypatch: pytest.M
                                               tuple(sorted(job_exit.effects)))
     assert index.fresh() is None
     assert [p.name for p in tmp_path.iterdir()] == ["a-file"]  # (no temporary file left)
+
+
+def test_a_world_model_in_another_package_is_found_by_name(toy: Path) -> None:
+    assert {"kettle", "drone", "startd_without_cd"} <= set(worlds.names())
+    assert worlds.world_model("no-such-model") is None
+    with pytest.raises(SetupError, match=r"gives Builtin, not a lifecycle\.check\.Model"):
+        worlds.world_model("kettle")  # (the toy's entry point names its machine)
