@@ -13,7 +13,9 @@ every machine has been loaded and thrown away when a file they were loaded from 
 
 from __future__ import annotations
 
+import functools
 import importlib
+import sys
 
 from ..errors import SetupError
 from . import index
@@ -25,12 +27,20 @@ GROUP = "lifecycle.machines"
 
 def entry_points() -> dict[str, str]:
     """Every machine's ``module:attribute`` by name, from the installed packages' entry
-    points (reads every installed package's metadata: tens of milliseconds)."""
+    points (reading every installed package's metadata takes tens of milliseconds, once per
+    process)."""
     return {name: target for name, (target, _) in _points().items()}
 
 
 def _points() -> dict[str, tuple[str, str | None]]:
-    """Each machine's entry point and the directory its package's metadata is in."""
+    """Each machine's entry point and the directory its package's metadata is in, read once
+    per process and module search path."""
+    return _read_points(tuple(sys.path))
+
+
+@functools.lru_cache(maxsize=8)
+def _read_points(search_path: tuple[str, ...]) -> dict[str, tuple[str, str | None]]:
+    """(``search_path``, the modules' search path, is the key of what was read.)"""
     from importlib import metadata
 
     found: dict[str, tuple[str, str | None]] = {}
@@ -70,18 +80,20 @@ def load(name: str, target: str) -> Builtin:
 
 def builtin(name: str) -> Builtin | None:
     """The machine ``name`` (importing its module only), or None if no package ships one."""
-    target = (index.fresh() or {}).get(name, (None,))[0] or entry_points().get(name)
+    known = index.fresh() or {}
+    target = known[name][0] if name in known else entry_points().get(name)
     return load(name, target) if target is not None else None
 
 
 def builtins() -> dict[str, Builtin]:
-    """Every machine an installed package ships, by name (importing them all); writes the
-    index that :func:`shipped` reads."""
+    """Every machine an installed package ships, by name (importing them all); keeps the
+    index that :func:`shipped` reads up to date."""
     points = _points()
     found = {name: load(name, points[name][0]) for name in sorted(points)}
-    index.write({name: (points[name][0], machine.spec.version, tuple(sorted(machine.effects)))
-                 for name, machine in found.items()},
-                {where for _, where in points.values() if where is not None})
+    table = {name: (points[name][0], machine.spec.version, tuple(sorted(machine.effects)))
+             for name, machine in found.items()}
+    if index.fresh() != table:
+        index.write(table, {where for _, where in points.values() if where is not None})
     return found
 
 
