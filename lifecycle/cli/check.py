@@ -15,7 +15,7 @@ import click
 
 from ..check import Bounds, Model, Report, output
 from ..check import check as explore
-from ..check.worlds import MODULES, world_model
+from ..check.worlds import names, world_model
 from .common import json_option
 
 
@@ -29,7 +29,7 @@ def _model(name: str) -> Model:
     if not where or not attribute:
         raise click.BadParameter(
             f"{name!r} is neither a built-in machine with a world model "
-            f"({', '.join(sorted(MODULES))}) nor FILE.py:NAME or MODULE:NAME",
+            f"({', '.join(names())}) nor FILE.py:NAME or MODULE:NAME",
             param_hint="MACHINE")
     if where.endswith(".py"):
         spec = importlib.util.spec_from_file_location(Path(where).stem, where)

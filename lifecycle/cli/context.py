@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from ..engine import Engine
-from ..errors import LifecycleError, UnknownMachine
+from ..errors import LifecycleError, SetupError, UnknownMachine
 from ..machines import builtin, builtins
 from ..spec import MachineSpec, load_spec
 from ..store import Store
@@ -44,19 +44,19 @@ def make_engine(db_url: str | None, *, upgrade: bool = False,
     probes: dict[str, Any] = {}
     chosen = builtins().values() if machines is None else [
         found for name in machines if (found := builtin(name)) is not None]
-    for provider in [*chosen, *plugins()]:
+    modules = plugins()
+    for provider in [*chosen, *modules]:
         guards.update(getattr(provider, "guards", None) or {})
         effects.update(getattr(provider, "effects", None) or {})
         probes.update(getattr(provider, "probes", None) or {})
-        if hasattr(provider, "drone_site"):  # a site and a pool for the built-in drones
-            from ..machines import drone
-
-            site, batch = provider.drone_site, getattr(provider, "drone_batch_system", None)
-            if batch is None:
-                raise LifecycleError(f"{PLUGINS_VARIABLE}: module {provider.__name__!r} "
-                                     "defines drone_site but no drone_batch_system")
-            effects.update(drone.effects(site, batch))
-            probes["site"] = drone.probe(site, batch)
+    for machine in chosen:  # what the plugins' settings give a machine (the drones' site)
+        for module in modules:
+            try:
+                wired_effects, wired_probes = machine.configured(module)
+            except SetupError as exc:
+                raise SetupError(f"{PLUGINS_VARIABLE}: {exc}") from None
+            effects.update(wired_effects)
+            probes.update(wired_probes)
     # not strict: a built-in drone is recorded, observed and moved without a site's adapters;
     # its effects wait for a worker that has them, a risky edge without its probe is refused
     return Engine(store or open_store(db_url, upgrade=upgrade), guards=guards,

@@ -81,7 +81,7 @@ def peeked(db_url: str | None, key: str) -> Shown | None:
     except Unsure:
         return None
     resource, spec = found.resource, found.spec
-    shipped = machines.SHIPPED.get(resource.machine)
+    shipped = machines.shipped().get(resource.machine)
     if spec is None or (found.spec_version != shipped[0] if shipped is not None
                         else bool(stored_guards(spec))):
         return None

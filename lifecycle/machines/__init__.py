@@ -1,49 +1,111 @@
-"""Built-in machines. Each module declares a spec and the guards and effect handlers it
-needs; it uses nothing but lifecycle's public modules."""
+"""Machines that come as code: lifecycle's own and those any installed package ships.
+
+Each is a :class:`Builtin` named by an entry point of the group ``lifecycle.machines`` (the
+entry point's name is the machine's, its value ``module:attribute``); lifecycle declares its
+own in its ``pyproject.toml`` like any other package, so a machine in a third party's package
+is found, listed, registered and run by the command line, the dashboard, scenarios and the
+worker the same way, once that package is installed. One machine is loaded without the
+others: a command about one resource imports its machine's module alone.
+
+What ``lifecycle show`` needs of a machine without importing it (its spec version and the
+effects it has handlers for) is kept in the index (:mod:`.index`), a cache written whenever
+every machine has been loaded and thrown away when a file they were loaded from changes."""
 
 from __future__ import annotations
 
+import functools
 import importlib
+import sys
 
+from ..errors import SetupError
+from . import index
 from .builtin import Builtin
 
-MODULES = {"batch_job": "batch_job", "drone": "drone", "drone_tardis": "drone",
-           "job_exit": "job_exit", "slurm_dispatch": "slurm_dispatch", "startd": "startd"}
-"""Each built-in machine's module, so that one machine is loaded without the others (a
-command about one resource imports its machine's module alone); a test checks it against
-the modules."""
+GROUP = "lifecycle.machines"
+"""The entry-point group a package names its machines in."""
 
 
-SHIPPED: dict[str, tuple[str, tuple[str, ...]]] = {
-    "batch_job": ("df8046e091e5c596", ()),
-    "drone": ("f1fdb95c55169c1c", ()),
-    "drone_tardis": ("35a639cbb5fc0858", ()),
-    "job_exit": ("38d2f0963370d387", ("send_job_notification", "update_job_queue",
-                                     "write_output_ad", "write_terminated_event")),
-    "slurm_dispatch": ("90af6f9e4a51fe56", ()),
-    "startd": ("aced30d9684ebaff", ()),
-}
-"""Each built-in machine's spec version and the effects it has handlers for, known without
-importing it (and pydantic and ``transitions`` with it): ``lifecycle show`` reads the spec
-the database stores under that version, which is the code's. A test checks it against the
-machines; when a built-in spec changes, the test's message gives the new table."""
+def entry_points() -> dict[str, str]:
+    """Every machine's ``module:attribute`` by name, from the installed packages' entry
+    points (reading every installed package's metadata takes tens of milliseconds, once per
+    process)."""
+    return {name: target for name, (target, _) in _points().items()}
+
+
+def _points() -> dict[str, tuple[str, str | None]]:
+    """Each machine's entry point and the directory its package's metadata is in, read once
+    per process and module search path."""
+    return _read_points(tuple(sys.path))
+
+
+@functools.lru_cache(maxsize=8)
+def _read_points(search_path: tuple[str, ...]) -> dict[str, tuple[str, str | None]]:
+    """(``search_path``, the modules' search path, is the key of what was read.)"""
+    from importlib import metadata
+
+    found: dict[str, tuple[str, str | None]] = {}
+    for point in metadata.entry_points(group=GROUP):
+        where = None if point.dist is None else str(point.dist.locate_file(""))
+        if found.setdefault(point.name, (point.value, where))[0] != point.value:
+            raise SetupError(f"two installed packages ship a machine {point.name!r} "
+                             f"({found[point.name][0]} and {point.value}); uninstall one")
+    if not any(value.startswith(f"{__name__}.") for value, _ in found.values()):
+        raise SetupError(
+            f"lifecycle's own machines are not among the installed entry points of "
+            f"{GROUP!r}: this installation predates them or is broken; install lifecycle "
+            "again (pip install -e . in a clone, or make .venv/.installed)")
+    return found
+
+
+def load(name: str, target: str) -> Builtin:
+    """The machine ``name`` that ``target`` (``module:attribute``) names, checked."""
+    module, _, attribute = target.partition(":")
+    try:
+        value: object = importlib.import_module(module)
+        for part in attribute.split("."):
+            value = getattr(value, part)
+    except (ImportError, AttributeError) as exc:
+        raise SetupError(f"machine {name!r}: its entry point {target!r} cannot be loaded: "
+                         f"{type(exc).__name__}: {exc}") from exc
+    if not isinstance(value, Builtin):
+        kind = type(value).__name__
+        raise SetupError(f"machine {name!r}: its entry point {target!r} gives "
+                         f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}, not a "
+                         "lifecycle.machines.Builtin")
+    if value.spec.name != name:
+        raise SetupError(f"machine {name!r}: its entry point {target!r} gives the machine "
+                         f"{value.spec.name!r}; the entry point's name must be the spec's")
+    return value
 
 
 def builtin(name: str) -> Builtin | None:
-    """The built-in machine ``name`` (importing its module only), or None."""
-    module = MODULES.get(name)
-    if module is None:
-        return None
-    for value in vars(importlib.import_module(f".{module}", __name__)).values():
-        if isinstance(value, Builtin) and value.spec.name == name:
-            return value
-    raise LookupError(f"lifecycle.machines.{module} defines no built-in machine {name!r}")
+    """The machine ``name`` (importing its module only), or None if no package ships one."""
+    known = index.fresh() or {}
+    target = known[name][0] if name in known else entry_points().get(name)
+    return load(name, target) if target is not None else None
 
 
 def builtins() -> dict[str, Builtin]:
-    """Every built-in machine, by name."""
-    found = {name: builtin(name) for name in MODULES}
-    return {name: b for name, b in found.items() if b is not None}
+    """Every machine an installed package ships, by name (importing them all); keeps the
+    index that :func:`shipped` reads up to date."""
+    points = _points()
+    found = {name: load(name, points[name][0]) for name in sorted(points)}
+    table = {name: (points[name][0], machine.spec.version, tuple(sorted(machine.effects)))
+             for name, machine in found.items()}
+    if index.fresh() != table:
+        index.write(table, {where for _, where in points.values() if where is not None})
+    return found
 
 
-__all__ = ["MODULES", "SHIPPED", "Builtin", "builtin", "builtins"]
+def shipped() -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Each machine's spec version and the effects it has handlers for, by name: from the
+    index without importing a machine, or, when the index is missing or stale, by loading
+    every machine (which writes it again)."""
+    known = index.fresh()
+    if known is None:
+        return {name: (machine.spec.version, tuple(sorted(machine.effects)))
+                for name, machine in builtins().items()}
+    return {name: (version, handlers) for name, (_, version, handlers) in known.items()}
+
+
+__all__ = ["GROUP", "Builtin", "builtin", "builtins", "entry_points", "load", "shipped"]

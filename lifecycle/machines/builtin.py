@@ -1,5 +1,6 @@
-"""What a built-in machine is: its spec, the guards and handlers it needs, and how it runs
-with simulated adapters."""
+"""What a machine that comes as code is: its spec, the guards and handlers it needs, what it
+takes from an application's settings, and how it runs with simulated adapters. lifecycle's
+own machines and a third party's are the same (entry points of ``lifecycle.machines``)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ if TYPE_CHECKING:  # (scenario brings the worker; a spec, pydantic and transitio
 
 @dataclass(frozen=True)
 class Builtin:
-    """A machine that ships with lifecycle."""
+    """A machine that ships as code, with lifecycle or in any installed package that names
+    it in the entry-point group ``lifecycle.machines``."""
 
     spec: MachineSpec
     guards: Mapping[str, Callable[[GuardContext], bool]] = field(default_factory=dict)
@@ -26,3 +28,20 @@ class Builtin:
     simulation: Simulated | None = None
     """``World -> (guards, effects, probes)``: the machine with simulated adapters, for
     scenario files and simulations (see lifecycle.scenario.World)."""
+    configure: Callable[[Any], Wiring | None] | None = None
+    """``settings -> (effects, probes)``, or None when ``settings`` say nothing about this
+    machine: what an application's settings give it beyond plain ``guards``, ``effects`` and
+    ``probes`` dicts (the drones' ``drone_site`` and ``drone_batch_system`` give their
+    handlers and the ``site`` probe). ``settings`` is any object with attributes: the
+    command line gives each module named in $LIFECYCLE_PLUGINS to every machine it loads.
+    Raises :class:`~lifecycle.errors.SetupError` on settings it cannot use."""
+
+    def configured(self, settings: Any) -> Wiring:
+        """The effects and probes ``settings`` give this machine (none, if they say
+        nothing about it)."""
+        found = self.configure(settings) if self.configure is not None else None
+        return found if found is not None else ({}, {})
+
+
+Wiring = tuple[Mapping[str, Any], Mapping[str, Any]]
+"""A machine's effect handlers and probes, by name, as its settings give them."""

@@ -52,7 +52,7 @@ from ..adapters.sites import (
 )
 from ..compiled import GuardContext
 from ..effects import Effect, EffectCall, FollowUp, Retry
-from ..errors import LifecycleError
+from ..errors import LifecycleError, SetupError
 from ..fresh import ProbeRequest
 from ..spec import MachineSpec
 from .builtin import Builtin
@@ -458,18 +458,35 @@ def _simulation(world: Any) -> tuple[Any, Any, Any]:
     return GUARDS, effects(site, batch), {"site": probe(site, batch)}
 
 
+def _configure(settings: Any) -> tuple[dict[str, Effect], dict[str, Any]] | None:
+    """The site and pool an application's settings name (``drone_site``, a
+    :class:`~lifecycle.adapters.sites.Site`, and ``drone_batch_system``, a
+    :class:`~lifecycle.adapters.sites.BatchSystem`): the drones' handlers and the ``site``
+    probe on them."""
+    site = getattr(settings, "drone_site", None)
+    if site is None:
+        return None
+    batch = getattr(settings, "drone_batch_system", None)
+    if batch is None:
+        raise SetupError(f"{getattr(settings, '__name__', settings)!r} defines drone_site "
+                         "but no drone_batch_system")
+    return effects(site, batch), {"site": probe(site, batch)}
+
+
 SPEC = drone_spec()
 BUILTIN = Builtin(
     spec=SPEC,
     guards=GUARDS,
     summary="TARDIS drone: removals only on a fresh site status, fenced",
     simulation=_simulation,
+    configure=_configure,
 )
 TARDIS_BUILTIN = Builtin(
     spec=drone_spec(race_guard=False),
     guards=GUARDS,
     summary="TARDIS drone as it is today (the boot race open), for comparison",
     simulation=_simulation,
+    configure=_configure,
 )
 
 

@@ -233,8 +233,12 @@ timers = Table(
     comment="timeouts of states: fired only while the resource is in the visit that set them",
 )
 
-# The job_exit machine's database job queue (lifecycle.adapters.job_queue); migration 0004
-# creates it.
+# The job_exit machine's database job queue (lifecycle.adapters.job_queue, its statements in
+# statements/job_queue.py). It is defined here, on the one `metadata`, whatever is imported:
+# what `metadata` holds, and so what `create_all` makes and what the migration tests compare,
+# never depends on whether the machine was loaded. Migration 0004 creates it. It belongs to
+# the machine; ARCHITECTURE.md ("A machine's own tables") says how it moves to a branch of
+# its own without breaking a database written before.
 job_queue = Table(
     "lifecycle_job_queue",
     metadata,
