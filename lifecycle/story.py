@@ -19,9 +19,10 @@ from typing import Any, Protocol
 
 from .records import DONE, FAILED, GAVE_UP, PENDING, JournalEntry, Observation
 
-STYLES = ("plain", "bold", "dim", "refused", "observed", "done", "failed", "waiting")
+STYLES = ("plain", "bold", "dim", "refused", "observed", "fence", "done", "failed", "waiting")
 """The styles of a span: the row's name (``bold``), a refusal (``refused``), an observation
-(``observed``), an effect's status (``done``, ``failed``, ``waiting``), who did it (``dim``)."""
+(``observed``), a fence (``fence``), an effect's status (``done``, ``failed``,
+``waiting``), who did it (``dim``)."""
 
 EVENTLESS = "(eventless)"
 
@@ -48,9 +49,13 @@ class Told:
     details: tuple[Line, ...]
 
     def to_json(self) -> dict[str, Any]:
+        """The row as JSON: each line as its spans, ``{"text", "style"}``."""
+        def spans(line: tuple[Span, ...]) -> list[dict[str, str]]:
+            return [{"text": span.text, "style": span.style} for span in line]
         return {"seq": self.seq, "at": self.at.isoformat(), "kind": self.kind,
-                "heading": text(self.heading),
-                "details": [" " * extra + text(spans) for extra, spans in self.details]}
+                "heading": spans(self.heading),
+                "details": [{"indent": extra, "spans": spans(line)}
+                            for extra, line in self.details]}
 
 
 class EffectOutcome(Protocol):
@@ -221,7 +226,7 @@ def _rested_on(entry: JournalEntry, one_day: bool, above: int | None) -> list[Li
         other = fence.get("observation_id")
         which = f" (observation #{other})" if other not in (None, seen.id) else ""
         expect = ", ".join(key_values(fence.get("expect"))) or "nothing"
-        lines += _lines([f"fence{which}: its effects expect {expect}"])
+        lines.append((0, (Span("fence", "fence"), Span(f"{which}: its effects expect {expect}"))))
     return lines
 
 

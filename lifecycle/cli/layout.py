@@ -90,7 +90,7 @@ def fitted(console: Console, wide: Table, blocks: Sequence[RenderableType]) -> R
 
 
 STYLES = {"plain": "", "bold": "bold", "dim": "dim", "refused": "bold red", "observed": "cyan",
-          "done": "green", "failed": "red", "waiting": "yellow"}
+          "fence": "magenta", "done": "green", "failed": "red", "waiting": "yellow"}
 """The terminal's style of each of :data:`lifecycle.story.STYLES`."""
 
 
