@@ -90,9 +90,19 @@ def value_text(value: Any) -> str:
     return json.dumps(value, sort_keys=True, ensure_ascii=False)
 
 
-def key_values(document: Mapping[str, Any] | None) -> list[str]:
-    """``key=value`` lines of a JSON object, sorted by key."""
-    return [f"{key}={value_text(value)}" for key, value in sorted((document or {}).items())]
+def key_values(document: Any) -> list[str]:
+    """``key=value`` lines of a JSON object, sorted by key (any other value, written by hand
+    into a database, as one line of JSON)."""
+    if document is None:
+        return []
+    if not isinstance(document, Mapping):
+        return [value_text(document)]
+    return [f"{key}={value_text(value)}" for key, value in sorted(document.items())]
+
+
+def document_text(document: Any) -> str:
+    """A JSON object as one line, ``key=value, key=value``."""
+    return ", ".join(key_values(document))
 
 
 def plural(count: int, noun: str, many: str | None = None) -> str:
@@ -223,9 +233,10 @@ def _rested_on(entry: JournalEntry, one_day: bool, above: int | None) -> list[Li
         lines += _lines(key_values(seen.status), 2)
     fence = entry.fence
     if fence is not None:
+        fence = fence if isinstance(fence, Mapping) else {"expect": fence}
         other = fence.get("observation_id")
         which = f" (observation #{other})" if other not in (None, seen.id) else ""
-        expect = ", ".join(key_values(fence.get("expect"))) or "nothing"
+        expect = document_text(fence.get("expect")) or "nothing"
         lines.append((0, (Span("fence", "fence"), Span(f"{which}: its effects expect {expect}"))))
     return lines
 
@@ -251,5 +262,5 @@ def verdicts(guards: Mapping[str, bool] | None) -> str:
 
 
 __all__ = ["EVENTLESS", "STYLES", "EffectOutcome", "Line", "Span", "Telling", "Told",
-           "effect_spans", "key_values", "plural", "tell", "text", "time_text", "value_text",
-           "verdicts"]
+           "document_text", "effect_spans", "key_values", "plural", "tell", "text",
+           "time_text", "value_text", "verdicts"]

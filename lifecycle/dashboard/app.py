@@ -84,7 +84,7 @@ def environment() -> Environment:
     env = Environment(loader=FileSystemLoader(TEMPLATES),
                       autoescape=select_autoescape(default=True, default_for_string=True))
     env.filters["as_json"] = _as_json
-    env.filters["as_text"] = story.value_text
+    env.filters["as_text"] = story.document_text
     env.filters["when"] = _when
     return env
 
