@@ -193,6 +193,11 @@ def test_a_machines_diagram_is_drawn_to_read_and_zooms(drones: str, browser: Any
         ) <= view
         assert browser.find_element(By.ID, "zoom-level").text.endswith("%")
         _shot(browser, tmp_path / "diagram.png")
+        browser.find_element(By.ID, "diagram-image").click()  # to read it where clicked
+        assert browser.find_element(By.ID, "zoom-level").text == "actual size"
+        assert browser.execute_script(
+            "return document.getElementById('diagram-image').getBoundingClientRect().width"
+        ) == natural
 
 
 def test_the_live_page_follows_writes_without_a_reload(drones: str, browser: Any,
