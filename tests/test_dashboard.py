@@ -669,3 +669,14 @@ def test_metrics_have_prometheus_text_content_type(pilots: str) -> None:
         answer = client.get("/metrics")
     assert answer.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
     assert "lifecycle_risky_refusals_total" in answer.text
+
+
+def test_effects_held_back_are_looked_for_among_the_newest_only(
+        pilots: str, clock: SimulatedClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    from lifecycle.store.statements import dashboard as reads
+
+    monkeypatch.setattr(reads, "LEFT_ALONE_SCANNED", 0)  # p1's terminate is now too old
+    with TestClient(create_app(pilots, clock=clock)) as client:
+        found = client.get("/refusals", params={"format": "json"}).json()
+    assert (found["total"], found["left_alone"]["total"], found["left_alone"]["scanned"]) \
+        == (1, 0, 0)

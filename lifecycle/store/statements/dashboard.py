@@ -360,29 +360,39 @@ world no longer as the decision observed it, left it alone and saved ``acted: fa
 drone's terminate does)."""
 
 
+LEFT_ALONE_SCANNED = 20_000
+"""How many of the newest effects :func:`left_alone` looks through (no index serves its
+terms, so its cost is bounded by this, not by the outbox's length)."""
+
+
 def left_alone(db: Connection, since: dt.datetime, limit: int = TROUBLE_SHOWN
                ) -> dict[str, Any]:
-    """The effects :data:`LEFT_ALONE_WHERE` says, finished since ``since``, newest first;
-    how many per machine and effect; how many finished before, and the newest of those.
-    (No index serves them: each reading goes through the effects that kept a fence.)"""
+    """Of the newest :data:`LEFT_ALONE_SCANNED` effects, those :data:`LEFT_ALONE_WHERE` says
+    that finished since ``since``, newest first; how many per machine and effect; how many
+    finished before, and the newest of those."""
     f, r = outbox.c, resources.c
-    recent = and_(LEFT_ALONE_WHERE, f.finished_at >= since)
-    by_effect = db.execute(
-        select(r.machine, f.name, func.count()).join(resources, r.id == f.resource_id)
-        .where(recent).group_by(r.machine, f.name).order_by(r.machine, f.name)).all()
+    last = db.execute(select(func.max(f.id))).scalar() or 0
+    scanned = and_(f.id > last - LEFT_ALONE_SCANNED, f.finished_at.is_not(None),
+                   LEFT_ALONE_WHERE)
+    recent = (f.finished_at >= since).label("recent")
+    counted = db.execute(
+        select(r.machine, f.name, recent, func.count(), func.max(f.finished_at))
+        .join(resources, r.id == f.resource_id).where(scanned)
+        .group_by(r.machine, f.name, recent).order_by(r.machine, f.name)).all()
     rows = db.execute(
         select(f.name, f.seq, f.finished_at, f.fence, f.progress, r.machine, r.key)
-        .join(resources, r.id == f.resource_id).where(recent)
+        .join(resources, r.id == f.resource_id).where(scanned, f.finished_at >= since)
         .order_by(f.finished_at.desc(), f.id.desc()).limit(limit)).all()
-    earlier, newest = db.execute(select(func.count(), func.max(f.finished_at)).where(
-        LEFT_ALONE_WHERE, f.finished_at < since)).one()
-    return {"total": sum(int(n) for _, _, n in by_effect),
-            "by_effect": [{"machine": m, "effect": name, "count": int(n)}
-                          for m, name, n in by_effect],
+    by_effect = [{"machine": m, "effect": name, "count": int(n)}
+                 for m, name, now, n, _ in counted if now]
+    before = [(int(n), at) for _, _, now, n, at in counted if not now]
+    return {"total": sum(e["count"] for e in by_effect), "by_effect": by_effect,
+            "scanned": LEFT_ALONE_SCANNED,
             "effects": [{"machine": e.machine, "key": e.key, "seq": e.seq, "effect": e.name,
                          "at": iso(e.finished_at), "fence": e.fence,
                          "progress": e.progress} for e in rows],
-            "earlier": int(earlier or 0), "newest_earlier": newest}
+            "earlier": sum(n for n, _ in before),
+            "newest_earlier": max((at for _, at in before), default=None)}
 
 
 def spec_machines(db: Connection) -> dict[str, str]:
