@@ -6,6 +6,7 @@ un-migrated and an out-of-date database answered with a clear page; nothing ever
 from __future__ import annotations
 
 import datetime as dt
+import html
 import json
 import re
 import shutil
@@ -20,13 +21,15 @@ from typing import Any
 
 import httpx
 import pytest
-from hostile_inputs import MARKUP, RISKY, TOGGLE, dump
+from hostile_inputs import MARKUP, RISKY, TOGGLE, cli, dump
 from markupsafe import escape
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
+from starlette.testclient import TestClient
 
-from lifecycle import Effect, Engine, Retry, Store, Worker
+from lifecycle import Effect, EffectCall, Engine, Retry, Store, Worker
 from lifecycle.clock import SimulatedClock
+from lifecycle.dashboard.app import create_app
 from lifecycle.dashboard.app import serve_in_thread as served
 from lifecycle.dashboard.metrics import History, ProbeCalls
 from lifecycle.errors import StaleObservation
@@ -132,7 +135,7 @@ def _markup_outside_the_pages_own(text: str) -> list[str]:
     for match in UNSAFE.finditer(text):
         if match.group() == "<script" and 'script>\n(function () {' in text[match.start():][:30]:
             continue
-        if match.group() == "<img" and 'class="diagram"' in text[match.start():][:20]:
+        if match.group() == "<img" and 'class="diagram' in text[match.start():][:20]:
             continue
         found.append(text[max(0, match.start() - 40):match.end() + 40])
     return found
@@ -154,7 +157,8 @@ def test_every_page_shows_hostile_data_as_text(populated: str, clock: SimulatedC
             assert escape(key) in page
             assert escape(json.dumps('MY.Owner == "<i>x</i>"')) in page  # data, as JSON
             risky = _get(base, "/machines/risky/resource", key=key).text
-            assert 'class="refusal"' in risky and "REFUSED" in risky
+            assert 'class="refusal"' in risky
+            assert '<span class="s-refused">refused </span><span class="s-plain">remove' in risky
         effects = _get(base, "/effects").text
         assert escape(ERROR) in effects
         assert "jobs:j0&lt;x&gt;" in effects and "jobs:j1&lt;x&gt;" in effects
@@ -547,9 +551,132 @@ def test_a_diagram_is_an_image_that_runs_no_script(populated: str,
         assert drawn.headers.get_list("content-security-policy") == [
             "default-src 'none'; style-src 'unsafe-inline'"]
         assert "<svg" in drawn.text and "<script" not in drawn.text
-        assert '<img class="diagram" alt="diagram of risky" src="/machines/risky/diagram">' \
-            in machines
+        assert '<img class="diagram thumbnail" alt="diagram of risky" ' \
+            'src="/machines/risky/diagram">' in machines
     else:  # without Graphviz: the Mermaid text, linked
         assert drawn.headers["content-type"].startswith("text/plain")
         assert "stateDiagram-v2" in drawn.text
         assert 'href="/machines/risky/diagram">the diagram as Mermaid text' in machines
+
+
+PILOT: dict[str, Any] = {
+    "name": "pilot", "initial": "booting", "final": ["gone"], "states": ["booting", "gone"],
+    "transitions": [{"trigger": "remove", "source": "booting", "dest": "gone",
+                     "fresh": {"max_age": 30}, "effects": ["terminate"]}]}
+"""A risky edge with a fence and an effect that leaves the world alone when it has changed
+since (as the drone's terminate does)."""
+
+
+def _terminate(call: EffectCall) -> None:
+    expected = (call.fence or {})["expect"]["status"]
+    call.save_progress({"acted": False,
+                        "detail": f"left alone: the job is Running, not {expected}"})
+
+
+@pytest.fixture
+def pilots(db_url: str, clock: SimulatedClock) -> Iterator[str]:
+    """p1: removed on a fresh Booting, its terminate left alone by the fence; p2: its
+    removal refused for want of an observation."""
+    with Store(db_url, upgrade=True) as store:
+        engine = Engine(store, [PILOT], clock=clock,
+                        effects={"terminate": Effect(_terminate)})
+        for key in ("p1", "p2"):
+            engine.create("pilot", key, actor="cobald")
+        clock.advance(5)
+        engine.observe("pilot:p1", {"status": "Booting"}, source="site")
+        clock.advance(2)
+        assert engine.fire("pilot:p1", "remove", actor="tardis").fired
+        with pytest.raises(StaleObservation):
+            engine.fire("pilot:p2", "remove", actor="tardis")
+        Worker(engine).run_until_idle()
+    yield db_url
+
+
+def test_a_resource_page_tells_the_history_as_the_command_line_does(
+        pilots: str, clock: SimulatedClock) -> None:
+    with TestClient(create_app(pilots, clock=clock)) as client:
+        told = client.get("/machines/pilot/resource", params={"key": "p1",
+                                                               "format": "json"}).json()
+        page = client.get("/machines/pilot/resource", params={"key": "p1"}).text
+    rows = told["story"]["rows"]
+    removal = next(r for r in rows if r["seq"] == 2)
+    lines = ["".join(s["text"] for s in line["spans"]) for line in removal["details"]]
+    assert lines == [
+        "guards: fresh=yes",
+        "on observation #1 above, 2.0 s old",
+        "fence: its effects expect status=Booting",
+        "effect terminate: done at 00:00:07.000 (1 attempt)",
+        "acted=false",
+        "detail=left alone: the job is Running, not Booting"]
+    assert "".join(s["text"] for s in removal["heading"]) == "remove: booting -> gone, by tardis"
+    assert [r["kind"] for r in rows] == ["create", "observed", "transition"]
+    # the page shows each line, and the command line prints the same lines
+    printed = cli("history", "pilot:p1", db=pilots, env={"COLUMNS": "200"})
+    assert printed.code == 0, printed.output
+    shown = [html.unescape(re.sub(r"<[^>]+>", "", line)) for line in
+             re.findall(r'<div class="(?:heading|detail d\d)">(.*?)</div>', page)]
+    told_lines = [
+        "".join(s["text"] for s in line)
+        for row in rows for line in [row["heading"], *(d["spans"] for d in row["details"])]]
+    assert shown == told_lines
+    for text in told_lines:
+        assert text in printed.stdout, text
+    assert '<span class="s-fence">fence</span>' in page
+
+
+def test_refusals_show_those_of_the_engine_and_effects_the_fence_held_back(
+        pilots: str, clock: SimulatedClock) -> None:
+    with TestClient(create_app(pilots, clock=clock)) as client:
+        found = client.get("/refusals", params={"format": "json"}).json()
+        page = client.get("/refusals").text
+        later = SimulatedClock(clock.now() + dt.timedelta(hours=5))
+    assert found["total"] == 1 and [r["key"] for r in found["refusals"]] == ["p2"]
+    alone = found["left_alone"]
+    assert alone["total"] == 1
+    assert alone["by_effect"] == [{"machine": "pilot", "effect": "terminate", "count": 1}]
+    assert [(e["key"], e["effect"], e["fence"]["expect"], e["progress"]["detail"])
+            for e in alone["effects"]] == [
+        ("p1", "terminate", {"status": "Booting"}, "left alone: the job is Running, not "
+         "Booting")]
+    assert "left alone: the job is Running, not Booting" in page and "status=Booting" in page
+    with TestClient(create_app(pilots, clock=later)) as client:
+        earlier = client.get("/refusals", params={"format": "json"}).json()
+    assert (earlier["total"], earlier["left_alone"]["total"], earlier["earlier"],
+            earlier["reach_hours"]) == (0, 0, 2, 6)
+
+
+def test_a_diagram_counts_the_resources_in_each_state(pilots: str,
+                                                     clock: SimulatedClock) -> None:
+    if not shutil.which("dot"):
+        pytest.skip("Graphviz's dot is not installed")
+    with TestClient(create_app(pilots, clock=clock)) as client:
+        drawn = client.get("/machines/pilot/diagram")
+        page = client.get("/machines/pilot").text
+        with Store(pilots) as store:
+            Engine(store, [PILOT], clock=clock,
+                   effects={"terminate": Effect(_terminate)}).create("pilot", "p3")
+        again = client.get("/machines/pilot/diagram")
+    assert drawn.headers["cache-control"] == "no-cache"
+    # booting (p2, whose removal was refused), then gone (p1); then p3 boots too
+    assert re.findall(r">(\d+ resources?)<", drawn.text) == ["1 resource", "1 resource"]
+    assert re.findall(r">(\d+ resources?)<", again.text) == ["2 resources", "1 resource"]
+    # the machine's page draws it at its own size, to zoom
+    assert 'id="diagram-image"' in page and 'id="zoom-fit"' in page
+
+
+def test_metrics_have_prometheus_text_content_type(pilots: str) -> None:
+    with TestClient(create_app(pilots)) as client:
+        answer = client.get("/metrics")
+    assert answer.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+    assert "lifecycle_risky_refusals_total" in answer.text
+
+
+def test_effects_held_back_are_looked_for_among_the_newest_only(
+        pilots: str, clock: SimulatedClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    from lifecycle.store.statements import dashboard as reads
+
+    monkeypatch.setattr(reads, "LEFT_ALONE_SCANNED", 0)  # p1's terminate is now too old
+    with TestClient(create_app(pilots, clock=clock)) as client:
+        found = client.get("/refusals", params={"format": "json"}).json()
+    assert (found["total"], found["left_alone"]["total"], found["left_alone"]["scanned"]) \
+        == (1, 0, 0)

@@ -22,7 +22,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("pieces", ("fresh", "compiled", "effects", "files", "registry", "queries", "verify",
                 "processes", "peek", "transaction")),
     ("engine", ("engine",)),
-    ("tools", ("worker", "aio", "outbox", "scenario", "render")),
+    ("tools", ("worker", "aio", "outbox", "scenario", "render", "story")),
     ("api", ("__init__",)),
     ("adapters", ("adapters.*",)),
     ("machines", ("machines.*",)),

@@ -36,6 +36,7 @@ from rich.text import Text
 from .. import redact
 from ..documents import DocumentError, load_json
 from ..errors import LifecycleError, SpecError
+from ..story import plural
 from ..values import string_problem
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -339,17 +340,6 @@ def json_arg(value: str | None, option: str) -> dict[str, Any]:
         raise click.BadParameter(f"must be a JSON object, not {type(parsed).__name__}",
                                  param_hint=option)
     return parsed
-
-
-def time_text(value: Any, clock_only: bool = False) -> str:
-    if clock_only:
-        return str(value.strftime("%H:%M:%S.%f")[:-3])
-    return str(value.isoformat(timespec="milliseconds").replace("+00:00", "Z"))
-
-
-def plural(count: int, noun: str, many: str | None = None) -> str:
-    """``1 resource``, ``2 resources``."""
-    return f"{count:,} {noun if count == 1 else (many or noun + 's')}"
 
 
 def print_heartbeat(report: dict[str, Any], as_json: bool) -> None:

@@ -8,8 +8,7 @@ value on a line of its own, indented."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from rich.cells import cell_len
@@ -18,20 +17,10 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
+from ..story import Span, Told, key_values, value_text
+
 FREE_TEXT_WIDTH = 24
 """The narrowest a column of free text may be in a table; narrower, the rows become blocks."""
-
-
-def value_text(value: Any) -> str:
-    """A value as a person reads it: a string as it is, anything else as JSON."""
-    if isinstance(value, str):
-        return value
-    return json.dumps(value, sort_keys=True, ensure_ascii=False)
-
-
-def key_values(document: Mapping[str, Any] | None) -> list[str]:
-    """``key=value`` lines of a JSON object, sorted by key."""
-    return [f"{key}={value_text(value)}" for key, value in sorted((document or {}).items())]
 
 
 def lines(items: Iterable[str]) -> Text:
@@ -98,3 +87,23 @@ def fitted(console: Console, wide: Table, blocks: Sequence[RenderableType]) -> R
         return wide
     title = [Text(str(wide.title), style="italic")] if wide.title else []
     return Group(*title, *blocks)
+
+
+STYLES = {"plain": "", "bold": "bold", "dim": "dim", "refused": "bold red", "observed": "cyan",
+          "fence": "magenta", "done": "green", "failed": "red", "waiting": "yellow"}
+"""The terminal's style of each of :data:`lifecycle.story.STYLES`."""
+
+
+def spans_text(spans: Iterable[Span]) -> Text:
+    """Spans of the story as one styled line."""
+    return Text.assemble(*((span.text, STYLES[span.style]) for span in spans))
+
+
+def told(row: Told) -> Group:
+    """A row of a resource's history: its heading, and its details indented below."""
+    return block(spans_text(row.heading),
+                 [(extra, spans_text(spans)) for extra, spans in row.details], indent=2)
+
+
+__all__ = ["FREE_TEXT_WIDTH", "STYLES", "block", "drop_empty", "fits", "fitted", "key_values",
+           "lines", "spans_text", "table", "told", "value_text"]

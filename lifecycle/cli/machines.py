@@ -30,8 +30,16 @@ from ..render import (
     render,
 )
 from ..spec import MachineSpec, StateSpec
+from ..story import plural
 from . import layout
-from .common import PLUGINS_VARIABLE, db_option, err, escape, json_option, out, plural
+from .common import (
+    PLUGINS_VARIABLE,
+    db_option,
+    err,
+    escape,
+    json_option,
+    out,
+)
 from .context import make_engine, resolve
 
 

@@ -13,6 +13,7 @@ from rich.table import Table
 from ..effects import FAILED, PENDING, RUNNING
 from ..machines import builtins
 from ..outbox import effect_records, outbox_counts, retry_failed, unhandled
+from ..story import plural, time_text
 from ..worker import DEFAULT_LEASE, HeldClaims, Worker, WorkerStats
 from .common import (
     PLUGINS_VARIABLE,
@@ -21,8 +22,6 @@ from .common import (
     escape,
     json_option,
     out,
-    plural,
-    time_text,
 )
 from .context import make_engine
 from .serve import needs_serve_extra

@@ -10,15 +10,14 @@ import sys
 from typing import Any
 
 import click
-from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from ..effects import DONE, FAILED, GAVE_UP, PENDING
-from ..engine import Engine
+from .. import story
 from ..queries import resource_id
-from ..records import FireResult, JournalEntry, Observation
+from ..records import FireResult
 from ..store.statements import effects as effect_rows
+from ..story import plural, time_text
 from . import layout
 from .common import (
     PLUGINS_VARIABLE,
@@ -27,8 +26,6 @@ from .common import (
     json_arg,
     json_option,
     out,
-    plural,
-    time_text,
 )
 from .context import make_engine, resolve
 
@@ -216,139 +213,24 @@ def history(key: str, db_url: str | None, as_json: bool) -> None:
     if as_json:
         print(json.dumps([e.to_json() for e in entries], indent=2))
         return
-    resource = engine.get(key)
+    with engine.store.read() as db:
+        rid, resource = resource_id(db, key)
+        effects = effect_rows.of_resource(db, rid)
     full_key = f"{resource.machine}:{resource.key}"
-    seen = engine.observations(full_key)
-    effects = _effects_by_seq(engine, full_key)
-    days = {e.at.date() for e in entries} | {o.recorded_at.date() for o in seen}
-    one_day = len(days) == 1
+    telling = story.tell(entries, engine.observations(full_key), effects)
     title = Text(full_key, style="bold")
-    if one_day:
-        title.append(f", {next(iter(days)).isoformat()}, times UTC", style="not bold")
+    if telling.day is not None:
+        title.append(f", {telling.day.isoformat()}, times UTC", style="not bold")
     out.print(title, soft_wrap=False)
     table = Table("seq", "at", "what", box=None, pad_edge=False, header_style="dim")
     table.columns[0].justify = "right"
     table.columns[0].no_wrap = table.columns[1].no_wrap = True
     table.columns[2].overflow = "fold"
-    above: int | None = None  # the observation shown on the line above, if any
-    for item in _timeline(entries, seen):
-        if isinstance(item, JournalEntry):
-            table.add_row(str(item.seq), time_text(item.at, one_day),
-                          _entry_text(item, effects.get(item.seq, []), one_day, above))
-            above = None
-        else:
-            table.add_row("", time_text(item[0].recorded_at, one_day),
-                          _observed_text(item, one_day))
-            above = item[-1].id
+    for row in telling.rows:
+        table.add_row("" if row.seq is None else str(row.seq), telling.time(row.at),
+                      layout.told(row))
     out.print(table)
     out.print("[dim]in full, with versions and fences: --json[/]")
-
-
-def _timeline(entries: list[JournalEntry], seen: list[Observation]
-              ) -> list[JournalEntry | list[Observation]]:
-    """Journal rows and observations in the order they were written (an observation
-    recorded at the instant of a decision comes first: a decision can rest on it), with
-    consecutive observations alike (same source, same status) taken together."""
-    pending = sorted(seen, key=lambda o: (o.recorded_at, o.id))
-    timeline: list[JournalEntry | list[Observation]] = []
-
-    def add(observation: Observation) -> None:
-        last = timeline[-1] if timeline else None
-        if isinstance(last, list) and (last[-1].source, last[-1].status) == (
-                observation.source, observation.status):
-            last.append(observation)
-        else:
-            timeline.append([observation])
-
-    for entry in entries:
-        while pending and pending[0].recorded_at <= entry.at:
-            add(pending.pop(0))
-        timeline.append(entry)
-    for observation in pending:
-        add(observation)
-    return timeline
-
-
-def _observed_text(run: list[Observation], one_day: bool) -> Group:
-    first, last = run[0], run[-1]
-    heading = Text("observed", style="cyan")
-    heading.append(f" by {first.source} (#{first.id}")
-    if len(run) > 1:
-        heading.append(f"; the same {len(run)} times in all, the last at "
-                       f"{time_text(last.recorded_at, one_day)}, #{last.id}")
-    heading.append(")")
-    true_at = time_text(first.observed_at, one_day)
-    if true_at != time_text(first.recorded_at, one_day):  # a report of an earlier moment
-        heading.append(f", true at {true_at}")
-    return layout.block(heading, layout.key_values(first.status), indent=2)
-
-
-def _entry_text(entry: JournalEntry, effects: list[Any], one_day: bool,
-                above: int | None = None) -> Group:
-    heading = _what(entry)
-    if entry.kind in ("create", "adopt"):
-        heading.append(f" in {entry.dest}")
-    elif entry.source and (entry.source != entry.dest or entry.kind == "transition"):
-        heading.append(f": {entry.source} -> {entry.dest}")
-    if entry.actor:
-        heading.append(f", by {entry.actor}", style="dim")
-    details: list[layout.Detail] = []
-    if entry.guards:  # every guard the decision asked: why this edge and not another
-        details.append(f"guards: {_verdicts(dict(sorted(entry.guards.items())))}")
-    details += layout.key_values(entry.payload)
-    seen = entry.observation
-    if seen is None and entry.kind == "refusal":
-        details.append("on no observation: none was recorded, and no probe answered")
-    if seen is not None:
-        age = (entry.at - seen.observed_at).total_seconds()
-        if seen.id == above:  # its status is on the lines just above
-            details.append(f"on observation #{seen.id} above, {age:.1f} s old")
-        else:
-            details.append(f"on observation #{seen.id} by {seen.source}, {age:.1f} s old "
-                           f"(true at {time_text(seen.observed_at, one_day)}):")
-            details += [(2, line) for line in layout.key_values(seen.status)]
-    for effect in effects:
-        details.append(_effect_text(effect, one_day))
-        details += [(2, line) for line in layout.key_values(effect.progress)]
-    return layout.block(heading, details, indent=2)
-
-
-def _effect_text(effect: Any, one_day: bool) -> Text:
-    text = Text(f"effect {effect.name}: ")
-    style = {DONE: "green", FAILED: "red", GAVE_UP: "red"}.get(effect.status, "yellow")
-    text.append(effect.status, style=style)
-    if effect.status in (DONE, GAVE_UP) and effect.finished_at is not None:
-        text.append(f" at {time_text(effect.finished_at, one_day)}")
-    elif effect.status == PENDING:
-        text.append(f", due {time_text(effect.next_attempt_at, one_day)}")
-    text.append(f" ({plural(effect.attempts, 'attempt')})")
-    if effect.last_error and effect.status != DONE:
-        text.append(f": {effect.last_error}")
-    return text
-
-
-def _effects_by_seq(engine: Engine, key: str) -> dict[int, list[Any]]:
-    """The effects of the resource (their outcome and what the handler saved), by the
-    journal row that asked for them."""
-    with engine.store.read() as db:
-        rid, _ = resource_id(db, key)
-        rows = effect_rows.of_resource(db, rid)
-    found: dict[int, list[Any]] = {}
-    for row in rows:
-        found.setdefault(row.seq, []).append(row)
-    return found
-
-
-def _what(entry: JournalEntry) -> Text:
-    if entry.kind == "transition":
-        return Text(entry.trigger or "(eventless)", style="bold")
-    if entry.kind == "refusal":
-        return Text.assemble(("refused ", "bold red"), entry.trigger or "(eventless)")
-    return Text(entry.kind, style="bold")
-
-
-def _verdicts(guards: dict[str, bool] | None) -> str:
-    return ", ".join(f"{name}={'yes' if ok else 'no'}" for name, ok in (guards or {}).items())
 
 
 @click.command()

@@ -29,6 +29,7 @@ from .. import machines
 from ..graph import stored_guards, stored_triggers
 from ..peek import Unsure, peek
 from ..records import FAILED, PENDING, RUNNING, EffectRecord, Resource, TimerRecord
+from ..story import time_text
 from . import layout
 from .common import (
     PLUGINS_VARIABLE,
@@ -37,7 +38,6 @@ from .common import (
     json_option,
     out,
     plugin_names,
-    time_text,
 )
 
 TIMERS = (PENDING,)

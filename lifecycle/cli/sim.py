@@ -22,9 +22,17 @@ from ..scenario import SCENARIO_SUFFIXES
 from ..scenario import replay as replay_one
 from ..sim import simulations
 from ..sim.simulation import RANGES
+from ..story import plural
 from ..worker import Worker
 from . import layout
-from .common import db_option, err, escape, json_option, out, plural, print_heartbeat
+from .common import (
+    db_option,
+    err,
+    escape,
+    json_option,
+    out,
+    print_heartbeat,
+)
 from .context import make_engine, plugins
 
 

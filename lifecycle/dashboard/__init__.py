@@ -4,8 +4,10 @@ resource's history, stuck effects and refused risky edges, each page also as JSO
 
 | module | what it is |
 |---|---|
-| ``database`` | the database opened read-only; :class:`Unavailable` for one with nothing to show |
-| ``reads`` | the statements of the pages and of /metrics |
 | ``metrics`` | the Prometheus collector, probe calls counted, /metrics on a port of its own |
 | ``app`` | the Starlette application and its pages (templates in ``templates/``) |
+
+What the pages read is in :mod:`lifecycle.store.statements.dashboard`, over a database opened
+read-only (:mod:`lifecycle.store.readonly`); a resource's history is told by
+:mod:`lifecycle.story`, as ``lifecycle history`` tells it.
 """

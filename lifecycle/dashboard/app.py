@@ -13,6 +13,7 @@ import math
 import socket
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import replace
@@ -29,7 +30,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .. import render
+from .. import render, story
 from ..clock import Clock, SystemClock
 from ..errors import LifecycleError
 from ..logs import logger
@@ -45,6 +46,7 @@ TEMPLATES = Path(__file__).parent / "templates"
 LONGEST_ARGUMENT = 1000
 REFUSALS_HOURS = 1.0
 LIVE_POLL_MS = 2000
+DIAGRAMS_KEPT = 64
 SECURITY_HEADERS = {
     # the pages' own inline script and style, nothing from elsewhere; diagrams are images
     "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; "
@@ -82,32 +84,42 @@ def environment() -> Environment:
     env = Environment(loader=FileSystemLoader(TEMPLATES),
                       autoescape=select_autoescape(default=True, default_for_string=True))
     env.filters["as_json"] = _as_json
+    env.filters["as_text"] = story.document_text
     env.filters["when"] = _when
     return env
 
 
 class Diagrams:
-    """Each machine's diagram by spec version: SVG drawn by Graphviz's ``dot`` when it is
-    installed, else the Mermaid text; drawn once per version."""
+    """Each machine's diagram with the resources counted on its states: SVG drawn by
+    Graphviz's ``dot`` when it is installed, else the Mermaid text. The newest
+    :data:`DIAGRAMS_KEPT` drawings are kept (by spec version and counts): a page read again
+    while nothing moved draws nothing."""
 
     def __init__(self) -> None:
-        self._drawn: dict[tuple[str, str], tuple[str, str]] = {}
+        self._drawn: OrderedDict[tuple[str, str, tuple[tuple[str, int], ...]],
+                                 tuple[str, str]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, machine: str, version: str, spec: Any) -> tuple[str, str]:
+    def get(self, machine: str, version: str, spec: Any,
+            counts: dict[str, int]) -> tuple[str, str]:
         """(format, text): ``svg`` or ``mermaid``."""
+        key = (machine, version, tuple(sorted(counts.items())))
         with self._lock:
-            found = self._drawn.get((machine, version))
-        if found is None:
-            diagram = render.Diagram.from_spec(spec)
-            try:
-                found = ("svg", render.svg(diagram, timeout=20.0)) if render.dot_program() \
-                    else ("mermaid", render.mermaid(diagram))
-            except LifecycleError as exc:  # dot failed: the text still shows the machine
-                log.warning("diagram of %s: %s", machine, exc)
-                found = ("mermaid", render.mermaid(diagram))
-            with self._lock:
-                self._drawn[machine, version] = found
+            found = self._drawn.get(key)
+            if found is not None:
+                self._drawn.move_to_end(key)
+                return found
+        diagram = render.Diagram.from_spec(spec, counts)
+        try:
+            found = ("svg", render.svg(diagram, timeout=20.0)) if render.dot_program() \
+                else ("mermaid", render.mermaid(diagram))
+        except LifecycleError as exc:  # dot failed: the text still shows the machine
+            log.warning("diagram of %s: %s", machine, exc)
+            found = ("mermaid", render.mermaid(diagram))
+        with self._lock:
+            self._drawn[key] = found
+            while len(self._drawn) > DIAGRAMS_KEPT:
+                self._drawn.popitem(last=False)
         return found
 
 
@@ -214,7 +226,11 @@ class Dashboard:
             found = reads.resource_detail(db, name, key)
             if found is None:
                 raise Problem(404, f"no resource {key!r} of machine {name!r}")
-            return found
+            telling = story.tell(found.entries, found.observations, found.effects)
+            return {**found.page, "story": {
+                "day": telling.day.isoformat() if telling.day else None,
+                "rows": [{**row.to_json(), "time": telling.time(row.at)}
+                         for row in telling.rows]}}
         return self.answer(request, "resource.html", compute)
 
     def payload(self, request: Request) -> Response:
@@ -276,15 +292,18 @@ class Dashboard:
             with self.db.read() as db:
                 found = reads.machine_rows(db, self.specs, name)
                 spec = self.specs.get(db, name, found[0]["spec_version"]) if found else None
+                counts = reads.counts(db, name).get(name, {})
         except Unavailable as exc:
             return Response(exc.reason, status_code=503, media_type="text/plain")
         if spec is None:
             return Response(f"no machine {name!r}", status_code=404, media_type="text/plain")
-        kind, drawn = self.diagrams.get(name, spec.version, spec)
+        kind, drawn = self.diagrams.get(name, spec.version, spec, counts)
+        fresh = {"Cache-Control": "no-cache"}  # the counts change
         if kind == "svg":  # no script, even opened on its own rather than as an image
             return Response(drawn, media_type="image/svg+xml", headers={
+                **fresh,
                 "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'"})
-        return Response(drawn, media_type="text/plain; charset=utf-8")
+        return Response(drawn, media_type="text/plain; charset=utf-8", headers=fresh)
 
     def metrics(self, request: Request) -> Response:
         """The metrics in the format the scraper asks for (its ``Accept`` header): Prometheus'

@@ -1,7 +1,7 @@
 """Prometheus metrics, read from the database at each scrape (a custom collector: the
 database is the one place every process's work is counted), and the probe calls of the
-process that serves them (a probe's failure is recorded nowhere else). README.md,
-"Dashboard", lists the metrics and their labels.
+process that serves them (a probe's failure is recorded nowhere else). docs/dashboard.md,
+"Metrics", lists the metrics and their labels.
 """
 
 from __future__ import annotations

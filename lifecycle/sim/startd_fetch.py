@@ -117,7 +117,7 @@ class Run:
         self.worker = Worker(self.engine, seed=seed)
         slots = int(options["slots"])
         self.startd = sd.Startd(self.engine, address=ADDRESS, ids=ids, slots=slots)
-        self.names = [f"{prefix}{cycle}-{'thrown' if not keep else 'kept'}-slot{i + 1}"
+        self.names = [f"{prefix}{cycle}-{'renewed' if not keep else 'kept'}-slot{i + 1}"
                       for i in range(slots)]
         self.tally = Tally()
         self.pending: set[str] = set()

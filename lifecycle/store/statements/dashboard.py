@@ -13,10 +13,10 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, and_, func, select, text
+from sqlalchemy import Connection, and_, false, func, select, text
 
 from ...graph import SEPARATOR
-from ...records import FAILED, PENDING, RUNNING
+from ...records import FAILED, PENDING, RUNNING, JournalEntry, Observation
 from ...spec import MachineSpec
 from ..schema import (
     FENCED_WHERE,
@@ -31,6 +31,7 @@ from ..schema import (
     state_counts,
     timers,
 )
+from .resources import OBSERVED
 
 PAGE = 50
 """Resources on one page of a machine's listing."""
@@ -194,7 +195,19 @@ def state_of(db: Connection, machine: str, key: str) -> str | None:
     return db.execute(select(r.state).where(r.machine == machine, r.key == key)).scalar()
 
 
-def resource_detail(db: Connection, machine: str, key: str) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class Detail:
+    """One resource as its page shows it: ``page``, JSON-ready, and the records its history
+    is told from (:func:`lifecycle.story.tell`): the newest journal rows shown, oldest
+    first, each with the observation it rested on; the newest observations; its effects."""
+
+    page: dict[str, Any]
+    entries: list[JournalEntry]
+    observations: list[Observation]
+    effects: list[Any]
+
+
+def resource_detail(db: Connection, machine: str, key: str) -> Detail | None:
     """The resource, its newest observations, its journal (refusals marked) and its
     effects and pending timers; None if there is no such resource."""
     r = resources.c
@@ -203,31 +216,43 @@ def resource_detail(db: Connection, machine: str, key: str) -> dict[str, Any] | 
         return None
     o, j, f, t = observations.c, journal.c, outbox.c, timers.c
     seen = db.execute(select(observations).where(o.resource_id == row.id)
-                      .order_by(o.id.desc()).limit(OBSERVATIONS_SHOWN)).all()
-    rows = db.execute(select(journal).where(j.resource_id == row.id)
-                      .order_by(j.seq.desc()).limit(JOURNAL_SHOWN)).all()
+                      .order_by(o.id.desc()).limit(OBSERVATIONS_SHOWN)).all()[::-1]
+    rows = db.execute(select(journal, *OBSERVED)
+                      .select_from(journal.outerjoin(observations, o.id == j.observation_id))
+                      .where(j.resource_id == row.id)
+                      .order_by(j.seq.desc()).limit(JOURNAL_SHOWN)).all()[::-1]
     effects = db.execute(select(outbox).where(f.resource_id == row.id)
-                         .order_by(f.id.desc()).limit(EFFECTS_SHOWN)).all()
+                         .order_by(f.id.desc()).limit(EFFECTS_SHOWN)).all()[::-1]
     pending = db.execute(select(timers).where(t.resource_id == row.id, t.status == PENDING)
                          .order_by(t.due_at)).all()
     newest = next((s for s in seen if s.id == row.observation_id), None)
     if newest is None and row.observation_id is not None:
         newest = db.execute(select(observations).where(o.id == row.observation_id)).first()
-    return {
+    page = {
         "machine": row.machine, "key": row.key, "state": row.state, "version": row.version,
         "seq": row.seq, "data": row.data, "spec_version": row.spec_version,
         "created_at": iso(row.created_at), "updated_at": iso(row.updated_at),
         "last_transition_at": iso(row.last_transition_at),
         "observation": _observation(newest) if newest is not None else None,
-        "observations": [_observation(s) for s in reversed(seen)],
+        "observations": [_observation(s) for s in seen],
         "observations_total": _count(db, o.resource_id == row.id, observations)
         if len(seen) == OBSERVATIONS_SHOWN else len(seen),
-        "journal": [_journal_row(e) for e in reversed(rows)],
+        "journal": [_journal_row(e) for e in rows],
         "journal_total": row.seq,
-        "effects": [_effect(e) for e in reversed(effects)],
+        "effects": [_effect(e) for e in effects],
         "timers": [{"id": tm.id, "state": tm.state, "trigger": tm.trigger,
                     "due_at": iso(tm.due_at), "seq": tm.seq} for tm in pending],
     }
+    return Detail(page, [_entry(e) for e in rows],
+                  [Observation(s.id, s.status, s.observed_at, s.recorded_at, s.source)
+                   for s in seen], list(effects))
+
+
+def _entry(e: Any) -> JournalEntry:
+    seen = None if e.o_id is None else Observation(e.o_id, e.o_status, e.o_observed_at,
+                                                    e.o_recorded_at, e.o_source)
+    return JournalEntry(e.seq, e.kind, e.trigger, e.source, e.dest, e.version, e.spec_version,
+                        e.actor, e.at, e.payload, e.guards, seen, e.fence)
 
 
 def _count(db: Connection, where: Any, table: Any) -> int:
@@ -246,7 +271,8 @@ def _effect(e: Any) -> dict[str, Any]:
             "attempts": e.attempts, "next_attempt_at": iso(e.next_attempt_at),
             "last_error": e.last_error, "claimed_by": e.claimed_by,
             "lease_until": iso(e.lease_until), "created_at": iso(e.created_at),
-            "finished_at": iso(e.finished_at), "on_failure": e.on_failure}
+            "finished_at": iso(e.finished_at), "on_failure": e.on_failure,
+            "progress": e.progress, "fence": e.fence}
 
 
 # -- across machines ------------------------------------------------------------------------
@@ -314,12 +340,59 @@ def refusals(db: Connection, since: dt.datetime, limit: int = TROUBLE_SHOWN) -> 
         .order_by(j.at.desc()).limit(limit)).all()
     earlier, newest = db.execute(select(func.count(), func.max(j.at)).where(
         text(REFUSALS_WHERE), j.at < since)).one()
+    alone = left_alone(db, since, limit)
+    newest = max((t for t in (newest, alone.pop("newest_earlier")) if t is not None),
+                 default=None)
     return {"since": iso(since), "total": sum(e["count"] for e in edges), "edges": edges,
-            "earlier": int(earlier or 0), "newest_earlier": iso(newest) if newest else None,
+            "earlier": int(earlier or 0) + alone.pop("earlier"),
+            "newest_earlier": iso(newest) if newest else None,
             "refusals": [{"machine": e.machine, "key": e.key, "seq": e.seq, "at": iso(e.at),
                           "trigger": e.trigger or EVENTLESS, "source": e.source,
                           "dest": e.dest, "actor": e.actor,
-                          "observation_id": e.observation_id} for e in rows]}
+                          "observation_id": e.observation_id} for e in rows],
+            "left_alone": alone}
+
+
+LEFT_ALONE_WHERE = and_(outbox.c.fence.is_not(None),
+                        outbox.c.progress["acted"].as_boolean() == false())
+"""The effects of risky edges that their fence kept from acting: their handler found the
+world no longer as the decision observed it, left it alone and saved ``acted: false`` (the
+drone's terminate does)."""
+
+
+LEFT_ALONE_SCANNED = 20_000
+"""How many of the newest effects :func:`left_alone` looks through (no index serves its
+terms, so its cost is bounded by this, not by the outbox's length)."""
+
+
+def left_alone(db: Connection, since: dt.datetime, limit: int = TROUBLE_SHOWN
+               ) -> dict[str, Any]:
+    """Of the newest :data:`LEFT_ALONE_SCANNED` effects, those :data:`LEFT_ALONE_WHERE` says
+    that finished since ``since``, newest first; how many per machine and effect; how many
+    finished before, and the newest of those."""
+    f, r = outbox.c, resources.c
+    last = db.execute(select(func.max(f.id))).scalar() or 0
+    scanned = and_(f.id > last - LEFT_ALONE_SCANNED, f.finished_at.is_not(None),
+                   LEFT_ALONE_WHERE)
+    recent = (f.finished_at >= since).label("recent")
+    counted = db.execute(
+        select(r.machine, f.name, recent, func.count(), func.max(f.finished_at))
+        .join(resources, r.id == f.resource_id).where(scanned)
+        .group_by(r.machine, f.name, recent).order_by(r.machine, f.name)).all()
+    rows = db.execute(
+        select(f.name, f.seq, f.finished_at, f.fence, f.progress, r.machine, r.key)
+        .join(resources, r.id == f.resource_id).where(scanned, f.finished_at >= since)
+        .order_by(f.finished_at.desc(), f.id.desc()).limit(limit)).all()
+    by_effect = [{"machine": m, "effect": name, "count": int(n)}
+                 for m, name, now, n, _ in counted if now]
+    before = [(int(n), at) for _, _, now, n, at in counted if not now]
+    return {"total": sum(e["count"] for e in by_effect), "by_effect": by_effect,
+            "scanned": LEFT_ALONE_SCANNED,
+            "effects": [{"machine": e.machine, "key": e.key, "seq": e.seq, "effect": e.name,
+                         "at": iso(e.finished_at), "fence": e.fence,
+                         "progress": e.progress} for e in rows],
+            "earlier": sum(n for n, _ in before),
+            "newest_earlier": max((at for _, at in before), default=None)}
 
 
 def spec_machines(db: Connection) -> dict[str, str]:
