@@ -18,6 +18,8 @@ steps:
   - expect_actions: {key: d1, actions: [deploy, terminate]}  # what simulated effects did
   - retry: d1                   # put a stuck resource's failed effects back in the queue
   - crash_effect: d1            # its queue head's handler runs; the worker dies unrecorded
+  - run_effect: d1              # its queue head alone runs and is recorded (nothing else)
+  - fire_timers: d1             # its due timers fire (nothing else)
 ```
 """
 
@@ -44,10 +46,12 @@ from .outbox import retry_failed
 from .spec import MachineSpec, load_spec, suggest
 from .store import Store
 from .store.statements import effects as effect_rows
+from .store.statements import timers as timer_rows
 from .worker import Worker
 
 STEP_KINDS = ("create", "advance", "observe", "world", "update", "step", "fire", "expect",
-              "expect_last", "run_effects", "expect_actions", "retry", "crash_effect")
+              "expect_last", "run_effects", "expect_actions", "retry", "crash_effect",
+              "run_effect", "fire_timers")
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,6 +319,10 @@ def _do(step: Step, engine: Engine, clock: SimulatedClock, world: World, worker:
         retry_failed(engine, _args(step, ("key",))["key"])
     elif kind == "crash_effect":
         crash_effect(engine, _args(step, ("key",))["key"])
+    elif kind == "run_effect":
+        run_effect(engine, _args(step, ("key",))["key"])
+    elif kind == "fire_timers":
+        fire_timers(engine, _args(step, ("key",))["key"])
     elif kind == "run_effects":
         if step.args not in (None, {}):
             raise ValueError("run_effects takes no arguments ({})")
@@ -345,6 +353,51 @@ def crash_effect(engine: Engine, key: str) -> str:
     except Exception:  # lost with the worker, as its outcome is
         pass
     return str(name)
+
+
+def run_effect(engine: Engine, key: str) -> str:
+    """The worker runs the queue head of ``key``, due now, and records its outcome (its
+    follow-up fired, a failure rescheduled or given up), as in its loop; nothing else runs
+    (``lifecycle check`` explores one effect per move). Its name."""
+    resource = engine.get(key)
+    worker = Worker(engine, seed=0, batch=_ALL)
+    try:
+        claimed = worker._claim(_ALL)
+        mine = [c for c in claimed if (c.machine, c.key) == (resource.machine, resource.key)]
+        worker._give_back([c for c in claimed if c not in mine])
+        if not mine:
+            raise ValueError(f"run_effect: {key} has no effect due")
+        call = mine[0]
+        try:
+            answer = engine.handlers[call.name].handler(call)
+            if inspect.isawaitable(answer):
+                answer = asyncio.run(_awaited(answer))
+            outcome: tuple[str, Any] = ("ok", answer)
+        except Exception as exc:  # the handler's failure is recorded, not raised
+            outcome = ("error", exc)
+        worker._finish(call, *outcome)
+        worker._let_go([call.id])
+    finally:
+        worker._heartbeat_stopped()
+    return str(call.name)
+
+
+_ALL = 1_000_000
+"""Effects one claim of ``run_effect`` may look at: all that are due."""
+
+
+def fire_timers(engine: Engine, key: str) -> int:
+    """``key``'s due timers fire, soonest first, as the worker fires them; nothing else
+    runs. How many fired."""
+    resource = engine.get(key)
+    with engine.store.read() as db:
+        due = [(timer_id, trigger) for timer_id, trigger, machine, k
+               in timer_rows.due(db, engine.clock.now(), _ALL)
+               if (machine, k) == (resource.machine, resource.key)]
+    if not due:
+        raise ValueError(f"fire_timers: {key} has no timer due")
+    return sum(engine.fire_timer(timer_id, f"{resource.machine}:{resource.key}", trigger)
+               is not None for timer_id, trigger in due)
 
 
 async def _awaited(answer: Any) -> Any:
