@@ -30,7 +30,7 @@ import datetime as dt
 import inspect
 import json
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -240,7 +240,18 @@ def _machine(scenario: Scenario, world: World,
         known = ", ".join(sorted(machines)) or "none given"
         raise ScenarioError(f"{scenario.file}: machine {scenario.machine!r} is neither a "
                             f"built-in machine ({known}) nor a spec file")
-    return load_spec(path), {}
+    spec = load_spec(path)
+    return spec, {"effects": recorded_effects(world, spec.effect_names())}
+
+
+def recorded_effects(world: World, names: Iterable[str]) -> dict[str, Any]:
+    """Simulated effects that record their names in ``world.actions`` (with the resource's
+    key) and are done: a spec file's effects in a scenario (``expect_actions`` sees them)."""
+    def recorder(name: str) -> Callable[[EffectCall], None]:
+        def handler(call: EffectCall) -> None:
+            world.actions.append((name, call.key, {}))
+        return handler
+    return {name: recorder(name) for name in sorted(names)}
 
 
 def _run(scenario: Scenario, store: Store, machines: Mapping[str, Playable]) -> ScenarioResult:

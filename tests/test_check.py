@@ -31,18 +31,21 @@ from lifecycle.check import (
     Update,
     View,
     check,
+    declared,
     scenario,
     text,
     write_scenario,
 )
+from lifecycle.check.memory import CheckError
 from lifecycle.check.state import EMPTY
 from lifecycle.check.worlds import drone, job_exit, slurm_dispatch, world_model
 from lifecycle.cli import main
+from lifecycle.errors import SpecError
 from lifecycle.machines import builtins
 from lifecycle.machines.drone import TARDIS_BUILTIN as BUILTIN_TARDIS
 from lifecycle.machines.slurm_dispatch import BUILTIN as BUILTIN_SLURM
 from lifecycle.scenario import Playable, replay
-from lifecycle.spec import MachineSpec
+from lifecycle.spec import MachineSpec, load_spec
 
 DRONE_INCIDENT = 4
 """Moves the incident needs from a booting drone the controller holds as Booting: the job
@@ -397,3 +400,94 @@ def test_a_job_exit_that_gave_up_finishes_only_after_the_operators_retry() -> No
 
     stuck = check(dataclasses.replace(model, actions=without_retry), bounds).stuck["finishes"]
     assert stuck.hops[-1].state.resources[0].state == "stuck_queue"
+
+
+# -- a world declared in the spec file -----------------------------------------------------------
+
+VM = """\
+name: vm
+initial: running
+final: [gone]
+states: [running, deleting, gone]
+transitions:
+  - {trigger: idle, source: running, dest: deleting, effects: [delete]}
+  - {trigger: deleted, source: deleting, dest: gone}
+"""
+VM_CHECK = """\
+check:
+  resources: [{key: vm1, world: {busy: true}}]
+  world: [{set: {busy: false}}, {set: {busy: true}}, {fire: idle, when: {world: {busy: false}}}]
+  never:
+    - {name: busy, effect: delete, world: {busy: true}}
+    - {state: deleting, world: {busy: true}}
+"""
+
+
+def test_a_check_section_is_no_part_of_the_machine(tmp_path: Path) -> None:
+    bare = load_spec(_write(tmp_path / "bare.yaml", VM))
+    checked = load_spec(_write(tmp_path / "vm.yaml", VM + VM_CHECK))
+    assert checked.check is not None and bare.check is None
+    assert checked.version == bare.version and "check" not in checked.to_json()
+
+
+def test_a_declared_world_finds_the_race_and_its_scenario_replays_from_the_spec_file(
+        tmp_path: Path) -> None:
+    spec_file = _write(tmp_path / "vm.yaml", VM + VM_CHECK)
+    report = check(declared(load_spec(spec_file)), Bounds(depth=6))
+    assert report.invariants == ["busy", "never_2"]
+    ran = report.violations["busy"]
+    assert [h.label for h in ran.hops] == [
+        "the world says vm1 is busy=False", "idle fires on vm1",
+        "the world says vm1 is busy=True", "the worker runs vm1's delete"]
+    assert report.violations["never_2"].message == (
+        "after this move, of vm1: it is in deleting and the world says busy=True")
+    assert len(report.violations["never_2"]) == 3
+    path = write_scenario(ran, tmp_path / "busy.yaml", "vm.yaml")
+    result = replay(path)  # the spec file beside it, its effect recorded
+    assert result.failure is not None and result.failure.kind == "expect_actions"
+    assert result.failure.step == len(yaml.safe_load(path.read_text())["steps"])
+    assert result.failure.found == ["delete"]
+    # broken by the world alone (no step of a scenario sees the world): every move replays
+    world_alone = write_scenario(report.violations["never_2"], tmp_path / "w.yaml", "vm.yaml")
+    assert replay(world_alone).passed
+    assert check(declared(load_spec(spec_file)), Bounds(depth=2)).passed
+
+
+def test_a_declared_world_that_keeps_its_rule_passes(tmp_path: Path) -> None:
+    """Only a VM the monitor saw idle is deleted, and only an idle one is ever reported:
+    but nothing moves it to gone, which the rule forbids while busy."""
+    kept = VM_CHECK.replace(
+        "    - {name: busy, effect: delete, world: {busy: true}}\n"
+        "    - {state: deleting, world: {busy: true}}\n",
+        "    - {state: gone}\n")
+    report = check(declared(load_spec(_write(tmp_path / "vm.yaml", VM + kept))),
+                   Bounds(depth=10))
+    assert report.passed and report.exhausted, text(report)
+
+
+def test_a_check_section_names_only_what_the_machine_has(tmp_path: Path) -> None:
+    wrong = VM_CHECK.replace("fire: idle", "fire: idel").replace("effect: delete",
+                                                                 "effect: remove")
+    with pytest.raises(CheckError, match="trigger 'idel', effect 'remove'"):
+        declared(load_spec(_write(tmp_path / "vm.yaml", VM + wrong)))
+    two = VM_CHECK.replace("{set: {busy: false}}", "{set: {busy: false}, report: true}")
+    with pytest.raises(SpecError, match="one of set, report, fire, update, not set and report"):
+        load_spec(_write(tmp_path / "two.yaml", VM + two))
+    with pytest.raises(CheckError, match="no check: section"):
+        declared(load_spec(_write(tmp_path / "bare.yaml", VM)))
+
+
+def test_the_command_checks_a_spec_file_and_names_it_in_the_scenario(tmp_path: Path) -> None:
+    spec_file = _write(tmp_path / "vm.yaml", VM + VM_CHECK)
+    (tmp_path / "out").mkdir()
+    target = tmp_path / "out" / "race.yaml"
+    result = CliRunner().invoke(main, ["check", str(spec_file), "--invariant", "busy",
+                                       "--write-scenario", str(target)])
+    assert result.exit_code == 1, result.output
+    assert yaml.safe_load(target.read_text())["machine"] == "../vm.yaml"
+    assert not replay(target).passed
+
+
+def _write(path: Path, content: str) -> Path:
+    path.write_text(content)
+    return path

@@ -4,6 +4,7 @@ invariant, as a timeline and as a scenario file that ``lifecycle replay`` fails 
 
 from __future__ import annotations
 
+from .declared import declared, recording
 from .explore import (
     Bounds,
     Counterexample,
@@ -38,5 +39,5 @@ from .state import State, View
 __all__ = ["Action", "Actions", "Advance", "Bounds", "Counterexample", "Crash", "Create",
            "Eventually", "Fire", "FireTimers", "Invariant", "Machine", "Memory", "Model",
            "Move", "Note", "Observe", "Report", "Retry", "RunEffect", "SetWorld", "State",
-           "Step", "Update", "View", "check", "scenario", "text", "timeline", "variant",
-           "write_scenario"]
+           "Step", "Update", "View", "check", "declared", "recording", "scenario", "text",
+           "timeline", "variant", "write_scenario"]

@@ -142,6 +142,8 @@ class View:
 
     state: State
     start: dt.datetime
+    previous: View | None = None
+    """The state before the move, when a scenario's last expectation is written."""
 
     @property
     def now(self) -> float:
