@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, cast
 
 from ...adapters.container_api import ContainerAPI
-from ...adapters.slurm_dispatch import ScancelRate, _Ask
+from ...adapters.slurm_dispatch import ScancelRate
 from ...machines.slurm_dispatch import (
     BUILTIN,
     GUARDS,
@@ -149,6 +150,15 @@ LEAVES = Eventually("leaves", "a finished container's job leaves squeue and the 
                     lambda view: view.machine_state(JOB) == "gone")
 
 
+@dataclass
+class _Turn:
+    """A cancel waiting for its turn, as the limiter keeps one (its order, and the start it
+    was told, in microseconds)."""
+
+    order: int
+    told: int
+
+
 class _HeldRate(ScancelRate):
     """The dispatcher's limiter, its state read from the world before each scancel and
     written back after it: each explored state has its own (a limiter shared by every path
@@ -164,7 +174,7 @@ class _HeldRate(ScancelRate):
         self._free = saved.get("free", -(2**62))
         self._last = saved.get("last", -(2**62))
         ranked = sorted(saved.get("asks", {}).items(), key=lambda kv: kv[1][0])
-        self._asks = {k: _Ask(rank, told) for rank, (k, (_, told)) in enumerate(ranked)}
+        self._asks = {k: cast(Any, _Turn(rank, told)) for rank, (k, (_, told)) in enumerate(ranked)}
         self._order = itertools.count(len(ranked))
         wait = super().reserve(key)
         now = self._now()
