@@ -16,6 +16,7 @@ steps:
   - expect_last: {fired: false, error: StaleObservation}
   - run_effects: {}
   - expect_actions: {key: d1, actions: [deploy, terminate]}  # what simulated effects did
+  - expect_world: {key: d1, status: {resource_status: Running}}  # what the world says (subset)
   - retry: d1                   # put a stuck resource's failed effects back in the queue
   - crash_effect: d1            # its queue head's handler runs; the worker dies unrecorded
   - run_effect: d1              # its queue head alone runs and is recorded (nothing else)
@@ -50,8 +51,8 @@ from .store.statements import timers as timer_rows
 from .worker import Worker
 
 STEP_KINDS = ("create", "advance", "observe", "world", "update", "step", "fire", "expect",
-              "expect_last", "run_effects", "expect_actions", "retry", "crash_effect",
-              "run_effect", "fire_timers")
+              "expect_last", "run_effects", "expect_actions", "expect_world", "retry",
+              "crash_effect", "run_effect", "fire_timers")
 
 
 @dataclass(frozen=True, slots=True)
@@ -458,6 +459,12 @@ def _expect(step: Step, engine: Engine, world: World, last: dict[str, Any] | Non
         reason_ok = "reason" not in a or str(a["reason"]) in (last.get("reason") or "")
         if found != wanted or not reason_ok:
             raise _StepFailed(a, {k: last.get(k) for k in ("fired", "error", "dest", "reason")})
+    elif step.kind == "expect_world":
+        a = _args(step, ("key", "status"))
+        said = world.status.get(a["key"], {})
+        found = {k: said.get(k, "<missing>") for k in a["status"]}
+        if found != dict(a["status"]):
+            raise _StepFailed(dict(a["status"]), found)
     else:
         a = _args(step, ("key", "actions"))
         actions = [action for action, key, _ in world.actions if key == a["key"]]

@@ -447,9 +447,12 @@ def test_a_declared_world_finds_the_race_and_its_scenario_replays_from_the_spec_
     assert result.failure is not None and result.failure.kind == "expect_actions"
     assert result.failure.step == len(yaml.safe_load(path.read_text())["steps"])
     assert result.failure.found == ["delete"]
-    # broken by the world alone (no step of a scenario sees the world): every move replays
+    # broken by a move of the world alone: the scenario expects the world as it was
     world_alone = write_scenario(report.violations["never_2"], tmp_path / "w.yaml", "vm.yaml")
-    assert replay(world_alone).passed
+    result = replay(world_alone)
+    assert result.failure is not None and result.failure.kind == "expect_world"
+    assert result.failure.step == len(yaml.safe_load(world_alone.read_text())["steps"])
+    assert (result.failure.expected, result.failure.found) == ({"busy": False}, {"busy": True})
     assert check(declared(load_spec(spec_file)), Bounds(depth=2)).passed
 
 

@@ -148,20 +148,28 @@ def _never(spec: MachineSpec, rule: CheckNever, number: int) -> Invariant:
 
     def expect(view: View, before: Actions, hop: Actions) -> list[dict[str, Any]]:
         if rule.effect is not None:  # what the world saw of the resource, but that effect
-            steps = []
+            ran: list[dict[str, Any]] = []
             for key in sorted({k for a, k, _ in hop if a == rule.effect}):
                 names = [a for a, k, _ in [*before, *hop] if k == key]
                 last = len(names) - 1 - names[::-1].index(rule.effect)
-                steps.append({"expect_actions": {"key": key,
-                                                  "actions": names[:last] + names[last + 1:]}})
-            return steps
-        previous = view.previous  # the state and data before the move, which it changed
+                ran.append({"expect_actions": {"key": key,
+                                                "actions": names[:last] + names[last + 1:]}})
+            return ran
+        previous = view.previous  # what the move changed: as it was before, which fails
         assert previous is not None
-        return [{"expect": {"key": r.key, "state": previous.resource(r.key).state,
-                            **({"data": {k: previous.data(r.key).get(k) for k in rule.data}}
-                               if rule.data else {})}}
-                for r in view if r.key in previous.keys
-                and holds(spec, rule, view, r.key) and not holds(spec, rule, previous, r.key)]
+        steps: list[dict[str, Any]] = []
+        for key in view.keys:
+            if not (key in previous.keys and holds(spec, rule, view, key)
+                    and not holds(spec, rule, previous, key)):
+                continue
+            steps.append({"expect": {"key": key, "state": previous.resource(key).state, **(
+                {"data": {k: previous.data(key).get(k) for k in rule.data}}
+                if rule.data else {})}})
+            if rule.world:
+                said = previous.world(key)
+                steps.append({"expect_world": {"key": key, "status": {
+                    k: said.get(k, "<missing>") for k in rule.world}}})
+        return steps
 
     return Invariant(name, text, check, expect)
 
