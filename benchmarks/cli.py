@@ -183,10 +183,11 @@ SECTIONS: list[tuple[str, list[Comparison]]] = [
         Comparison(f"sim.drone_race.{grown}", "sim.drone_race.base", Goal(1.1), cpu=True)
         for grown in ("hours", "drones")
     ]),
-    ("13 · lifecycle check: exploring the drone's world, ms per state explored (states per "
-     "second: 1000 / ms)", [
+    ("13 · lifecycle check: exploring each built-in's world, ms per state explored (states "
+     "per second: 1000 / ms)", [
         Comparison("check.drone", None, Goal(2, unit="ms")),
         Comparison("check.drone_tardis", None, None),
+        *(Comparison(f"check.{name}", None, None) for name in check.OTHERS),
     ]),
     ("14 · draining no-op jobs against pgqueuer and procrastinate, PostgreSQL: µs per job", [
         Comparison(f"queues.lifecycle.{n}p", f"queues.{other}.{n}p", None, cpu=cpu)

@@ -16,8 +16,11 @@ steps:
   - expect_last: {fired: false, error: StaleObservation}
   - run_effects: {}
   - expect_actions: {key: d1, actions: [deploy, terminate]}  # what simulated effects did
+  - expect_world: {key: d1, status: {resource_status: Running}}  # what the world says (subset)
   - retry: d1                   # put a stuck resource's failed effects back in the queue
   - crash_effect: d1            # its queue head's handler runs; the worker dies unrecorded
+  - run_effect: d1              # its queue head alone runs and is recorded (nothing else)
+  - fire_timers: d1             # its due timers fire (nothing else)
 ```
 """
 
@@ -28,7 +31,7 @@ import datetime as dt
 import inspect
 import json
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -44,10 +47,12 @@ from .outbox import retry_failed
 from .spec import MachineSpec, load_spec, suggest
 from .store import Store
 from .store.statements import effects as effect_rows
+from .store.statements import timers as timer_rows
 from .worker import Worker
 
 STEP_KINDS = ("create", "advance", "observe", "world", "update", "step", "fire", "expect",
-              "expect_last", "run_effects", "expect_actions", "retry", "crash_effect")
+              "expect_last", "run_effects", "expect_actions", "expect_world", "retry",
+              "crash_effect", "run_effect", "fire_timers")
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,7 +241,18 @@ def _machine(scenario: Scenario, world: World,
         known = ", ".join(sorted(machines)) or "none given"
         raise ScenarioError(f"{scenario.file}: machine {scenario.machine!r} is neither a "
                             f"built-in machine ({known}) nor a spec file")
-    return load_spec(path), {}
+    spec = load_spec(path)
+    return spec, {"effects": recorded_effects(world, spec.effect_names())}
+
+
+def recorded_effects(world: World, names: Iterable[str]) -> dict[str, Any]:
+    """Simulated effects that record their names in ``world.actions`` (with the resource's
+    key) and are done: a spec file's effects in a scenario (``expect_actions`` sees them)."""
+    def recorder(name: str) -> Callable[[EffectCall], None]:
+        def handler(call: EffectCall) -> None:
+            world.actions.append((name, call.key, {}))
+        return handler
+    return {name: recorder(name) for name in sorted(names)}
 
 
 def _run(scenario: Scenario, store: Store, machines: Mapping[str, Playable]) -> ScenarioResult:
@@ -315,6 +331,10 @@ def _do(step: Step, engine: Engine, clock: SimulatedClock, world: World, worker:
         retry_failed(engine, _args(step, ("key",))["key"])
     elif kind == "crash_effect":
         crash_effect(engine, _args(step, ("key",))["key"])
+    elif kind == "run_effect":
+        run_effect(engine, _args(step, ("key",))["key"])
+    elif kind == "fire_timers":
+        fire_timers(engine, _args(step, ("key",))["key"])
     elif kind == "run_effects":
         if step.args not in (None, {}):
             raise ValueError("run_effects takes no arguments ({})")
@@ -345,6 +365,51 @@ def crash_effect(engine: Engine, key: str) -> str:
     except Exception:  # lost with the worker, as its outcome is
         pass
     return str(name)
+
+
+def run_effect(engine: Engine, key: str) -> str:
+    """The worker runs the queue head of ``key``, due now, and records its outcome (its
+    follow-up fired, a failure rescheduled or given up), as in its loop; nothing else runs
+    (``lifecycle check`` explores one effect per move). Its name."""
+    resource = engine.get(key)
+    worker = Worker(engine, seed=0, batch=_ALL)
+    try:
+        claimed = worker._claim(_ALL)
+        mine = [c for c in claimed if (c.machine, c.key) == (resource.machine, resource.key)]
+        worker._give_back([c for c in claimed if c not in mine])
+        if not mine:
+            raise ValueError(f"run_effect: {key} has no effect due")
+        call = mine[0]
+        try:
+            answer = engine.handlers[call.name].handler(call)
+            if inspect.isawaitable(answer):
+                answer = asyncio.run(_awaited(answer))
+            outcome: tuple[str, Any] = ("ok", answer)
+        except Exception as exc:  # the handler's failure is recorded, not raised
+            outcome = ("error", exc)
+        worker._finish(call, *outcome)
+        worker._let_go([call.id])
+    finally:
+        worker._heartbeat_stopped()
+    return str(call.name)
+
+
+_ALL = 1_000_000
+"""Effects one claim of ``run_effect`` may look at: all that are due."""
+
+
+def fire_timers(engine: Engine, key: str) -> int:
+    """``key``'s due timers fire, soonest first, as the worker fires them; nothing else
+    runs. How many fired."""
+    resource = engine.get(key)
+    with engine.store.read() as db:
+        due = [(timer_id, trigger) for timer_id, trigger, machine, k
+               in timer_rows.due(db, engine.clock.now(), _ALL)
+               if (machine, k) == (resource.machine, resource.key)]
+    if not due:
+        raise ValueError(f"fire_timers: {key} has no timer due")
+    return sum(engine.fire_timer(timer_id, f"{resource.machine}:{resource.key}", trigger)
+               is not None for timer_id, trigger in due)
 
 
 async def _awaited(answer: Any) -> Any:
@@ -394,6 +459,12 @@ def _expect(step: Step, engine: Engine, world: World, last: dict[str, Any] | Non
         reason_ok = "reason" not in a or str(a["reason"]) in (last.get("reason") or "")
         if found != wanted or not reason_ok:
             raise _StepFailed(a, {k: last.get(k) for k in ("fired", "error", "dest", "reason")})
+    elif step.kind == "expect_world":
+        a = _args(step, ("key", "status"))
+        said = world.status.get(a["key"], {})
+        found = {k: said.get(k, "<missing>") for k in a["status"]}
+        if found != dict(a["status"]):
+            raise _StepFailed(dict(a["status"]), found)
     else:
         a = _args(step, ("key", "actions"))
         actions = [action for action, key, _ in world.actions if key == a["key"]]

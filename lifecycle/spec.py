@@ -131,6 +131,64 @@ class EventlessSpec(Edge):
     """A transition without a trigger, taken by ``Engine.step`` when its guards hold."""
 
 
+class CheckWhen(_Strict):
+    """A resource's condition, for ``lifecycle check``: it is in ``state`` (or a state
+    within it), its data has ``data``'s values, the world says ``world``'s of it, and the
+    controller's newest observation has ``believed``'s."""
+
+    state: str | None = None
+    data: dict[str, Any] = Field(default_factory=dict)
+    world: dict[str, Any] = Field(default_factory=dict)
+    believed: dict[str, Any] = Field(default_factory=dict)
+
+
+class CheckNever(CheckWhen):
+    """What must never happen: a resource in this condition after any move; with ``effect``,
+    that effect's handler running while the resource was in it."""
+
+    name: str | None = None
+    effect: str | None = None
+
+
+class CheckAction(_Strict):
+    """What the world may do to each resource at any time (while ``when`` holds): ``set``
+    what it says of it, ``report`` that to the controller as of now, ``fire`` a trigger
+    (with ``payload``), or ``update`` its data. Exactly one of the four."""
+
+    set: dict[str, Any] | None = None
+    report: bool = False
+    fire: str | None = None
+    payload: dict[str, Any] = Field(default_factory=dict)
+    update: dict[str, Any] | None = None
+    when: CheckWhen | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> CheckAction:
+        done = [k for k in ("set", "report", "fire", "update") if getattr(self, k)]
+        if len(done) != 1:
+            raise ValueError(f"a world action does one of set, report, fire, update, not "
+                             f"{' and '.join(done) or 'none'}")
+        return self
+
+
+class CheckResource(_Strict):
+    key: str
+    state: str | None = None
+    data: dict[str, Any] = Field(default_factory=dict)
+    world: dict[str, Any] = Field(default_factory=dict)
+
+
+class CheckSpec(_Strict):
+    """A spec's ``check:`` section: the world ``lifecycle check`` explores the machine in
+    (see docs/check.md). Not part of the machine: left out of its stored document and
+    its version."""
+
+    resources: tuple[CheckResource, ...] = Field(min_length=1)
+    world: tuple[CheckAction, ...] = ()
+    never: tuple[CheckNever, ...] = ()
+    ticks: tuple[Seconds, ...] = ()
+
+
 class MachineSpec(_Strict):
     """A whole machine. Pure data: nothing here runs.
 
@@ -151,6 +209,8 @@ class MachineSpec(_Strict):
     data_model: type[BaseModel] | None = Field(default=None, exclude=True)
     """A pydantic model the resource's data must fit (Python only; its JSON schema is kept)."""
     data_schema: dict[str, Any] | None = None
+    check: CheckSpec | None = Field(default=None, exclude=True)
+    """The world ``lifecycle check`` explores it in; not part of the machine."""
 
     @model_validator(mode="before")
     @classmethod

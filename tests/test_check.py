@@ -31,17 +31,21 @@ from lifecycle.check import (
     Update,
     View,
     check,
+    declared,
     scenario,
     text,
     write_scenario,
 )
+from lifecycle.check.memory import CheckError
 from lifecycle.check.state import EMPTY
 from lifecycle.check.worlds import drone, job_exit, slurm_dispatch, world_model
 from lifecycle.cli import main
+from lifecycle.errors import SpecError
 from lifecycle.machines import builtins
 from lifecycle.machines.drone import TARDIS_BUILTIN as BUILTIN_TARDIS
-from lifecycle.scenario import replay
-from lifecycle.spec import MachineSpec
+from lifecycle.machines.slurm_dispatch import BUILTIN as BUILTIN_SLURM
+from lifecycle.scenario import Playable, replay
+from lifecycle.spec import MachineSpec, load_spec
 
 DRONE_INCIDENT = 4
 """Moves the incident needs from a booting drone the controller holds as Booting: the job
@@ -66,7 +70,7 @@ def test_the_tardis_drone_removes_a_running_payload_in_the_incidents_moves() -> 
     assert len(example) == DRONE_INCIDENT
     labels = [hop.label for hop in example.hops]
     assert "the site starts d1's job and payload" in labels
-    assert labels[-1] == "the worker runs the effects"
+    assert labels[-1] == "the worker runs d1's terminate"
     # the controller stepped on the Booting it held while the site ran the payload
     stepped = next(h for h in example.hops if h.label == "step d1")
     assert stepped.state.resources[0].state == "cleanup"
@@ -111,7 +115,7 @@ def test_the_scenario_says_what_the_checker_did() -> None:
     assert document["machine"] == "drone_tardis"
     kinds = [next(iter(step)) for step in document["steps"]]
     assert kinds[:3] == ["create", "world", "observe"]
-    assert kinds.count("step") == 1 and kinds.count("run_effects") == 1
+    assert kinds.count("step") == 1 and kinds.count("run_effect") == 1
     assert kinds[-1] == "expect_actions"
 
 
@@ -130,11 +134,13 @@ def test_a_step_is_the_engines_own_decision() -> None:
 
 # -- startd: the stale advertised claim --------------------------------------------------------
 
-STARTD_INCIDENT = 6
-"""Moves the incident needs: the collector publishes the slot's ad, the startd fetches work
-(the hook answers, the worker runs it: two moves), the fetched job ends, the policy makes the
-slot Unclaimed, and the schedd claims with the id it read."""
-STARTD = Bounds(depth=12)
+STARTD_INCIDENT = 9
+"""Moves the incident needs, one effect per move: the startd fetches work, the collector
+publishes the slot's ad, the worker publishes it again and runs the fetch (the hook's
+answer starts the job, which publishes a new claim id), the fetched job ends, the worker
+replies to the hook, the policy makes the slot Unclaimed, and the schedd claims with the id
+it read."""
+STARTD = Bounds(depth=20)
 
 
 def test_the_startd_takes_the_claim_the_collector_published_within_bounds() -> None:
@@ -162,18 +168,38 @@ def test_the_startd_without_options_c_and_d_refuses_it_in_the_incidents_moves(
 
 # -- slurm_dispatch: the scancel loop ---------------------------------------------------------
 
-SLURM_INCIDENT = 7
-"""Moves the loop needs: the container finishes, delay A (0) runs out, the dispatcher steps
-on the squeue it holds, a second passes, it scancels and delay B runs out (the worker runs
-the effect and then the timer; or the scancel matched nothing), and the dispatcher steps
-into another scancel on the same old squeue."""
-SLURM = Bounds(depth=SLURM_INCIDENT + 1, horizon=3)
+SLURM_INCIDENT = 8
+"""Moves the loop needs: the container finishes, its job leaves squeue, delay A (0) runs
+out, the dispatcher steps on the squeue it holds, a second passes, the worker scancels,
+delay B runs out, and the dispatcher steps into another scancel on the same old squeue
+(which still lists a job that has left)."""
+SLURM = Bounds(depth=SLURM_INCIDENT, horizon=3)
+SLURM_BURST = 5
+"""Moves two scancels within a second need without a rate limit: the container finishes,
+delay A (0) runs out, the dispatcher steps into a scancel, the worker runs it and dies
+before recording it, and runs it again."""
 
 
-def test_the_dispatcher_never_scancels_on_an_squeue_older_than_its_last_scancel() -> None:
+def _dispatchers() -> dict[str, Playable]:
+    return {**builtins(), "slurm_dispatch": slurm_dispatch.limited(),
+            "slurm_dispatch_arvados": slurm_dispatch.arvados()}
+
+
+def test_the_dispatcher_never_scancels_on_an_old_squeue_nor_faster_than_its_limit() -> None:
     report = check(world_model("slurm_dispatch"), SLURM)
     assert report.passed, text(report)
+    assert report.invariants == ["stale", "rate"] and report.eventually == ["leaves"]
     assert report.depth == SLURM.depth
+
+
+def test_the_dispatchers_rate_limit_is_met_within_the_bounds() -> None:
+    """Not a pass for want of trying: within the same bounds, the limiter holds a scancel
+    back (``cancelling.throttled``) on some path."""
+    held = Invariant("held", "never throttled",
+                     lambda before, after, did: "throttled" if after.machine_state("c1")
+                     == "cancelling.throttled" else None, lambda view, before, did: [])
+    model = dataclasses.replace(world_model("slurm_dispatch"), invariants=(held,))
+    assert "held" in check(model, SLURM).violations
 
 
 def test_arvados_policy_scancels_again_on_the_old_squeue(tmp_path: Path) -> None:
@@ -183,13 +209,45 @@ def test_arvados_policy_scancels_again_on_the_old_squeue(tmp_path: Path) -> None
     assert sum(a[0] == "scancel" for h in example.hops for a in h.actions) >= 1
     assert example.hops[-1].label == "step c1"
     path = write_scenario(example, tmp_path / "loop.yaml")
-    result = replay(path, {**builtins(), "slurm_dispatch_arvados": slurm_dispatch.arvados()})
+    result = replay(path, _dispatchers())
     assert result.failure is not None and result.failure.kind == "expect"
     assert result.failure.step == len(yaml.safe_load(path.read_text())["steps"])
     assert result.failure.found["state"] == "cancelling.scancelling"
     fewer = check(world_model("slurm_dispatch_arvados"),
                   Bounds(depth=SLURM_INCIDENT - 1, horizon=3))
+    assert "stale" not in fewer.violations
+
+
+def test_arvados_policy_scancels_twice_within_a_second(tmp_path: Path) -> None:
+    report = check(world_model("slurm_dispatch_arvados"), SLURM)
+    example = report.violations["rate"]
+    assert len(example) == SLURM_BURST
+    assert "2 scancels started within one second" in example.message
+    path = write_scenario(example, tmp_path / "burst.yaml")
+    result = replay(path, _dispatchers())
+    assert result.failure is not None and result.failure.kind == "expect_actions"
+    assert result.failure.step == len(yaml.safe_load(path.read_text())["steps"])
+    assert result.failure.found.count("scancel") == 2
+    fewer = check(world_model("slurm_dispatch_arvados"),
+                  Bounds(depth=SLURM_BURST - 1, horizon=3))
     assert fewer.passed
+
+
+def test_a_dispatcher_without_its_rate_limit_is_caught() -> None:
+    """The fixed machine's spec (its freshness rule kept) run without the limiter."""
+    unlimited = slurm_dispatch.model(BUILTIN_SLURM, slurm_dispatch.SHORT_DELAYS)
+    report = check(unlimited, SLURM)
+    assert len(report.violations["rate"]) == SLURM_BURST
+    assert "stale" not in report.violations
+
+
+def test_a_dispatcher_without_its_freshness_rule_is_caught_without_crashes() -> None:
+    """Arvados' loop needs no fault: a scancel that matched nothing looks again at once, on
+    the squeue it holds."""
+    report = check(world_model("slurm_dispatch_arvados"),
+                   dataclasses.replace(SLURM, crashes=False))
+    assert len(report.violations["rate"]) == SLURM_INCIDENT
+    assert len(report.violations["stale"]) == SLURM_INCIDENT
 
 
 # -- faults: the worker dies between a handler's end and its outcome's record -------------------
@@ -213,7 +271,7 @@ def test_a_crash_runs_the_effect_again_and_the_scenario_crashes_alike(tmp_path: 
             a[0] == "terminate" for a in actions) else {})
     example = check(model, Bounds(depth=5, horizon=0)).violations["once"]
     assert [h.moves[0].__class__.__name__ for h in example.hops] == [
-        "Update", "Step", "Crash", "RunEffects"]
+        "Update", "Step", "Crash", "RunEffect"]
     path = write_scenario(example, tmp_path / "twice.yaml")
     result = replay(path, builtins())
     assert result.failure is not None and result.failure.kind == "expect_actions"
@@ -223,11 +281,9 @@ def test_a_crash_runs_the_effect_again_and_the_scenario_crashes_alike(tmp_path: 
 
 # -- job_exit: the exit that repeats or skips steps ----------------------------------------------
 
-JOB_EXIT_INCIDENT = 7
-"""Moves a second queue update needs when the worker runs everything due in one move: the
-job exits, the queue goes down (so that the steps stop at the queue update: its attempt
-fails), comes back, its retry falls due (30 s), the worker dies after the update, before
-recording it, and the update runs again."""
+JOB_EXIT_INCIDENT = 5
+"""Moves a second queue update needs: the job exits, the worker runs its first two steps,
+dies after the queue update, before recording it, and runs the update again."""
 JOB_EXIT = Bounds(depth=JOB_EXIT_INCIDENT + 1, horizon=60)
 
 
@@ -344,3 +400,97 @@ def test_a_job_exit_that_gave_up_finishes_only_after_the_operators_retry() -> No
 
     stuck = check(dataclasses.replace(model, actions=without_retry), bounds).stuck["finishes"]
     assert stuck.hops[-1].state.resources[0].state == "stuck_queue"
+
+
+# -- a world declared in the spec file -----------------------------------------------------------
+
+VM = """\
+name: vm
+initial: running
+final: [gone]
+states: [running, deleting, gone]
+transitions:
+  - {trigger: idle, source: running, dest: deleting, effects: [delete]}
+  - {trigger: deleted, source: deleting, dest: gone}
+"""
+VM_CHECK = """\
+check:
+  resources: [{key: vm1, world: {busy: true}}]
+  world: [{set: {busy: false}}, {set: {busy: true}}, {fire: idle, when: {world: {busy: false}}}]
+  never:
+    - {name: busy, effect: delete, world: {busy: true}}
+    - {state: deleting, world: {busy: true}}
+"""
+
+
+def test_a_check_section_is_no_part_of_the_machine(tmp_path: Path) -> None:
+    bare = load_spec(_write(tmp_path / "bare.yaml", VM))
+    checked = load_spec(_write(tmp_path / "vm.yaml", VM + VM_CHECK))
+    assert checked.check is not None and bare.check is None
+    assert checked.version == bare.version and "check" not in checked.to_json()
+
+
+def test_a_declared_world_finds_the_race_and_its_scenario_replays_from_the_spec_file(
+        tmp_path: Path) -> None:
+    spec_file = _write(tmp_path / "vm.yaml", VM + VM_CHECK)
+    report = check(declared(load_spec(spec_file)), Bounds(depth=6))
+    assert report.invariants == ["busy", "never_2"]
+    ran = report.violations["busy"]
+    assert [h.label for h in ran.hops] == [
+        "the world says vm1 is busy=False", "idle fires on vm1",
+        "the world says vm1 is busy=True", "the worker runs vm1's delete"]
+    assert report.violations["never_2"].message == (
+        "after this move, of vm1: it is in deleting and the world says busy=True")
+    assert len(report.violations["never_2"]) == 3
+    path = write_scenario(ran, tmp_path / "busy.yaml", "vm.yaml")
+    result = replay(path)  # the spec file beside it, its effect recorded
+    assert result.failure is not None and result.failure.kind == "expect_actions"
+    assert result.failure.step == len(yaml.safe_load(path.read_text())["steps"])
+    assert result.failure.found == ["delete"]
+    # broken by a move of the world alone: the scenario expects the world as it was
+    world_alone = write_scenario(report.violations["never_2"], tmp_path / "w.yaml", "vm.yaml")
+    result = replay(world_alone)
+    assert result.failure is not None and result.failure.kind == "expect_world"
+    assert result.failure.step == len(yaml.safe_load(world_alone.read_text())["steps"])
+    assert (result.failure.expected, result.failure.found) == ({"busy": False}, {"busy": True})
+    assert check(declared(load_spec(spec_file)), Bounds(depth=2)).passed
+
+
+def test_a_declared_world_that_keeps_its_rule_passes(tmp_path: Path) -> None:
+    """Only a VM the monitor saw idle is deleted, and only an idle one is ever reported:
+    but nothing moves it to gone, which the rule forbids while busy."""
+    kept = VM_CHECK.replace(
+        "    - {name: busy, effect: delete, world: {busy: true}}\n"
+        "    - {state: deleting, world: {busy: true}}\n",
+        "    - {state: gone}\n")
+    report = check(declared(load_spec(_write(tmp_path / "vm.yaml", VM + kept))),
+                   Bounds(depth=10))
+    assert report.passed and report.exhausted, text(report)
+
+
+def test_a_check_section_names_only_what_the_machine_has(tmp_path: Path) -> None:
+    wrong = VM_CHECK.replace("fire: idle", "fire: idel").replace("effect: delete",
+                                                                 "effect: remove")
+    with pytest.raises(CheckError, match="trigger 'idel', effect 'remove'"):
+        declared(load_spec(_write(tmp_path / "vm.yaml", VM + wrong)))
+    two = VM_CHECK.replace("{set: {busy: false}}", "{set: {busy: false}, report: true}")
+    with pytest.raises(SpecError, match="one of set, report, fire, update, not set and report"):
+        load_spec(_write(tmp_path / "two.yaml", VM + two))
+    with pytest.raises(CheckError, match="no check: section"):
+        declared(load_spec(_write(tmp_path / "bare.yaml", VM)))
+
+
+def test_the_command_checks_a_spec_file_and_names_it_in_the_scenario(tmp_path: Path) -> None:
+    spec_file = _write(tmp_path / "vm.yaml", VM + VM_CHECK)
+    (tmp_path / "out").mkdir()
+    target = tmp_path / "out" / "race.yaml"
+    result = CliRunner().invoke(main, ["check", str(spec_file), "--invariant", "busy",
+                                       "--write-scenario", str(target)])
+    assert result.exit_code == 1, result.output
+    assert yaml.safe_load(target.read_text())["machine"] == "../vm.yaml"
+    assert not replay(target).passed
+
+
+def _write(path: Path, content: str) -> Path:
+    path.write_text(content)
+    return path

@@ -4,6 +4,7 @@ invariant, as a timeline and as a scenario file that ``lifecycle replay`` fails 
 
 from __future__ import annotations
 
+from .declared import declared, recording
 from .explore import (
     Bounds,
     Counterexample,
@@ -22,11 +23,12 @@ from .moves import (
     Crash,
     Create,
     Fire,
+    FireTimers,
     Move,
     Note,
     Observe,
     Retry,
-    RunEffects,
+    RunEffect,
     SetWorld,
     Step,
     Update,
@@ -35,6 +37,7 @@ from .output import scenario, text, timeline, write_scenario
 from .state import State, View
 
 __all__ = ["Action", "Actions", "Advance", "Bounds", "Counterexample", "Crash", "Create",
-           "Eventually", "Fire", "Invariant", "Machine", "Memory", "Model", "Move", "Note",
-           "Observe", "Report", "Retry", "RunEffects", "SetWorld", "State", "Step", "Update",
-           "View", "check", "scenario", "text", "timeline", "variant", "write_scenario"]
+           "Eventually", "Fire", "FireTimers", "Invariant", "Machine", "Memory", "Model",
+           "Move", "Note", "Observe", "Report", "Retry", "RunEffect", "SetWorld", "State",
+           "Step", "Update", "View", "check", "declared", "recording", "scenario", "text",
+           "timeline", "variant", "write_scenario"]

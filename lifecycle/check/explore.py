@@ -2,8 +2,9 @@
 
 From the state a model's setup leaves, every enabled move is tried: each world action the
 model declares, the engine's step of each resource that has eventless edges (asking its
-probe when a risky edge wants a fresh observation), the worker running the due effects and
-timers, the clock moving by each of the model's ticks (up to the horizon). States are
+probe when a risky edge wants a fresh observation), the worker running one resource's due
+effect (or dying after its handler, before recording it), a resource's due timers firing,
+the clock moving by each of the model's ticks (up to the horizon). States are
 deduplicated by value (:mod:`lifecycle.check.state`), and every move is checked against the
 model's invariants, also when it leads to a state already seen: breadth first, the first
 violation of an invariant is a shortest one. A move that raises (invalid data, an unknown
@@ -23,7 +24,7 @@ from ..graph import EVENTLESS
 from ..scenario import Playable, Simulated
 from ..spec import MachineSpec
 from .memory import Actions, Fired, Memory
-from .moves import Action, Advance, Crash, Move, RunEffects, Step
+from .moves import Action, Advance, Crash, FireTimers, Move, RunEffect, Step
 from .state import EMPTY, State, View, freeze, thaw
 
 START = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -287,7 +288,8 @@ def _never_reached(model: Model, property_: Eventually,
 def enabled(model: Model, memory: Memory, state: State,
             bounds: Bounds) -> list[tuple[str, tuple[Move, ...]]]:
     """The moves enabled in ``state``: the world's actions, each resource's step, the
-    worker when something is due, the clock's ticks within the horizon."""
+    worker's run (and crash) of each due queue head, each resource's due timers, the
+    clock's ticks within the horizon."""
     view = View(state, model.start)
     out = [(action.label, action.moves) for action in model.actions(view)]
     compiled = memory.compiled
@@ -295,12 +297,16 @@ def enabled(model: Model, memory: Memory, state: State,
     if model.steps:
         out += [(f"step {r.key}", (Step(r.key),)) for r in state.resources
                 if r.state not in final and compiled.candidates(r.state, EVENTLESS)]
-    if any(_due(r, state.now) for r in state.resources):
-        out.append(("the worker runs the effects", (RunEffects(),)))
-    if bounds.crashes:
-        out += [(f"the worker runs {r.key}'s {head.name} and dies before recording it",
-                 (Crash(r.key),)) for r in state.resources
-                if (head := r.head()) is not None and not head.failed and head.due <= state.now]
+    for r in state.resources:
+        head = r.head()
+        if head is not None and not head.failed and head.due <= state.now:
+            out.append((f"the worker runs {r.key}'s {head.name}", (RunEffect(r.key),)))
+            if bounds.crashes:
+                out.append((f"the worker runs {r.key}'s {head.name} and dies before "
+                            "recording it", (Crash(r.key),)))
+        due = [t.trigger for t in r.timers if t.due <= state.now]
+        if due:
+            out.append((f"{r.key}'s timer fires ({', '.join(due)})", (FireTimers(r.key),)))
     out += [(f"{tick:g} s pass", (Advance(tick),)) for tick in model.ticks
             if state.now + tick <= bounds.horizon]
     return out
@@ -310,12 +316,6 @@ def _waiting(state: State) -> bool:
     """Whether an effect's retry or a timer falls due after now."""
     return any(t.due > state.now for r in state.resources for t in r.timers) or any(
         e.due > state.now and not e.failed for r in state.resources for e in r.effects)
-
-
-def _due(resource: Any, now: float) -> bool:
-    head = resource.head()
-    return (head is not None and not head.failed and head.due <= now) or any(
-        t.due <= now for t in resource.timers)
 
 
 def _try(model: Model, memory: Memory, state: State, label: str,

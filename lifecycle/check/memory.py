@@ -38,11 +38,12 @@ from .moves import (
     Crash,
     Create,
     Fire,
+    FireTimers,
     Move,
     Note,
     Observe,
     Retry,
-    RunEffects,
+    RunEffect,
     SetWorld,
     Step,
     Update,
@@ -102,6 +103,8 @@ class Memory:
         self.handlers: dict[str, Effect] = {n: as_effect(h) for n, h in effects.items()}
         self.probes = dict(probes)
         self._follows = getattr(self.spec.data_model, "follows_transitions", False) is True
+        self._calls: dict[tuple[Any, ...], tuple[Frozen, Any, Frozen, tuple[Any, ...]]] = {}
+        """What each handler call did (see :meth:`_call`)."""
 
     def time(self, seconds: float) -> dt.datetime:
         return self.start + dt.timedelta(seconds=seconds)
@@ -111,7 +114,7 @@ class Memory:
     def apply(self, state: State, move: Move) -> tuple[State, Actions, Fired | None]:
         """The state after ``move``, what handlers did in the world, and what a fire or a
         step came to."""
-        self._enter(state)
+        self._enter(state, not isinstance(move, Advance | Note | Observe | Update | Retry))
         fired: Fired | None = None
         if isinstance(move, Advance):
             state = replace(state, now=state.now + move.seconds)
@@ -132,8 +135,10 @@ class Memory:
             trigger = move.trigger if isinstance(move, Fire) else EVENTLESS
             payload = dict(move.payload) if isinstance(move, Fire) else {}
             state, fired = self.fire(state, move.key, trigger, payload)
-        elif isinstance(move, RunEffects):
-            state = self.run_effects(state)
+        elif isinstance(move, RunEffect):
+            state = self.run_effect(state, move.key)
+        elif isinstance(move, FireTimers):
+            state = self.fire_timers(state, move.key)
         elif isinstance(move, Retry):
             _, resource = state.find(move.key)
             state = state.put(replace(resource, effects=tuple(
@@ -143,16 +148,18 @@ class Memory:
             _, resource = state.find(move.key)
             head = resource.head()
             assert head is not None
-            self._call(resource, head, state.now)  # its outcome dies with the worker
+            self._call(resource, head, state.now, state.world)  # its outcome dies with it
         else:
             raise CheckError(f"unknown move {move!r}")
-        if isinstance(move, SetWorld | RunEffects | Crash):  # what may change the world
+        if isinstance(move, SetWorld | RunEffect | Crash):  # what may change the world
             state = replace(state, world=freeze(self.world.status))
         return state, list(self.world.actions), fired
 
-    def _enter(self, state: State) -> None:
-        """Set the world the handlers and probes see to the state's."""
-        self.world.status = thaw(state.world)
+    def _enter(self, state: State, world: bool = True) -> None:
+        """Set the world the handlers and probes see to the state's (``world``: a move that
+        calls no handler nor probe needs none)."""
+        if world:
+            self.world.status = thaw(state.world)
         self.world.actions = []
         self.clock.at = self.time(state.now)
 
@@ -272,32 +279,15 @@ class Memory:
                 timers += (Timer(name, timeout.trigger, now + seconds),)
         return replace(resource, effects=queue, timers=timers)
 
-    # -- the worker, as run_until_idle does it --------------------------------------------
-
-    def run_effects(self, state: State) -> State:
-        """Every due effect (each resource's queue head, resources in key order), then every
-        due timer, again until nothing is due now."""
-        for _ in range(10_000):
-            ran = False
-            for resource in state.resources:
-                head = resource.head()
-                if head is not None and not head.failed and head.due <= state.now:
-                    state = self.run_effect(state, resource.key)
-                    ran = True
-            if not ran:
-                state, fired = self._fire_due_timers(state)
-                if not fired:
-                    return state
-        raise CheckError("the worker never became idle: effects or timers that ask for each "
-                         "other at one instant")
+    # -- the worker, one effect or one resource's due timers at a time -------------------
 
     def run_effect(self, state: State, key: str) -> State:
         """Run the head effect of ``key`` and record its outcome, as the worker does."""
         _, resource = state.find(key)
         head = resource.head()
         assert head is not None
-        call, outcome = self._call(resource, head, state.now)
-        progressed = replace(head, attempts=head.attempts + 1, progress=freeze(call.progress))
+        progress, outcome = self._call(resource, head, state.now, state.world)
+        progressed = replace(head, attempts=head.attempts + 1, progress=progress)
         state = state.put(replace(resource, effects=(progressed, *resource.effects[1:])))
         if not isinstance(outcome, BaseException):
             try:
@@ -306,8 +296,27 @@ class Memory:
                 outcome = failure
         return self._failed(state, key, progressed, outcome)
 
-    def _call(self, resource: Res, head: Pending,
-              now: float) -> tuple[EffectCall, FollowUp | BaseException | None]:
+    def _call(self, resource: Res, head: Pending, now: float,
+              world: Frozen) -> tuple[Frozen, FollowUp | BaseException | None]:
+        """Call the handler of ``head`` as the worker does, in ``world`` (the state's, which
+        ``self.world`` holds): the progress it saved, and its answer or failure. A handler is
+        a function of its call, the world and the clock: called once per distinct
+        (resource, effect, data, world, time), what it did is remembered, so that the many
+        paths that reach one effect in one world run its handler once."""
+        memo = (resource.key, head, resource.data, world, now)
+        done = self._calls.get(memo)
+        if done is None:
+            call, outcome = self._handle(resource, head, now)
+            done = (freeze(call.progress), outcome, freeze(self.world.status),
+                    tuple(self.world.actions))
+            self._calls[memo] = done
+        else:
+            self.world.status = thaw(done[2])
+            self.world.actions.extend(done[3])
+        return done[0], done[1]
+
+    def _handle(self, resource: Res, head: Pending,
+                now: float) -> tuple[EffectCall, FollowUp | BaseException | None]:
         call = EffectCall(0, head.name, self.spec.name, resource.key, thaw(head.args),
                           f"{self.spec.name}:{resource.key}:{head.seq}:{head.position}:"
                           f"{head.name}", thaw(head.fence) if head.fence is not None else None,
@@ -360,17 +369,18 @@ class Memory:
             return after  # given up: the machine went another way
         return after.put(replace(moved, effects=(replace(head, failed=True), *moved.effects)))
 
-    def _fire_due_timers(self, state: State) -> tuple[State, bool]:
-        due = sorted((t.due, r.key, t) for r in state.resources for t in r.timers
-                     if t.due <= state.now)
-        for _, key, timer in due:
+    def fire_timers(self, state: State, key: str) -> State:
+        """``key``'s due timers, soonest first (one a transition cancelled is not fired)."""
+        _, resource = state.find(key)
+        for timer in sorted((t for t in resource.timers if t.due <= state.now),
+                            key=lambda t: t.due):
             _, resource = state.find(key)
             if timer not in resource.timers:
                 continue  # cancelled by an earlier timer's transition
             state = state.put(replace(resource, timers=tuple(
                 t for t in resource.timers if t != timer)))
             state, _ = self.fire(state, key, timer.trigger, {})
-        return state, bool(due)
+        return state
 
 
 class _NoJitter(random.Random):

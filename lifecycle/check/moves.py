@@ -1,7 +1,8 @@
 """The moves of an exploration, in the words of a scenario file.
 
 Every move is something ``lifecycle replay`` can do too (``create``, ``advance``,
-``observe``, ``world``, ``update``, ``fire``, ``step``, ``run_effects``), so a path the
+``observe``, ``world``, ``update``, ``fire``, ``step``, ``run_effect``, ``fire_timers``,
+``retry``, ``crash_effect``), so a path the
 checker found is written as a scenario step for step. A world model declares its actions as
 moves (a :class:`Note` changes only the model's own values, which no scenario needs: a status
 cache taking a new status is seen when a heartbeat reports it).
@@ -141,15 +142,31 @@ class Step(Move):
 
 
 @dataclass(frozen=True)
-class RunEffects(Move):
-    """The worker carries out every due effect (and the follow-ups' effects) and every due
-    timer, until there is nothing left to do now."""
+class RunEffect(Move):
+    """The worker runs ``key``'s queue head, due now, and records its outcome (its
+    follow-up's transition, or the failure's retry or giving up): one effect, nothing
+    else, so that the world may move between any two effects."""
+
+    key: str
 
     def scenario(self, start: dt.datetime) -> list[dict[str, Any]]:
-        return [{"run_effects": {}}]
+        return [{"run_effect": self.key}]
 
     def text(self) -> str:
-        return "the worker runs the effects"
+        return f"the worker runs {self.key}'s effect"
+
+
+@dataclass(frozen=True)
+class FireTimers(Move):
+    """``key``'s due timers fire, soonest first, as the worker fires them."""
+
+    key: str
+
+    def scenario(self, start: dt.datetime) -> list[dict[str, Any]]:
+        return [{"fire_timers": self.key}]
+
+    def text(self) -> str:
+        return f"{self.key}'s due timers fire"
 
 
 @dataclass(frozen=True)

@@ -95,10 +95,11 @@ def _table(rows: list[tuple[str, ...]]) -> list[str]:
     return [line(HEADER), "  " + "-+-".join("-" * w for w in widths), *map(line, rows)]
 
 
-def scenario(example: Counterexample) -> dict[str, Any]:
+def scenario(example: Counterexample, machine: str | None = None) -> dict[str, Any]:
     """The counterexample as a scenario document: the setup, each move with the states the
     checker found after it (so a replay that parts from the checker fails there), and the
-    invariant's own expectation last, which fails."""
+    invariant's own expectation last, which fails. ``machine``: what the scenario names as
+    its machine (a spec file, relative to the scenario's), if not the machine's name."""
     start = example.start
     steps = [step for move in example.setup for step in move.scenario(start)]
     done: Actions = []
@@ -108,9 +109,11 @@ def scenario(example: Counterexample) -> dict[str, Any]:
         steps += [{"expect": {"key": r.key, "state": r.state}} for r in hop.state.resources]
     last = example.hops[-1]
     steps += [step for move in last.moves for step in move.scenario(start)]
-    steps += example.invariant.expect(View(last.state, start), done, last.actions)
+    previous = example.hops[-2].state if len(example.hops) > 1 else example.initial
+    steps += example.invariant.expect(View(last.state, start, View(previous, start)), done,
+                                      last.actions)
     return {
-        "machine": example.machine,
+        "machine": machine or example.machine,
         "description": f"Found by `lifecycle check {example.model}`: {example.invariant.text}"
                        f" is broken in {len(example)} moves: {example.message}",
         "start": start.isoformat().replace("+00:00", "Z"),
@@ -118,8 +121,9 @@ def scenario(example: Counterexample) -> dict[str, Any]:
     }
 
 
-def write_scenario(example: Counterexample, path: str | Path) -> Path:
+def write_scenario(example: Counterexample, path: str | Path,
+                   machine: str | None = None) -> Path:
     path = Path(path)
-    path.write_text(yaml.safe_dump(scenario(example), sort_keys=False, width=100),
+    path.write_text(yaml.safe_dump(scenario(example, machine), sort_keys=False, width=100),
                     encoding="utf-8")
     return path

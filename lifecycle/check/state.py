@@ -27,20 +27,27 @@ class Frozen(tuple):  # type: ignore[type-arg]
     __slots__ = ()
 
 
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+
+
 def freeze(value: Any) -> Any:
     """A JSON value as a hashable one (objects: :class:`Frozen`; lists: tuples)."""
-    if isinstance(value, Mapping):
+    kind = type(value)
+    if kind in _PLAIN:
+        return value
+    if kind is dict or isinstance(value, Mapping):
         return Frozen(sorted((str(k), freeze(v)) for k, v in value.items()))
-    if isinstance(value, list | tuple):
+    if kind is list or kind is tuple or isinstance(value, list | tuple):
         return (_LIST, *(freeze(v) for v in value))
     return value
 
 
 def thaw(value: Any) -> Any:
     """A frozen value as JSON again (a new copy: the caller may change it)."""
-    if type(value) is Frozen:
+    kind = type(value)
+    if kind is Frozen:
         return {k: thaw(v) for k, v in value}
-    if isinstance(value, tuple) and value and value[0] == _LIST:
+    if kind is tuple and value and value[0] == _LIST:
         return [thaw(v) for v in value[1:]]
     return value
 
@@ -56,7 +63,9 @@ class Pending:
     name: str
     args: Frozen
     fence: Frozen | None
-    seq: int
+    seq: int = field(compare=False)
+    """The journal row that asked for it (its idempotency key names it): not compared, as a
+    resource's version is not, so that an effect asked for again is the same state."""
     position: int
     trigger: str | None
     payload: Frozen
@@ -133,6 +142,8 @@ class View:
 
     state: State
     start: dt.datetime
+    previous: View | None = None
+    """The state before the move, when a scenario's last expectation is written."""
 
     @property
     def now(self) -> float:

@@ -6,6 +6,7 @@ import dataclasses
 import importlib
 import importlib.util
 import json
+import os
 import sys
 import time as timing
 from pathlib import Path
@@ -13,23 +14,33 @@ from typing import Any
 
 import click
 
-from ..check import Bounds, Model, Report, output
+from ..check import Bounds, Model, Report, declared, output
 from ..check import check as explore
+from ..check.memory import CheckError
 from ..check.worlds import names, world_model
+from ..spec import load_spec
 from .common import json_option
+
+SPEC_FILES = (".yaml", ".yml", ".json")
 
 
 def _model(name: str) -> Model:
-    """A built-in machine's model, or ``FILE.py:NAME`` / ``MODULE:NAME``: a Model (or a
-    function that makes one) of the user's own."""
+    """A built-in machine's model, a spec file with a ``check:`` section, or
+    ``FILE.py:NAME`` / ``MODULE:NAME``: a Model (or a function that makes one) of the user's
+    own."""
     found = world_model(name)
     if found is not None:
         return found
+    if Path(name).suffix in SPEC_FILES and Path(name).is_file():
+        try:
+            return declared(load_spec(name))
+        except CheckError as exc:
+            raise click.BadParameter(str(exc), param_hint="MACHINE") from None
     where, _, attribute = name.rpartition(":")
     if not where or not attribute:
         raise click.BadParameter(
             f"{name!r} is neither a built-in machine with a world model "
-            f"({', '.join(names())}) nor FILE.py:NAME or MODULE:NAME",
+            f"({', '.join(names())}), a spec file, nor FILE.py:NAME or MODULE:NAME",
             param_hint="MACHINE")
     if where.endswith(".py"):
         spec = importlib.util.spec_from_file_location(Path(where).stem, where)
@@ -77,7 +88,8 @@ def check(machine: str, depth: int, resources: int | None, horizon: float,
     began = timing.perf_counter()
     report = explore(model, Bounds(depth=depth, resources=resources, horizon=horizon))
     seconds = timing.perf_counter() - began
-    written = _write(report, scenario_path)
+    written = _write(report, scenario_path,
+                     Path(machine) if Path(machine).suffix in SPEC_FILES else None)
     if as_json:
         print(json.dumps(_json(report, seconds, written), indent=2))
     else:
@@ -90,16 +102,19 @@ def check(machine: str, depth: int, resources: int | None, horizon: float,
         sys.exit(1)
 
 
-def _write(report: Report, where: str | None) -> dict[str, str]:
+def _write(report: Report, where: str | None, spec_file: Path | None) -> dict[str, str]:
+    """Each counterexample's scenario; one of a spec file names the file as its machine."""
     if where is None or not report.violations:
         return {}
     path = Path(where)
+    machine = (os.path.relpath(spec_file.resolve(), path.resolve().parent)
+               if spec_file is not None else None)
     several = len(report.violations) > 1
     written = {}
     for name, example in report.violations.items():
         target = path.with_name(f"{path.stem}_{name}{path.suffix or '.yaml'}") if several \
             else path
-        written[name] = str(output.write_scenario(example, target))
+        written[name] = str(output.write_scenario(example, target, machine))
     return written
 
 

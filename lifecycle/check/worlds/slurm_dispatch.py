@@ -5,21 +5,37 @@ The container runs, its job listed by squeue and seen so by the dispatcher. The 
 then, in any order: finish the container (the API's ``container_done``), let the job leave
 squeue, poll squeue (an answer as of now), ask squeue and have the answer arrive later
 (true as of when it was asked: a lagging squeue), and make scancel fail or work again. The
-clock moves a second at a time. The invariant is what the incident's loop broke: the
+clock moves a second at a time. The invariants are what the incident's loop broke: the
 dispatcher never decides another scancel of a job on an squeue picture from before its
-previous scancel. Arvados' cancel
-policy (no delay A, a scancel every second while the job is listed in whatever squeue the
-dispatcher holds, no backoff) is ``arvados()``.
+previous scancel (``stale``); it starts at most ``RATE`` scancels in any second (``rate``:
+the dispatcher runs with ``scancels_per_second = RATE``, its limiter's state kept in the
+world, so that each explored state has its own); and a finished container's job can always
+still leave (``leaves``, under fairness). Arvados' cancel policy (no delay A, a scancel
+every second while the job is listed in whatever squeue the dispatcher holds, no backoff,
+no rate limit) is ``arvados()``.
+
+The other global limit, commands in flight, is not checked: the checker's worker runs one
+handler at a time, so no two commands are ever in flight at once in it.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, cast
 
-from ...machines.slurm_dispatch import BUILTIN
+from ...adapters.container_api import ContainerAPI
+from ...adapters.slurm_dispatch import ScancelRate
+from ...machines.slurm_dispatch import (
+    BUILTIN,
+    GUARDS,
+    ScenarioContainers,
+    ScenarioSlurm,
+    effects,
+)
 from ...scenario import Playable
-from ..explore import Invariant, Model, variant
+from ..explore import Eventually, Invariant, Machine, Model, variant
 from ..memory import Actions
 from ..moves import Action, Create, Fire, Move, Note, Observe, SetWorld
 from ..state import View
@@ -72,8 +88,29 @@ def actions(view: View) -> Iterator[Action]:
                  (SetWorld(JOB, {**world, "scancel_exit": 0 if failing else 1}),))
 
 
+RATE = 1.0
+"""Scancels per second the dispatcher is held to (and the fixed one runs with)."""
+LIMITER = "$scancel_rate"
+"""The world's entry that holds the rate limiter's state (no resource has this key)."""
+
+
 def _scancels(view: View, actions: Actions) -> dict[str, Any]:
-    return {"last_scancel": view.now} if any(a[0] == "scancel" for a in actions) else {}
+    """When the job was last scancelled, and the times of the scancels of the last second."""
+    done = sum(1 for a in actions if a[0] == "scancel")
+    if not done:
+        return {}
+    recent = [t for t in view.extra("recent", []) if t > view.now - 1.0]
+    return {"last_scancel": view.now, "recent": recent + [view.now] * done}
+
+
+def _too_fast(before: View, after: View, actions: Actions) -> str | None:
+    if not any(a[0] == "scancel" for a in actions):
+        return None
+    recent = [t for t in after.extra("recent", []) if t > after.now - 1.0]
+    if len(recent) > RATE:
+        return (f"{len(recent)} scancels started within one second (at "
+                f"{', '.join(f'{t:g}' for t in recent)} s), more than the {RATE:g} allowed")
+    return None
 
 
 def _stale(before: View, after: View, actions: Actions) -> str | None:
@@ -99,9 +136,69 @@ STALE = Invariant("stale", "never decides another scancel of a job on an squeue 
                   "its previous scancel", _stale, _expect)
 
 
+def _count(view: View, before: Actions, hop: Actions) -> list[dict[str, Any]]:
+    """What the world saw of the job, but the last scancel: replayed, the list has it."""
+    names = [name for name, key, _ in [*before, *hop] if key == JOB]
+    last = len(names) - 1 - names[::-1].index("scancel")
+    return [{"expect_actions": {"key": JOB, "actions": names[:last] + names[last + 1:]}}]
+
+
+FAST = Invariant("rate", f"starts at most {RATE:g} scancel a second", _too_fast, _count)
+LEAVES = Eventually("leaves", "a finished container's job leaves squeue and the dispatcher "
+                    "sees it go (gone)",
+                    lambda view: view.machine_state(JOB) not in ("running", "gone"),
+                    lambda view: view.machine_state(JOB) == "gone")
+
+
+@dataclass
+class _Turn:
+    """A cancel waiting for its turn, as the limiter keeps one (its order, and the start it
+    was told, in microseconds)."""
+
+    order: int
+    told: int
+
+
+class _HeldRate(ScancelRate):
+    """The dispatcher's limiter, its state read from the world before each scancel and
+    written back after it: each explored state has its own (a limiter shared by every path
+    would remember scancels of paths not taken). Times that can no longer hold anything back
+    are raised to the earliest that still could, so that equal futures are equal states."""
+
+    def __init__(self, world: Any) -> None:
+        super().__init__(RATE, world.clock)
+        self.world = world
+
+    def reserve(self, key: str) -> float:
+        saved = self.world.status.get(LIMITER, {})
+        self._free = saved.get("free", -(2**62))
+        self._last = saved.get("last", -(2**62))
+        ranked = sorted(saved.get("asks", {}).items(), key=lambda kv: kv[1][0])
+        self._asks = {k: cast(Any, _Turn(rank, told)) for rank, (k, (_, told)) in enumerate(ranked)}
+        self._order = itertools.count(len(ranked))
+        wait = super().reserve(key)
+        now = self._now()
+        ranked = sorted(self._asks.items(), key=lambda kv: kv[1].order)
+        self.world.status[LIMITER] = {
+            "free": max(self._free, now), "last": max(self._last, now - self.spacing),
+            "asks": {k: [rank, ask.told] for rank, (k, ask) in enumerate(ranked)}}
+        return wait
+
+
+def limited() -> Playable:
+    """The dispatcher as it runs: ``slurm_dispatch`` with its scancels limited to ``RATE``
+    a second."""
+    def simulation(world: Any) -> tuple[Any, Any, Any]:
+        slurm = ScenarioSlurm(world)
+        slurm.rate = _HeldRate(world)
+        api: ContainerAPI = ScenarioContainers(world)
+        return GUARDS, effects(slurm, api), {}
+    return Machine(BUILTIN.spec, GUARDS, simulation)
+
+
 def arvados() -> Playable:
     """Arvados' cancel policy as a machine: the edge to ``scancelling`` without its
-    freshness rule (scancel while the held squeue lists the job)."""
+    freshness rule (scancel while the held squeue lists the job), and no rate limit."""
     def edit(document: dict[str, Any]) -> None:
         for edge in document["eventless"]:
             if edge["dest"] == "cancelling.scancelling":
@@ -109,11 +206,11 @@ def arvados() -> Playable:
     return variant(BUILTIN, "slurm_dispatch_arvados", edit)
 
 
-def model(machine: Playable = BUILTIN, delays: dict[str, float] | None = None,
+def model(machine: Playable, delays: dict[str, float] | None = None,
           label: str | None = None) -> Model:
-    return Model(machine, _setup(delays or {}), actions, (STALE,), ticks=(1.0,),
-                 label=label, tally=_scancels)
+    return Model(machine, _setup(delays or {}), actions, (STALE, FAST), ticks=(1.0,),
+                 label=label, tally=_scancels, eventually=(LEAVES,))
 
 
-MODELS = {"slurm_dispatch": lambda: model(BUILTIN, SHORT_DELAYS),
+MODELS = {"slurm_dispatch": lambda: model(limited(), SHORT_DELAYS),
           "slurm_dispatch_arvados": lambda: model(arvados(), SHORT_DELAYS)}
