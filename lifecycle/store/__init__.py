@@ -32,11 +32,11 @@ from .schema import (
     timers,
 )
 from .statements import Statements
-from .transaction import JSON_PARAM, TIME_PARAM, Transaction
+from .transaction import JSON_PARAM, TIME_PARAM, Moved, Pending, Transaction
 
-__all__ = ["Statements", "Store", "Transaction", "journal", "machines", "metadata",
-           "observations", "outbox", "resolve_url", "resources", "specs", "state_counts",
-           "timers"]
+__all__ = ["Moved", "Pending", "Statements", "Store", "Transaction", "journal", "machines",
+           "metadata", "observations", "outbox", "resolve_url", "resources", "specs",
+           "state_counts", "timers"]
 
 
 class Store:
@@ -126,8 +126,8 @@ class Store:
         """One write transaction, for ``self.sql`` statements on the raw driver, on the
         calling thread's own connection (``held=False``: one from the pool, given back
         after); committed when the block ends, rolled back if it raises."""
-        with self._lost_database(), self._held.transaction(held=held) as cursor:
-            yield Transaction(cursor, self.dialect, self.sql)
+        with self._lost_database(), self._held.transaction(self.sql, held=held) as tx:
+            yield tx
 
     @contextmanager
     def reading(self) -> Iterator[Transaction]:

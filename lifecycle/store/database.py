@@ -10,7 +10,7 @@ import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, create_engine, event
 from sqlalchemy.engine import URL, make_url
@@ -21,6 +21,10 @@ from ..errors import DatabaseError
 from ..logs import logger
 from ..urls import display_url
 from ..values import text_problem
+from .transaction import Pipelined, Transaction
+
+if TYPE_CHECKING:
+    from .statements import Statements
 
 log = logger(__name__)
 
@@ -179,23 +183,33 @@ class HeldConnections:
             self._release(holder.connection, broken=True)
 
     @contextmanager
-    def transaction(self, *, held: bool = True) -> Iterator[Any]:
-        """A DBAPI cursor inside one write transaction: committed on success, rolled back on
-        any exception. The engine's hot path runs its pre-compiled statements here. With
-        ``held=False`` the connection comes from the pool and goes back after (for threads
-        that write rarely, such as effect handlers)."""
+    def transaction(self, sql: Statements, *, held: bool = True) -> Iterator[Transaction]:
+        """One write transaction: committed on success, rolled back on any exception. The
+        engine's hot path runs its pre-compiled statements here. On SQLite a cursor after
+        ``BEGIN IMMEDIATE``; on PostgreSQL a :class:`Pipelined` transaction, whose
+        statements are sent without waiting for each. With ``held=False`` the connection
+        comes from the pool and goes back after (for threads that write rarely, such as
+        effect handlers)."""
         connection: Any = self._connection() if held else self.engine.raw_connection()
         dbapi = connection.dbapi_connection
         try:
-            cursor = dbapi.cursor()
             if self.sqlite:
+                cursor = dbapi.cursor()
                 cursor.execute("BEGIN IMMEDIATE")
-            try:
-                yield cursor
-            except BaseException:
-                dbapi.rollback()
-                raise
-            dbapi.commit()
+                try:
+                    yield Transaction(cursor, "sqlite", sql)
+                except BaseException:
+                    dbapi.rollback()
+                    raise
+                dbapi.commit()
+            else:
+                tx = Pipelined(dbapi, sql)
+                try:
+                    yield tx
+                except BaseException:
+                    tx.abandon()
+                    raise
+                tx.commit()
         except self.engine.dialect.dbapi.Error:  # type: ignore[union-attr]
             if held and _broken(dbapi):
                 self._discard()
