@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack, suppress
 from typing import TYPE_CHECKING, Any
 
@@ -152,30 +152,15 @@ class Transaction:
         ``observed_at``; of two at one time, the later given). What gives their ids once
         the transaction has them (on PostgreSQL, after the commit)."""
         assert self.sql is not None
+        ids = []
         for row in rows:
             row["source"] = source
-        ids = self.insert_many(self.sql.insert_observation, rows)
+            self.execute(self.sql.insert_observation, row)
+            ids.append(self.fetchone()[0])
         self.executemany(self.sql.newest_observation, [
             {"id_": row["resource_id"], "observation_id": oid,
              "observed_at_": row["observed_at"]} for row, oid in zip(rows, ids, strict=True)])
         return lambda: ids
-
-    def insert_many(self, statement: str, rows: Sequence[Mapping[str, Any]]) -> list[int]:
-        """Run ``statement`` (an ``INSERT ... RETURNING id``) once per row; the ids, in order.
-        On PostgreSQL the rows go in one round trip (psycopg pipelines ``executemany``);
-        SQLite runs in this process anyway."""
-        cursor = self._cursor
-        if self.dialect == "postgresql" and len(rows) > 1:
-            cursor.executemany(statement, rows, returning=True)
-            ids = [cursor.fetchone()[0]]
-            while cursor.nextset():
-                ids.append(cursor.fetchone()[0])
-            return ids
-        ids = []
-        for row in rows:
-            cursor.execute(statement, row)
-            ids.append(cursor.fetchone()[0])
-        return ids
 
 
 class Moved(Exception):
