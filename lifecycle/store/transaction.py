@@ -212,9 +212,9 @@ class Pipelined(Transaction):
     def _execute(self, statement: str, params: Any = None, **options: Any) -> Any:
         if not self._begun:
             self._begin()
-        cursor = self._connection.cursor()
-        self._last = cursor
-        return cursor.execute(statement, params, **options)
+        cursor = self._last = self._connection.cursor()
+        # (it may read the answers already in, and raise an earlier statement's error)
+        return self._answered(cursor.execute, statement, params, **options)
 
     def _executemany(self, statement: str, rows: Any, **options: Any) -> Any:
         if not self._begun:
@@ -271,21 +271,24 @@ class Pipelined(Transaction):
 
     def rollback(self) -> None:
         if self._begun:
-            self._cursor.execute("ROLLBACK")
             self._begun = False
+            self._cursor.execute("ROLLBACK")
 
     def commit(self) -> None:
         """Send the COMMIT and wait for every answer (one round trip with what is still
         unanswered); roll back and raise the first error, if there was one."""
         if self._stack is None:
             return
-        if self._begun:
-            self._cursor.execute("COMMIT")
-            self._begun = False
         try:
-            self._answered(self._stack.close)
-        except BaseException:
-            self._finish()
+            if self._begun:
+                self._begun = False
+                self._cursor.execute("COMMIT")  # (may raise an earlier statement's error)
+            stack, self._stack = self._stack, None
+            stack.close()
+        except BaseException as exc:
+            self._end()
+            if isinstance(exc, self._not_null) and _moved(exc):
+                raise Moved() from None
             raise
         self._finish()
 
@@ -293,15 +296,27 @@ class Pipelined(Transaction):
         """Roll back after the block that wrote raised."""
         if self._stack is None:
             return
-        self.rollback()
         with suppress(Exception):  # already failing: the block's error is the one raised
-            self._stack.close()
+            self.rollback()
+        self._end()
+
+    def _end(self) -> None:
+        """After an error: leave pipeline mode (which reads every answer still owed, the
+        error's included), then roll back."""
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            with suppress(Exception):  # the first error is the one raised
+                stack.close()
         self._finish()
 
     def _finish(self) -> None:
-        connection, self._stack = self._connection, None
+        connection = self._connection
         if int(connection.info.transaction_status) not in (0, 4):  # neither IDLE nor UNKNOWN
-            connection.rollback()
+            try:
+                connection.rollback()
+            except Exception:
+                connection.close()  # in no state to be used again: it is thrown away
+                raise
         if not connection.closed and int(connection.info.transaction_status) == 0:
             connection.autocommit = False
 
