@@ -57,7 +57,7 @@ from .graph import EVENTLESS, stored_triggers
 from .logs import logger
 from .records import FireResult, JournalEntry, Mismatch, Observation, Resource
 from .spec import Edge, EffectSpec, MachineSpec, SpecSource, load_spec
-from .store import Store, Transaction
+from .store import Moved, Pending, Store, Transaction
 from .transaction import Within
 from .verify import verify
 
@@ -108,6 +108,19 @@ class _Again:
 
 
 _MOVED = _Again()
+
+
+@dataclass(slots=True)
+class _Unsure:
+    """An outcome whose write was sent on PostgreSQL and not yet answered: ``value`` once
+    the answer says its compare-and-swap held, else ``moved`` (nothing was written)."""
+
+    pending: Pending
+    value: Any
+    moved: Any = _MOVED
+
+    def settled(self) -> Any:
+        return self.value if self.pending.id() is not None else self.moved
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,10 +314,15 @@ class Engine:
         any transaction) when that is why."""
         tries = _Tries()
         for _ in range(self.max_attempts):
-            with self.store.write() as tx:
-                outcome = attempt(tx, tries)
-                if isinstance(outcome, _Again):
-                    tx.rollback()
+            try:
+                with self.store.write() as tx:
+                    outcome = attempt(tx, tries)
+                    if isinstance(outcome, _Again):
+                        tx.rollback()
+            except Moved:  # a strict write's row moved: the transaction was rolled back
+                outcome = _MOVED
+            if type(outcome) is _Unsure:  # its answer is in: the transaction committed
+                outcome = outcome.settled()
             if not isinstance(outcome, _Again):
                 return outcome
             if outcome.machine is not None:
@@ -362,22 +380,23 @@ class Engine:
         document = self._validated(spec, key, document)
         now = self.clock.now()
         store = self.store
+        at = store.time_param(now)
         try:
-            with store.write() as tx:
-                tx.execute(store.sql.insert_resource, {
+            effects: list[dict[str, Any]] = []
+            timers: list[dict[str, Any]] = []
+            if compiled.on_entry:
+                row = _Row(0, machine, key, dest, 1, 1, document, now, now, None)
+                effects, _, timers = self._entered(compiled, _Entry(
+                    row, 1, document, None, now,
+                    entered=list(reversed(spec.graph.ancestors(dest)))), at)
+            with store.write() as tx:  # on PostgreSQL one round trip, with its COMMIT
+                tx.write(store.sql.insert_resource, {
                     "machine": machine, "key": key, "spec_version": spec.version,
                     "state": dest, "version": 1, "seq": 1,
-                    "data": store.json_param(document), "now": store.time_param(now),
-                })
-                resource_id = tx.fetchone()[0]
-                self._journal(tx, resource_id, 1, kind, source=None, dest=dest, version=1,
-                              spec_version=spec.version, actor=actor,
-                              at=store.time_param(now), payload=document or None)
-                if compiled.on_entry:
-                    row = _Row(resource_id, machine, key, dest, 1, 1, document, now, now, None)
-                    self._enter(tx, compiled, _Entry(
-                        row, 1, document, None, now,
-                        entered=list(reversed(spec.graph.ancestors(dest)))))
+                    "data": store.json_param(document), "now": at,
+                }, self._journal(1, kind, source=None, dest=dest, version=1,
+                                 spec_version=spec.version, actor=actor, at=at,
+                                 payload=document or None), effects, (), timers)
         except store.integrity_error:
             raise ResourceExists(machine, key) from None
         except (TypeError, ValueError) as exc:
@@ -389,11 +408,11 @@ class Engine:
         """Merge ``data`` into the resource's data: a new version and a journal row of kind
         ``update``, no change of state (so no risky edge's observation goes stale by it)."""
         changes = _document(values.split_key(_looked_up(key))[0], key, data, "data", actor)
-        return self._retrying(key, "update", lambda tx, _tries: self._update(
-            tx, key, changes, actor))
+        return cast(Resource, self._retrying(key, "update", lambda tx, _tries: self._update(
+            tx, key, changes, actor)))
 
     def _update(self, tx: Transaction, key: str, changes: dict[str, Any],
-                actor: str | None) -> Resource | _Again:
+                actor: str | None) -> Any:
         row = self._locate(tx, key)
         compiled = self._compiled.get(row.machine)
         if compiled is None:
@@ -402,23 +421,25 @@ class Engine:
         merged = self._validated(spec, row.key, {**row.data, **changes})
         now = self.clock.now()
         store = self.store
+        at = store.time_param(now)
         try:
-            tx.execute(store.sql.change_data, {
+            written = tx.write(store.sql.change_data, {
                 "id_": row.id, "version_": row.version, "seq_": row.seq,
                 "new_data": store.json_param(merged), "new_version": row.version + 1,
-                "new_seq": row.seq + 1, "now": store.time_param(now)})
-            if tx.rowcount != 1:
-                return _MOVED
-            self._journal(tx, row.id, row.seq + 1, "update", source=row.state,
-                          dest=row.state, version=row.version + 1, spec_version=spec.version,
-                          actor=actor, at=store.time_param(now), payload=changes)
+                "new_seq": row.seq + 1, "now": at},
+                self._journal(row.seq + 1, "update", source=row.state, dest=row.state,
+                              version=row.version + 1, spec_version=spec.version, actor=actor,
+                              at=at, payload=changes))
         except (TypeError, ValueError) as exc:
             raise InvalidData(row.machine, row.key, f"data is not JSON: {exc}") from None
-        return Resource(machine=row.machine, key=row.key, state=row.state,
+        if written is None:
+            return _MOVED
+        resource = Resource(machine=row.machine, key=row.key, state=row.state,
                         version=row.version + 1, seq=row.seq + 1, data=merged,
                         spec_version=spec.version, created_at=store.time_value(row.created_at),
                         updated_at=now,
                         observation=row.observation)
+        return _Unsure(written, resource) if type(written) is Pending else resource
 
     # -- observing ---------------------------------------------------------------------
 
@@ -438,9 +459,10 @@ class Engine:
             key, status, observed_at, source)
         with self.store.write() as tx:
             row = self._locate(tx, key)
-            [observation] = self._record_observations(
+            recorded = self._record_observations(
                 tx, [((row.id, row.machine, row.key), document, observed_at, recorded_at)],
                 source)
+        [observation] = recorded()
         if isinstance(observation, LifecycleError):
             raise observation
         return observation
@@ -470,11 +492,12 @@ class Engine:
     def _record_observations(
             self, tx: Transaction,
             items: list[tuple[tuple[int, str, str], dict[str, Any], dt.datetime, dt.datetime]],
-            source: str) -> list[Observation | LifecycleError]:
+            source: str) -> Callable[[], list[Observation | LifecycleError]]:
         """Write observations (of a resource (id, machine, key): status, observed at,
-        recorded at), each the newest of its resource if it is; all of them in a few
-        statements. A status that JSON cannot hold is refused alone, before anything is
-        written."""
+        recorded at), each the newest of its resource if it is; all of them in a statement
+        or two (:meth:`Transaction.observed`). A status that JSON cannot hold is refused
+        alone, before anything is written. What gives the outcomes once the transaction
+        committed (an observation's id may come with the commit)."""
         store = self.store
         out: list[Observation | LifecycleError] = []
         rows: list[dict[str, Any]] = []
@@ -488,15 +511,14 @@ class Engine:
                                    recorded_at=recorded_at, source=source))
             rows.append({"resource_id": resource_id, "status": status,
                          "observed_at": store.time_param(observed_at),
-                         "recorded_at": store.time_param(recorded_at), "source": source})
-        ids = iter(tx.insert_many(store.sql.insert_observation, rows))
-        out = [replace(o, id=next(ids)) if isinstance(o, Observation) else o for o in out]
-        tx.executemany(store.sql.newest_observation, [
-            {"id_": row["resource_id"], "observation_id": o.id,
-             "observed_at_": row["observed_at"]}
-            for row, o in zip(rows, (o for o in out if isinstance(o, Observation)),
-                              strict=True)])
-        return out
+                         "recorded_at": store.time_param(recorded_at)})
+        ids = tx.observed(rows, source) if rows else list
+
+        def outcomes() -> list[Observation | LifecycleError]:
+            given = iter(ids())
+            return [replace(o, id=next(given)) if isinstance(o, Observation) else o
+                    for o in out]
+        return outcomes
 
     # -- firing ------------------------------------------------------------------------
 
@@ -562,7 +584,7 @@ class Engine:
 
     def _firing(self, key: str, trigger: str, payload: dict[str, Any], actor: str | None,
                 on_stale: OnStale, within: Within | None) -> Deciding[FireResult]:
-        def attempt(tx: Transaction, tries: _Tries) -> FireResult | _Stale | _Again:
+        def attempt(tx: Transaction, tries: _Tries) -> Any:
             return self._attempt(tx, key, trigger, payload, actor, within, tries)
 
         # (mypy cannot solve T from ``T | _Again`` when T is itself a union: say it)
@@ -608,10 +630,10 @@ class Engine:
                         results[i] = row
                     else:
                         found.append(i)
-                written = self._record_observations(
+                recorded = self._record_observations(
                     tx, [(rows[items[i][0]], *checked[i]) for i in found],
                     source)
-            results.update(zip(found, written, strict=True))
+            results.update(zip(found, recorded(), strict=True))
         return [results[i] for i in range(len(items))]
 
     def step_many(self, keys: Iterable[str], *, actor: str | None = None,
@@ -647,18 +669,21 @@ class Engine:
             except LifecycleError as exc:
                 refused[i] = exc
 
-        def attempt(tx: Transaction, row: _Row, _i: int,
-                    tries: _Tries) -> FireResult | LifecycleError | _Again:
+        def attempt(tx: Transaction, row: _Row, _i: int, tries: _Tries) -> Any:
             outcome = self._attempt(tx, row.key, EVENTLESS, {}, actor, None, tries, row)
-            if outcome is _MOVED and not retry_conflicts:
-                return ConcurrencyError(f"{row.machine}:{row.key}: another writer moved it "
-                                        "between the batch's read and its write; nothing was "
-                                        "written for it")
+            unsure = outcome if type(outcome) is _Unsure else None
+            if unsure is not None:  # settled once the batch committed
+                outcome = unsure.value
+            moved = _MOVED if retry_conflicts else ConcurrencyError(
+                f"{row.machine}:{row.key}: another writer moved it between the batch's read "
+                "and its write; nothing was written for it")
+            if outcome is _MOVED:
+                return moved
             if isinstance(outcome, _Stale):
-                return (StaleObservation(outcome.result, dest=outcome.dest,
-                                         probe_error=outcome.probe_error)
-                        if on_stale == "raise" else outcome.result)
-            return outcome
+                outcome = (StaleObservation(outcome.result, dest=outcome.dest,
+                                            probe_error=outcome.probe_error)
+                           if on_stale == "raise" else outcome.result)
+            return outcome if unsure is None else _Unsure(unsure.pending, outcome, moved)
 
         done = yield from self._many(order, "step", attempt, batch, skip=refused,
                                      probes=probes)
@@ -730,18 +755,26 @@ class Engine:
                         again.append((i, outcome))
                     else:
                         done[i] = outcome
-            if failed is None:
-                results.update(done)
+            if failed is None:  # committed: each write's answer is in
+                for i, answer in done.items():
+                    settled: Any = answer.settled() if type(answer) is _Unsure else answer
+                    if isinstance(settled, _Again):
+                        again.append((i, settled))
+                    else:
+                        results[i] = settled
                 return again
             results[failed[0]] = failed[1]
             chunk = [i for i in chunk if i != failed[0]]
 
     def _attempt(self, tx: Transaction, key: str, trigger: str, payload: dict[str, Any],
                  actor: str | None, within: Within | None, tries: _Tries,
-                 row: _Row | None = None) -> FireResult | _Stale | _Again:
+                 row: _Row | None = None) -> Any:
         """Read (unless a batch read ``row`` in this transaction), decide and write one fire,
-        in the transaction of ``tx``."""
+        in the transaction of ``tx``. With ``within``, the write is strict: a row that moved
+        undoes the hook's writes with it."""
         if row is None:
+            if type(within) is _TimerFired:
+                within.ahead(tx)  # sent with the read: one round trip on PostgreSQL
             row = self._locate(tx, key)
         compiled = self._compiled.get(row.machine)
         if compiled is None:
@@ -763,40 +796,47 @@ class Engine:
                     return _Again(probe=(blocked.fresh.probe, ProbeRequest(
                         row.machine, row.key, row.state, row.version, row.data,
                         row.observation)))
-        outcome: FireResult | _Stale | _Again
+        outcome: Any
+        strict = within is not None
         if decision.fired:
             outcome = self._transition(tx, compiled, row, trigger, payload, actor,
-                                       decision, context.now, probed=tries.probes > 0)
+                                       decision, context.now, probed=tries.probes > 0,
+                                       strict=strict)
         elif context.stale:
             outcome = self._refuse_stale(tx, compiled, row, trigger, payload, actor,
-                                         context, decision, tries)
+                                         context, decision, tries, strict=strict)
         else:  # refused by its guards, perhaps on the answer a probe just gave
             outcome = _not_fired(row, trigger, decision.reason, decision.guards,
                                  probed=tries.probes > 0)
         if within is not None and not isinstance(outcome, _Again):
-            within.after(tx, outcome.result if isinstance(outcome, _Stale) else outcome)
+            # a strict write: if its row moved, the hook's writes are undone with it
+            done = outcome.value if type(outcome) is _Unsure else outcome
+            within.after(tx, done.result if isinstance(done, _Stale) else done)
         return outcome
 
     def _transition(self, tx: Transaction, compiled: CompiledMachine, row: _Row, trigger: str,
                     payload: dict[str, Any], actor: str | None, decision: Decision,
-                    now: dt.datetime, *, probed: bool) -> FireResult | _Again:
+                    now: dt.datetime, *, probed: bool, strict: bool = False) -> Any:
         """Write the transition decided: the compare-and-swap, its journal row, what its
-        effects and the states it enters ask for."""
+        effects and the states it enters ask for (:meth:`Transaction.write`). The
+        :class:`FireResult`, ``_MOVED``, or on PostgreSQL an ``_Unsure`` of them."""
         store = self.store
         edge, dest = decision.edge, decision.dest
         assert edge is not None and dest is not None
         risky = edge.fresh is not None
         seq = row.seq + 1
+        at = store.time_param(now)
         params: dict[str, Any] = {
             "id_": row.id, "version_": row.version, "seq_": row.seq,
             "observation_id_": row.observation.id if row.observation else None,
             "new_state": dest, "new_version": row.version + 1, "new_seq": seq,
-            "new_spec_version": compiled.spec.version, "now": store.time_param(now),
+            "new_spec_version": compiled.spec.version, "now": at,
         }
         # a data model that follows transitions computes the data each one leaves (startd)
         moves = getattr(compiled.spec.data_model, "follows_transitions", False) is True
         with_data = (bool(payload) and edge.merge_payload) or moves
         data = row.data
+        fence = fence_for(edge, row.observation) if risky else None
         try:
             if with_data:
                 merged = {**row.data, **payload} if edge.merge_payload else row.data
@@ -804,53 +844,55 @@ class Engine:
                     "trigger": trigger, "source": row.state, "dest": dest,
                     "payload": payload, "now": now, "seq": seq} if moves else None)
                 params["new_data"] = store.json_param(data)
-            tx.execute(store.sql.move[with_data, risky], params)
-            if tx.rowcount != 1:
-                return _MOVED
-            fence = fence_for(edge, row.observation) if risky else None
-            self._journal(tx, row.id, seq, "transition", trigger=trigger, source=row.state,
-                          dest=dest, version=row.version + 1,
-                          spec_version=compiled.spec.version, actor=actor, at=params["now"],
-                          payload=payload or None, guards=decision.guards or None,
-                          # guards decided on the newest observation: the row keeps it
-                          observation_id=params["observation_id_"]
-                          if risky or decision.guards else None,
-                          fence=fence)
+            journaled = self._journal(
+                seq, "transition", trigger=trigger, source=row.state, dest=dest,
+                version=row.version + 1, spec_version=compiled.spec.version, actor=actor, at=at,
+                payload=payload or None, guards=decision.guards or None,
+                # guards decided on the newest observation: the row keeps it
+                observation_id=params["observation_id_"] if risky or decision.guards else None,
+                fence=fence)
         except InvalidData:  # the data model refused it, and said why
             raise
         except (TypeError, ValueError) as exc:  # a payload that JSON cannot hold
             raise InvalidData(row.machine, row.key, f"payload is not JSON: {exc}") from None
-        asked = 0
+        effects: list[dict[str, Any]] = []
+        exited: list[str] = []
+        timers: list[dict[str, Any]] = []
         if compiled.on_entry or edge.effects:
             entry = _Entry(row, seq, data, fence, now, edge.effects)
             if compiled.on_entry:
                 entry.exited, entry.entered = compiled.crossed(row.state, dest, edge.dest)
-            asked = self._enter(tx, compiled, entry)
-        return FireResult(fired=True, machine=row.machine, key=row.key,
-                          trigger=_shown(trigger), source=row.state, dest=dest,
-                          version=row.version + 1, guards=decision.guards, fence=fence,
-                          probed=probed, seq=seq, effects=asked)
+            effects, exited, timers = self._entered(compiled, entry, at)
+        written = tx.write(store.sql.move[with_data, risky], params, journaled, effects, exited,
+                           timers, at, strict=strict)
+        if written is None:
+            return _MOVED
+        result = FireResult(fired=True, machine=row.machine, key=row.key,
+                            trigger=_shown(trigger), source=row.state, dest=dest,
+                            version=row.version + 1, guards=decision.guards, fence=fence,
+                            probed=probed, seq=seq, effects=len(effects))
+        return _Unsure(written, result) if type(written) is Pending else result
 
     def _refuse_stale(self, tx: Transaction, compiled: CompiledMachine, row: _Row, trigger: str,
                       payload: dict[str, Any], actor: str | None, context: GuardContext,
-                      decision: Decision, tries: _Tries) -> _Stale | _Again:
-        """Journal the refusal of a risky edge (state and version unchanged)."""
+                      decision: Decision, tries: _Tries, *, strict: bool = False) -> Any:
+        """Journal the refusal of a risky edge (state and version unchanged): a ``_Stale``,
+        ``_MOVED``, or on PostgreSQL an ``_Unsure`` of them."""
         store = self.store
         edge, problem = context.stale[0]
         assert edge.fresh is not None
         dest = compiled.spec.graph.enter(edge.dest)
         observation_id = row.observation.id if row.observation else None
-        tx.execute(store.sql.refuse, {
+        written = tx.write(store.sql.refuse, {
             "id_": row.id, "version_": row.version, "seq_": row.seq,
-            "observation_id_": observation_id, "new_seq": row.seq + 1})
-        if tx.rowcount != 1:
+            "observation_id_": observation_id, "new_seq": row.seq + 1},
+            self._journal(row.seq + 1, "refusal", trigger=trigger, source=row.state, dest=dest,
+                          version=row.version, spec_version=compiled.spec.version, actor=actor,
+                          at=store.time_param(context.now), payload=payload or None,
+                          guards=decision.guards or None, observation_id=observation_id),
+            strict=strict)
+        if written is None:
             return _MOVED
-        self._journal(tx, row.id, row.seq + 1, "refusal", trigger=trigger,
-                      source=row.state, dest=dest, version=row.version,
-                      spec_version=compiled.spec.version, actor=actor,
-                      at=store.time_param(context.now),
-                      payload=payload or None, guards=decision.guards or None,
-                      observation_id=observation_id)
         message = (
             f"{row.machine} {row.key!r} edge {row.state}->{dest} ({_shown(trigger)}, "
             f"{rule_text(edge.fresh)}) needs an observation newer than its last transition at "
@@ -865,64 +907,59 @@ class Engine:
                         "none was asked)")
         result = _not_fired(row, trigger, message, decision.guards, error="StaleObservation",
                             probed=tries.probes > 0)
-        return _Stale(result, dest, tries.probe_error)
+        stale = _Stale(result, dest, tries.probe_error)
+        return _Unsure(written, stale) if type(written) is Pending else stale
 
     # -- what a write asks for besides the row ---------------------------------------------
 
-    def _journal(self, tx: Transaction, resource_id: int, seq: int, kind: str, *,
-                 source: str | None, dest: str, version: int, spec_version: str,
-                 actor: str | None, at: Any, trigger: str | None = None,
+    def _journal(self, seq: int, kind: str, *, source: str | None, dest: str, version: int,
+                 spec_version: str, actor: str | None, at: Any, trigger: str | None = None,
                  payload: Mapping[str, Any] | None = None,
                  guards: Mapping[str, bool] | None = None, observation_id: int | None = None,
-                 fence: Mapping[str, Any] | None = None) -> None:
-        """The journal row of a write: the one place it is made. ``at`` is the write's time
-        as a statement parameter (``Store.time_param``), converted once per write."""
-        store = self.store
-        tx.execute(store.sql.insert_journal, {
-            "resource_id": resource_id, "seq": seq, "kind": kind,
+                 fence: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The journal row of a write (without its resource's id, which the write fills
+        in): the one place it is made. ``at`` is the write's time as a statement parameter
+        (``Store.time_param``), converted once per write."""
+        json = self.store.json_param
+        return {
+            "seq": seq, "kind": kind,
             "trigger": None if trigger in (None, EVENTLESS) else trigger,
             "source": source, "dest": dest, "version": version, "spec_version": spec_version,
             "actor": actor, "at": at,
-            "payload": store.json_param(payload) if payload else None,
-            "guards": store.json_param(guards) if guards else None,
+            "payload": json(payload) if payload else None,
+            "guards": json(guards) if guards else None,
             "observation_id": observation_id,
-            "fence": store.json_param(fence) if fence else None,
-        })
+            "fence": json(fence) if fence else None,
+        }
 
-    def _enter(self, tx: Transaction, compiled: CompiledMachine, entry: _Entry) -> int:
-        """What crossing state boundaries asks for: the transition's effects, then those of
-        the states entered (outermost first); timers cancelled and set. How many effects."""
+    def _entered(self, compiled: CompiledMachine, entry: _Entry,
+                 when: Any) -> tuple[list[dict[str, Any]], list[str], list[dict[str, Any]]]:
+        """What crossing state boundaries asks for: the rows of the transition's effects,
+        then those of the states entered (outermost first); the states exited whose timers
+        are cancelled; the rows of the timers set. ``when`` is ``entry.now`` as a
+        parameter."""
         effects = (*entry.effects, *(effect for state in entry.entered
                                      for effect in compiled.entry_effects.get(state, ())))
         store = self.store
-        row, when = entry.row, store.time_param(entry.now)
-        head: int | None = None
-        if effects:  # the first is its resource's queue head when nothing else is open
-            tx.execute(store.sql.open_effect, {"resource_id": row.id})
-            head = 1 if tx.fetchone()[0] is None else None
-        for position, effect in enumerate(effects):  # the outbox: one row per effect
-            tx.execute(store.sql.insert_effect, {
-                "resource_id": row.id, "seq": entry.seq, "position": position,
-                "name": effect.name, "args": store.json_param(effect.args), "status": PENDING,
-                "attempts": 0, "next_attempt_at": when,
-                "idempotency_key": f"{row.machine}:{row.key}:{entry.seq}:{position}:"
-                                   f"{effect.name}",
-                "fence": store.json_param(entry.fence) if entry.fence else None,
-                "on_failure": effect.on_failure, "created_at": when,
-                "head": head if position == 0 else None,
-            })
-        if compiled.timeouts:
-            self._set_timers(tx, compiled, entry)
-        return len(effects)
+        row = entry.row
+        fence = store.json_param(entry.fence) if entry.fence else None
+        rows = [{  # the outbox: one row per effect (its head set by the write)
+            "seq": entry.seq, "position": position, "name": effect.name,
+            "args": store.json_param(effect.args), "status": PENDING, "attempts": 0,
+            "next_attempt_at": when,
+            "idempotency_key": f"{row.machine}:{row.key}:{entry.seq}:{position}:{effect.name}",
+            "fence": fence, "on_failure": effect.on_failure, "created_at": when, "head": None,
+        } for position, effect in enumerate(effects)]
+        if not compiled.timeouts:
+            return rows, [], []
+        return (rows, [state for state in entry.exited if state in compiled.timeouts],
+                self._timers(compiled, entry, when))
 
-    def _set_timers(self, tx: Transaction, compiled: CompiledMachine, entry: _Entry) -> None:
-        """Cancel the timers of the states left; schedule those of the states entered."""
+    def _timers(self, compiled: CompiledMachine, entry: _Entry,
+                when: Any) -> list[dict[str, Any]]:
+        """The timers of the states entered, as rows."""
         store = self.store
-        row, when = entry.row, store.time_param(entry.now)
-        for state in entry.exited:
-            if state in compiled.timeouts:
-                tx.execute(store.sql.cancel_timers, {
-                    "resource_id": row.id, "state_": state, "now": when})
+        row, timers = entry.row, []
         for state in entry.entered:
             timeout = compiled.timeouts.get(state)
             if timeout is None:
@@ -936,12 +973,12 @@ class Engine:
                                       f"data field {after!r}, which is {value!r}, not a "
                                       f"number of seconds from 0 to {_LONGEST_TIMEOUT:g}")
                 after = float(value)
-            tx.execute(store.sql.insert_timer, {
-                "resource_id": row.id, "seq": entry.seq, "state": state,
-                "trigger": timeout.trigger,
+            timers.append({
+                "seq": entry.seq, "state": state, "trigger": timeout.trigger,
                 "due_at": store.time_param(entry.now + dt.timedelta(seconds=after)),
                 "status": PENDING, "created_at": when,
             })
+        return timers
 
     # -- reading inside a write --------------------------------------------------------
 
@@ -1077,12 +1114,18 @@ class _TimerFired(Within):
 
     def __init__(self, engine: Engine, timer_id: int) -> None:
         self.engine, self.timer_id = engine, timer_id
+        self.marked: Any = None
+
+    def ahead(self, tx: Transaction) -> None:
+        """Mark the timer fired, before the resource is read (so that on PostgreSQL the
+        two go in one round trip); :meth:`before` reads whether it was still pending."""
+        store = self.engine.store
+        self.marked = tx.changes(store.sql.fire_timer, {
+            "id_": self.timer_id, "now": store.time_param(self.engine.clock.now())})
 
     def before(self, tx: Transaction, resource_id: int) -> str | None:
-        store = self.engine.store
-        tx.execute(store.sql.fire_timer, {
-            "id_": self.timer_id, "now": store.time_param(self.engine.clock.now())})
-        return None if tx.rowcount == 1 else _STALE_TIMER
+        marked, self.marked = self.marked, None
+        return None if marked() == 1 else _STALE_TIMER
 
     def after(self, tx: Transaction, result: FireResult) -> None:
         if not result.fired:

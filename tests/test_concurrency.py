@@ -351,3 +351,104 @@ def test_processes_starting_together_register_the_same_new_spec(db_url: str) -> 
         assert sorted(r.key for r in engine.resources()) == [f"w{i}" for i in range(processes)]
     finally:
         store.dispose()
+
+
+def test_sixteen_processes_race_on_postgresql(postgres_url: str, slow: bool) -> None:
+    """Twice the writers of the test above, each write pipelined (two round trips): a
+    compare-and-swap lost to another process still writes nothing and goes again."""
+    _race(postgres_url, processes=16, fires=250 if slow else 60, seed=16)
+
+
+# A batch's writes are sent together on PostgreSQL (pipelined): a conflict on one resource in
+# the middle of them must write nothing for it, and lose none of the others.
+WORKS: dict[str, Any] = {
+    "name": "works",
+    "initial": "idle",
+    "final": ["elsewhere", "done"],
+    "states": ["idle", {"name": "busy", "timeout": {"after": 60, "trigger": "expire"}},
+               "elsewhere", "done"],
+    "transitions": [
+        {"trigger": "poke", "source": "idle", "dest": "elsewhere"},
+        {"trigger": "expire", "source": "busy", "dest": "done", "guards": ["go"],
+         "effects": ["tidy"]},
+    ],
+    "eventless": [{"source": "idle", "dest": "busy", "guards": ["go"], "effects": ["ping"]}],
+}
+
+
+def _written(store: Store, key: str) -> tuple[list[str | None], int, int]:
+    """The journal's triggers of ``key``, its effects and its timers."""
+    from lifecycle.store import outbox, timers
+
+    with store.read() as db:
+        rid = db.execute(select(resources.c.id).where(resources.c.key == key)).scalar_one()
+        triggers = list(db.execute(select(journal.c.trigger).where(
+            journal.c.resource_id == rid).order_by(journal.c.seq)).scalars())
+        effects = db.execute(select(func.count()).select_from(outbox).where(
+            outbox.c.resource_id == rid)).scalar_one()
+        timed = db.execute(select(func.count()).select_from(timers).where(
+            timers.c.resource_id == rid)).scalar_one()
+    return triggers, effects, timed
+
+
+def test_a_conflict_in_the_middle_of_a_pipelined_batch_writes_nothing_for_it(
+        postgres_url: str) -> None:
+    with Store(postgres_url, upgrade=True) as store, Store(postgres_url) as elsewhere:
+        other = Engine(elsewhere, [WORKS], guards={"go": lambda c: True},
+                       effects={"ping": lambda call: None, "tidy": lambda call: None})
+
+        def go(context: GuardContext) -> bool:
+            if context.key == "b" and context.state == "idle":  # after the batch's read
+                other.fire("works:b", "poke")
+            return True
+
+        engine = Engine(store, [WORKS], guards={"go": go},
+                        effects={"ping": lambda call: None, "tidy": lambda call: None})
+        for key in "abc":
+            engine.create("works", key)
+        results = engine.step_many(["works:a", "works:b", "works:c"], retry_conflicts=False)
+        assert [type(r).__name__ for r in results] == ["FireResult", "ConcurrencyError",
+                                                       "FireResult"]
+        assert _written(store, "a") == ([None, None], 1, 1)
+        assert _written(store, "c") == ([None, None], 1, 1)
+        # b: its creation and the other writer's poke; no transition, effect or timer of the
+        # batch's (a busy state would have set one)
+        assert _written(store, "b") == ([None, "poke"], 0, 0)
+        assert engine.get("works:b").state == "elsewhere"
+        assert engine.verify() == []
+
+
+def test_a_timer_fire_whose_row_moved_undoes_the_timer_mark_and_goes_again(
+        db_url: str) -> None:
+    """A timer's fire marks the timer fired with its read, then writes the transition: when
+    the row moved in between, the write is strict, so the mark is undone with it, and the
+    fire decided again finds the timer still pending."""
+    from lifecycle.store import timers
+
+    with Store(db_url, upgrade=True) as store, Store(db_url) as elsewhere:
+        handlers = {"ping": lambda call: None, "tidy": lambda call: None}
+        other = Engine(elsewhere, [WORKS], guards={"go": lambda c: True}, effects=handlers)
+        decided: list[int] = []
+
+        def go(context: GuardContext) -> bool:
+            if context.state == "busy":
+                decided.append(context.version)
+                if len(decided) == 1 and store.dialect == "postgresql":
+                    other.update("works:t", {"moved": True})  # between read and write
+            return True
+
+        engine = Engine(store, [WORKS], guards={"go": go}, effects=handlers)
+        engine.create("works", "t")
+        engine.step("works:t")
+        with store.read() as db:
+            [timer_id] = db.execute(select(timers.c.id)).scalars()
+        result = engine.fire_timer(timer_id, "works:t", "expire")
+        assert result is not None and result.fired and result.dest == "done"
+        if store.dialect == "postgresql":  # SQLite's writer holds the lock: nobody moves it
+            assert decided == [2, 3]
+        triggers, effects, _ = _written(store, "t")
+        assert triggers.count("expire") == 1
+        assert effects == 2  # ping, then tidy once
+        with store.read() as db:
+            assert db.execute(select(timers.c.status)).scalars().all() == ["fired"]
+        assert engine.verify() == []

@@ -315,6 +315,41 @@ def test_an_observation_arriving_between_decision_and_commit(postgres_url: str) 
     assert result.fence is not None and result.fence["observation_id"] == arrived[0]
 
 
+def test_an_observation_superseded_between_read_and_write_is_refused_when_decided_again(
+        postgres_url: str) -> None:
+    """The write of a risky edge is sent after its read (pipelined, one round trip later),
+    conditional on the observation it was decided on: one superseded in between writes
+    nothing; decided again, the edge is refused on the new one (too old by then) and the
+    refusal is journaled with it."""
+    clock = SimulatedClock(START)
+    spec = no_probe(DRONE)
+    with Store(postgres_url, upgrade=True) as store, Store(postgres_url) as elsewhere:
+        other = Engine(elsewhere, [spec], guards=GUARDS, clock=clock)
+        arrived: list[int] = []
+
+        def not_running_but_superseded(c: GuardContext) -> bool:
+            if not arrived:  # after the read: a report of the same moment, then time passes
+                arrived.append(other.observe("d1", {"resource_status": "Booting"},
+                                             observed_at=c.observation.observed_at).id)
+                clock.advance(60)
+            return not running(c)
+
+        engine = Engine(store, [spec], clock=clock,
+                        guards={**GUARDS, "not_running": not_running_but_superseded})
+        engine.create("drone_lite_np", "d1")
+        clock.advance(1)
+        first = engine.observe("d1", {"resource_status": "Booting"})
+        clock.advance(1)
+        with pytest.raises(StaleObservation):
+            engine.fire("d1", "release")
+        history = engine.history("d1")
+        assert [(e.kind, e.trigger) for e in history] == [("create", None),
+                                                         ("refusal", "release")]
+        assert history[-1].observation is not None
+        assert history[-1].observation.id == arrived[0] != first.id
+        assert engine.get("d1").state == "booting"
+
+
 def test_fence_needs_a_freshness_rule() -> None:
     spec = {**DRONE, "transitions": [*DRONE["transitions"],
                                      {"trigger": "kill", "source": "integrate", "dest": "down",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from sqlalchemy import Connection
@@ -32,11 +32,11 @@ from .schema import (
     timers,
 )
 from .statements import Statements
-from .transaction import JSON_PARAM, TIME_PARAM, Transaction
+from .transaction import JSON_PARAM, TIME_PARAM, Moved, Pending, Transaction
 
-__all__ = ["Statements", "Store", "Transaction", "journal", "machines", "metadata",
-           "observations", "outbox", "resolve_url", "resources", "specs", "state_counts",
-           "timers"]
+__all__ = ["Moved", "Pending", "Statements", "Store", "Transaction", "journal", "machines",
+           "metadata", "observations", "outbox", "resolve_url", "resources", "specs",
+           "state_counts", "timers"]
 
 
 class Store:
@@ -121,13 +121,20 @@ class Store:
         except OperationalError as exc:
             raise DatabaseError(f"database {self.display_url}: {exc.orig}") from None
 
-    @contextmanager
-    def write(self, *, held: bool = True) -> Iterator[Transaction]:
+    def write(self, *, held: bool = True) -> AbstractContextManager[Transaction]:
         """One write transaction, for ``self.sql`` statements on the raw driver, on the
         calling thread's own connection (``held=False``: one from the pool, given back
         after); committed when the block ends, rolled back if it raises."""
-        with self._lost_database(), self._held.transaction(held=held) as cursor:
-            yield Transaction(cursor, self.dialect, self.sql)
+        return self._held.transaction(self.sql, self._lost, held=held)
+
+    def _lost(self, exc: Exception) -> Exception | None:
+        """A pool that cannot connect, or a connection that broke, as :class:`DatabaseError`
+        (None: another error)."""
+        if isinstance(exc, DBAPIError):  # raised when the pool cannot connect
+            return DatabaseError(f"database {self.display_url}: {exc.orig}")
+        if isinstance(exc, self._connection_errors):
+            return DatabaseError(f"database {self.display_url}: {exc}")
+        return None
 
     @contextmanager
     def reading(self) -> Iterator[Transaction]:

@@ -8,15 +8,19 @@ statement with its parameters and reads the rows, knows the database it talks to
 converts values the way that database stores them, so that code written against it runs on
 SQLite and PostgreSQL alike without looking at the driver.
 
-Its methods are the DBAPI cursor's own, bound once (``execute`` costs what the driver's
-does): the hot path pays nothing for the wrapper but its construction.
+On SQLite its methods are the DBAPI cursor's own, bound once (``execute`` costs what the
+driver's does): the hot path pays nothing for the wrapper but its construction. On PostgreSQL
+it is a :class:`Pipelined` transaction: statements are sent as they come, without waiting for
+each (psycopg's pipeline mode), and a result is waited for only when it is read, so a fire
+costs two round trips (its read, then its writes with the COMMIT), not one per statement.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack, suppress
 from typing import TYPE_CHECKING, Any
 
 from ..records import json_value, time_value
@@ -90,27 +94,276 @@ class Transaction:
         """Rows the last statement changed."""
         return int(self._cursor.rowcount)
 
+    def changes(self, statement: str, params: Any) -> Callable[[], int]:
+        """Run a statement; what says how many rows it changed (on PostgreSQL, waiting for
+        the answer if it is not in when asked, so that what follows is sent with it)."""
+        self.execute(statement, params)
+        count = int(self._cursor.rowcount)
+        return lambda: count
+
     def rollback(self) -> None:
         """Undo what this transaction wrote so far; the block then commits nothing (how the
         engine gives up an attempt that must be made again)."""
         self._cursor.connection.rollback()
 
-    def insert_many(self, statement: str, rows: Sequence[Mapping[str, Any]]) -> list[int]:
-        """Run ``statement`` (an ``INSERT ... RETURNING id``) once per row; the ids, in order.
-        On PostgreSQL the rows go in one round trip (psycopg pipelines ``executemany``);
-        SQLite runs in this process anyway."""
-        cursor = self._cursor
-        if self.dialect == "postgresql" and len(rows) > 1:
-            cursor.executemany(statement, rows, returning=True)
-            ids = [cursor.fetchone()[0]]
-            while cursor.nextset():
-                ids.append(cursor.fetchone()[0])
-            return ids
+    def write(self, change: str, params: dict[str, Any], journal: dict[str, Any],
+              effects: Sequence[dict[str, Any]] = (), exited: Sequence[str] = (),
+              timers: Sequence[dict[str, Any]] = (), now: Any = None, *,
+              strict: bool = False) -> Any:
+        """One write of a resource: ``change`` (the catalogue's compare-and-swap: a ``move``,
+        ``refuse``, ``change_data``; or ``insert_resource``) with its ``params``, and only
+        if it changed the row, its ``journal`` row, its ``effects`` (the first one its
+        resource's queue head when nothing else of it is open), the pending timers of the
+        states ``exited`` cancelled (at ``now``) and ``timers`` set. The rows are given
+        without their ``resource_id``, which the write fills in.
+
+        The resource's id; None when the compare-and-swap found the row moved, and nothing
+        was written. (On PostgreSQL a :class:`Pending` that says so once the answer is in;
+        ``strict``: a moved row then fails the whole transaction, with :class:`Moved`.)"""
+        execute, sql = self.execute, self.sql
+        assert sql is not None
+        execute(change, params)
+        if change is sql.insert_resource:
+            resource_id = self.fetchone()[0]
+        elif self._cursor.rowcount != 1:
+            return None
+        else:
+            resource_id = params["id_"]
+        journal["resource_id"] = resource_id
+        execute(sql.insert_journal, journal)
+        if effects:  # the first is its resource's queue head when nothing else is open
+            execute(sql.open_effect, {"resource_id": resource_id})
+            if self.fetchone()[0] is None:
+                effects[0]["head"] = 1
+            for effect in effects:
+                effect["resource_id"] = resource_id
+                execute(sql.insert_effect, effect)
+        for state in exited:
+            execute(sql.cancel_timers, {"resource_id": resource_id, "state_": state,
+                                        "now": now})
+        for timer in timers:
+            timer["resource_id"] = resource_id
+            execute(sql.insert_timer, timer)
+        return resource_id
+
+    def observed(self, rows: list[dict[str, Any]], source: str) -> Callable[[], list[int]]:
+        """Write observations (``resource_id``, ``status``, ``observed_at``,
+        ``recorded_at``: parameters), each the newest of its resource if it is (by
+        ``observed_at``; of two at one time, the later given). What gives their ids once
+        the transaction has them (on PostgreSQL, after the commit)."""
+        assert self.sql is not None
         ids = []
         for row in rows:
-            cursor.execute(statement, row)
-            ids.append(cursor.fetchone()[0])
-        return ids
+            row["source"] = source
+            self.execute(self.sql.insert_observation, row)
+            ids.append(self.fetchone()[0])
+        self.executemany(self.sql.newest_observation, [
+            {"id_": row["resource_id"], "observation_id": oid,
+             "observed_at_": row["observed_at"]} for row, oid in zip(rows, ids, strict=True)])
+        return lambda: ids
 
 
-__all__ = ["JSON_PARAM", "TIME_PARAM", "Transaction"]
+class Moved(Exception):
+    """A strict write (:meth:`Transaction.write`) found its row moved: the transaction was
+    rolled back, and whatever else it wrote with it."""
+
+
+class Pending:
+    """A write sent on PostgreSQL whose answer may not be in yet: :meth:`id` waits for it
+    (after the commit, it is in)."""
+
+    __slots__ = ("_cursor",)
+
+    def __init__(self, cursor: Any) -> None:
+        self._cursor = cursor
+
+    def id(self) -> int | None:
+        """The resource's id, or None when the compare-and-swap found the row moved."""
+        row = self._cursor.fetchone()
+        return None if row is None else int(row[0])
+
+
+class Pipelined(Transaction):
+    """A write transaction on PostgreSQL whose statements are sent without waiting for each
+    (psycopg's pipeline mode, on a connection switched to autocommit for it, so that the
+    ``BEGIN`` goes with the first statement instead of costing a round trip of its own, and
+    the ``COMMIT`` with the last). A statement's result is waited for when it is read
+    (``fetch*``, ``rowcount``): a read and the writes decided from it cost two round trips.
+
+    Each statement runs on a cursor of its own, so that reading one result never reads
+    another's. A server error surfaces where the next result is read, at the latest at the
+    commit; the transaction is then rolled back."""
+
+    __slots__ = ("_begun", "_connection", "_last", "_pipeline", "_stack")
+
+    def __init__(self, connection: Any, sql: Statements) -> None:
+        super().__init__(connection.cursor(), "postgresql", sql)
+        self._connection = connection
+        self._stack: ExitStack | None = None
+        self._pipeline: Any = None
+        self._begun = False
+        self._last = self._cursor
+        self.execute = self._execute
+        self.executemany = self._executemany
+        self.fetchone = self._fetchone
+        self.fetchall = self._fetchall
+        self.fetchmany = self._fetchmany
+
+    def _execute(self, statement: str, params: Any = None, **options: Any) -> Any:
+        if not self._begun:
+            self._begin()
+        cursor = self._last = self._connection.cursor()
+        # (it may read the answers already in, and raise an earlier statement's error)
+        return self._answered(cursor.execute, statement, params, **options)
+
+    def _executemany(self, statement: str, rows: Any, **options: Any) -> Any:
+        if not self._begun:
+            self._begin()
+        cursor = self._last = self._connection.cursor()
+        return self._answered(cursor.executemany, statement, rows, **options)
+
+    def _begin(self) -> None:
+        if self._stack is None:
+            self._connection.autocommit = True
+            self._stack = ExitStack()
+            self._pipeline = self._stack.enter_context(self._connection.pipeline())
+        self._cursor.execute("BEGIN")
+        self._begun = True
+
+    def _fetchone(self) -> Any:
+        return self._answered(self._last.fetchone)
+
+    def _fetchall(self) -> list[Any]:
+        return self._answered(self._last.fetchall)  # type: ignore[no-any-return]
+
+    def _fetchmany(self, size: int) -> list[Any]:
+        return self._answered(self._last.fetchmany, size)  # type: ignore[no-any-return]
+
+    @property
+    def rowcount(self) -> int:
+        if self._last.pgresult is None and self._pipeline is not None:
+            self._answered(self._pipeline.sync)
+        return int(self._last.rowcount)
+
+    def _answered(self, call: Callable[..., Any], *args: Any, **options: Any) -> Any:
+        """``call``, which waits for results: a strict write's moved row as :class:`Moved`."""
+        try:
+            return call(*args, **options)
+        except self._not_null as exc:
+            if _moved(exc):
+                raise Moved() from None
+            raise
+
+    def changes(self, statement: str, params: Any) -> Callable[[], int]:
+        cursor = self.execute(statement, params)
+
+        def count() -> int:
+            if cursor.pgresult is None and self._pipeline is not None:
+                self._answered(self._pipeline.sync)
+            return int(cursor.rowcount)
+        return count
+
+    @property
+    def _not_null(self) -> type[Exception]:
+        from psycopg.errors import NotNullViolation
+
+        return NotNullViolation
+
+    def rollback(self) -> None:
+        if self._begun:
+            self._begun = False
+            self._cursor.execute("ROLLBACK")
+
+    def commit(self) -> None:
+        """Send the COMMIT and wait for every answer (one round trip with what is still
+        unanswered); roll back and raise the first error, if there was one."""
+        if self._stack is None:
+            return
+        try:
+            if self._begun:
+                self._begun = False
+                self._cursor.execute("COMMIT")  # (may raise an earlier statement's error)
+            stack, self._stack = self._stack, None
+            stack.close()
+        except BaseException as exc:
+            self._end()
+            if isinstance(exc, self._not_null) and _moved(exc):
+                raise Moved() from None
+            raise
+        self._finish()
+
+    def abandon(self) -> None:
+        """Roll back after the block that wrote raised."""
+        if self._stack is None:
+            return
+        with suppress(Exception):  # already failing: the block's error is the one raised
+            self.rollback()
+        self._end()
+
+    def _end(self) -> None:
+        """After an error: leave pipeline mode (which reads every answer still owed, the
+        error's included), then roll back."""
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            with suppress(Exception):  # the first error is the one raised
+                stack.close()
+        self._finish()
+
+    def _finish(self) -> None:
+        connection = self._connection
+        if int(connection.info.transaction_status) not in (0, 4):  # neither IDLE nor UNKNOWN
+            try:
+                connection.rollback()
+            except Exception:
+                connection.close()  # in no state to be used again: it is thrown away
+                raise
+        if not connection.closed and int(connection.info.transaction_status) == 0:
+            connection.autocommit = False
+
+    def write(self, change: str, params: dict[str, Any], journal: dict[str, Any],
+              effects: Sequence[dict[str, Any]] = (), exited: Sequence[str] = (),
+              timers: Sequence[dict[str, Any]] = (), now: Any = None, *,
+              strict: bool = False) -> Any:
+        sql = self.sql
+        assert sql is not None
+        values = {**params, **{f"j_{name}": value for name, value in journal.items()}}
+        create = change is sql.insert_resource
+        if effects:
+            first = effects[0]
+            values.update(e_seq=first["seq"], e_at=first["created_at"], e_fence=first["fence"],
+                          e_names=[e["name"] for e in effects],
+                          e_args=[e["args"] for e in effects],
+                          e_keys=[e["idempotency_key"] for e in effects],
+                          e_on_failure=[e["on_failure"] for e in effects])
+        if exited:
+            values.update(x_states=list(exited), x_now=now)
+        if timers:
+            values.update(t_seq=timers[0]["seq"], t_at=timers[0]["created_at"],
+                          t_states=[t["state"] for t in timers],
+                          t_triggers=[t["trigger"] for t in timers],
+                          t_due=[t["due_at"] for t in timers])
+        cursor = self.execute(sql.written(change, create, bool(effects), bool(exited),
+                                          bool(timers), strict), values)
+        if effects and not create:  # the head: a statement of its own, after the row lock
+            self.execute(sql.head_effect, {"resource_id": params["id_"],
+                                           "seq": effects[0]["seq"]})
+        return Pending(cursor)
+
+    def observed(self, rows: list[dict[str, Any]], source: str) -> Callable[[], list[int]]:
+        assert self.sql is not None
+        cursor = self.execute(self.sql.observed, {
+            "source": source, "resource_ids": [row["resource_id"] for row in rows],
+            "statuses": [row["status"] for row in rows],
+            "observed": [row["observed_at"] for row in rows],
+            "recorded": [row["recorded_at"] for row in rows]})
+        return lambda: [row[0] for row in cursor.fetchall()]
+
+
+def _moved(exc: Any) -> bool:
+    """Whether a not-null violation is a strict write's journal row missing the id its
+    compare-and-swap would have returned."""
+    return bool(exc.diag.table_name == "lifecycle_journal"
+                and exc.diag.column_name == "resource_id")
+
+
+__all__ = ["JSON_PARAM", "TIME_PARAM", "Moved", "Pending", "Pipelined", "Transaction"]

@@ -9,7 +9,9 @@
 - :mod:`.timers`: timers set, cancelled, fired and due;
 - :mod:`.specs`: machines and their stored specs;
 - :mod:`.job_queue`: the ``job_exit`` machine's database job queue;
-- :mod:`.dashboard`: what the dashboard's pages and ``/metrics`` read.
+- :mod:`.dashboard`: what the dashboard's pages and ``/metrics`` read;
+- :mod:`.writes`: on PostgreSQL, a resource's write (its compare-and-swap, journal row,
+  effects and timers) as one statement, and a batch of observations as one.
 
 The hot path's statements are :class:`Statements`' attributes, compiled once per dialect and
 run on a raw DBAPI cursor through :class:`lifecycle.store.Transaction` (SQLAlchemy's
@@ -28,9 +30,11 @@ from .effects import EffectStatements
 from .journal import JournalStatements
 from .resources import ResourceStatements
 from .timers import TimerStatements
+from .writes import WriteStatements
 
 
-class Statements(ResourceStatements, JournalStatements, EffectStatements, TimerStatements):
+class Statements(ResourceStatements, JournalStatements, EffectStatements, TimerStatements,
+                 WriteStatements):
     """The hot path's statements for one dialect, built from the schema once."""
 
     def __init__(self, dialect: Dialect) -> None:
@@ -41,6 +45,7 @@ class Statements(ResourceStatements, JournalStatements, EffectStatements, TimerS
         self._journal()
         self._effects()
         self._timers()
+        self._writes()
 
 
 __all__ = ["Statements"]
