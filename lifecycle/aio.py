@@ -340,7 +340,7 @@ class AsyncWorker(Worker):
             return
         woken.clear()
         try:
-            async with asyncio.timeout(limit):
+            async with asyncio.timeout(self._waking(limit)):
                 await woken.wait()
         except TimeoutError:
             pass

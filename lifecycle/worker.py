@@ -38,7 +38,7 @@ from types import FrameType
 from typing import Any
 
 from . import redact
-from .effects import DONE, FAILED, GAVE_UP, Effect, EffectCall, FollowUp, Retry
+from .effects import DONE, FAILED, GAVE_UP, PENDING, Effect, EffectCall, FollowUp
 from .engine import Engine
 from .errors import DatabaseError, LostClaim, PermanentError, RetryableError, UnknownResource
 from .logs import logger
@@ -59,6 +59,9 @@ DEAD_LOOK = 1.0
 DEFAULT_LEASE = 30.0
 """Seconds a claim holds without a heartbeat: how long the claims of a worker that died on
 another host wait before another worker takes them over."""
+RECORD_WITHIN = 0.01
+"""Seconds a finished outcome waits, at most, for others to be recorded with it in one
+transaction (while the worker has handlers to start; it never waits when it would idle)."""
 OUTAGE_BACKOFF = (0.1, 5.0)
 """First and longest wait, in seconds, before trying a database that failed again."""
 
@@ -149,6 +152,8 @@ class Worker:
         self._heartbeat_thread: threading.Thread | None = None
         self._unrecorded: deque[tuple[EffectCall, str, Any]] = deque()
         """Finished outcomes not recorded yet (the database failed): kept until it is back."""
+        self._finished_at = 0.0
+        """When (monotonic) the oldest outcome in ``_unrecorded`` finished."""
         self._dead_seen = 0.0
         self._outage = 0.0
 
@@ -242,15 +247,25 @@ class Worker:
         return self.stats
 
     def _cycle(self) -> bool:
-        """One round: claim a batch when the queue ran dry, fire the due timers (when the
+        """One round: note what finished; when the queue holds fewer effects than the free
+        handler slots, record the finished outcomes and claim what the batch has room for,
+        in one transaction (else record them once ``batch`` wait, the oldest has waited
+        ``RECORD_WITHIN`` seconds, or nothing else is held); fire the due timers (when the
         claim found nothing, or half a second after the last look: a timeout is measured in
-        seconds, and looking on every round cost as much as running an effect), start what
-        the concurrency allows, record what finished. Whether anything happened."""
-        busy = found_none = False
-        if not self._queue and not self._stop.is_set():
-            claimed = self._claim(self.batch)
+        seconds, and looking on every round cost as much as running an effect); start what
+        the concurrency allows. Whether anything happened."""
+        busy = self._collect() > 0
+        found_none = False
+        free = self.concurrency - len(self._running)
+        if len(self._queue) < free and not self._stop.is_set():
+            recorded, claimed = self._record(
+                claim=max(free, self.batch - len(self._running)) - len(self._queue))
             self._queue.extend(claimed)
-            busy, found_none = bool(claimed), not claimed
+            busy, found_none = bool(recorded or claimed) or busy, not claimed
+        elif self._unrecorded and (
+                len(self._unrecorded) >= self.batch or not (self._running or self._queue)
+                or time.monotonic() - self._finished_at >= RECORD_WITHIN):
+            busy = self._record()[0] > 0 or busy
         if found_none or time.monotonic() - self._timers_seen >= TIMER_LOOK:
             busy = self._fire_due_timers() > 0 or busy
         if found_none and time.monotonic() - self._dead_seen >= DEAD_LOOK:
@@ -265,7 +280,7 @@ class Worker:
             busy = True
         if lapsed:
             self._drop_lapsed(lapsed)
-        return self._reap() > 0 or busy
+        return busy
 
     def stop(self, *, fast: bool = False) -> None:
         if fast:
@@ -284,24 +299,34 @@ class Worker:
 
     # -- claiming --------------------------------------------------------------------
 
-    def _claim(self, limit: int) -> list[EffectCall]:
-        if limit <= 0 or not self.engine.handlers:  # no handlers: nothing this worker can do
+    def _claim(self, limit: int, batch: list[_Plain]) -> list[EffectCall]:
+        """Write ``batch`` (outcomes that fire nothing) and claim up to ``limit`` effects,
+        in one transaction."""
+        # at most a batch; no handlers: nothing this worker can do
+        limit = min(limit, self.batch) if self.engine.handlers else 0
+        if limit <= 0 and not batch:
             return []
         now = self.engine.clock.now()
         store = self.store
         (claim, claim_params), (claimed, claimed_params) = self._claim_sql()
         lease_until = store.time_param(now + dt.timedelta(seconds=self.lease))
         asked = time.monotonic()
+        rows: list[Any] = []
+        ids: set[int] = set()
         with store.write() as tx:
-            tx.execute(claim, {**claim_params, "now": store.time_param(now),
-                                   "limit": min(limit, self.batch), "claimed_by": self.name,
+            lost = self._write_batch(tx, batch, now)
+            if limit > 0:
+                tx.execute(claim, {**claim_params, "now": store.time_param(now),
+                                   "limit": limit, "claimed_by": self.name,
                                    "claimant": self.claimant, "lease_until": lease_until})
-            ids = {row[0] for row in tx.fetchall()}
-            if not ids:
-                return []
-            tx.execute(claimed, {**claimed_params, "claimed_by": self.name,
+                ids = {row[0] for row in tx.fetchall()}
+            if ids:
+                tx.execute(claimed, {**claimed_params, "claimed_by": self.name,
                                      "low": min(ids), "high": max(ids)})
-            rows = [row for row in tx.fetchall() if row[0] in ids]
+                rows = [row for row in tx.fetchall() if row[0] in ids]
+        self._batch_recorded(batch, lost)
+        if not ids:
+            return []
         self._hold(ids, asked)
         value = store.json_value
         return [EffectCall(id_, name, machine, key, dict(value(args)), idempotency_key,
@@ -474,8 +499,8 @@ class Worker:
     def _start(self, call: EffectCall) -> None:
         effect = self.engine.handlers.get(call.name)
         if effect is None:  # recorded with the finished ones
-            self._unrecorded.append((call, "failed", PermanentError(
-                f"no handler for effect {call.name!r} is registered in this worker")))
+            self._finished(call, "failed", PermanentError(
+                f"no handler for effect {call.name!r} is registered in this worker"))
             return
 
         self._running[call.id] = (call, None, self._deadline(effect))
@@ -529,11 +554,9 @@ class Worker:
                 self._idle += 1
                 self._lock.notify_all()
 
-    def _reap(self) -> int:
-        """Record the outcome of every handler that finished or ran out of time; how many.
-        An outcome the database fails to take is kept (and its claim renewed) until it
-        does: a finished handler is never run again, nor counted as timed out, for a
-        database that blinked."""
+    def _collect(self) -> int:
+        """Move the outcome of every handler that finished or ran out of time to those
+        waiting to be recorded (``_unrecorded``); how many."""
         now = time.monotonic()
         with self._lock:
             ready = [(effect_id, self._results.pop(effect_id, None))
@@ -546,42 +569,53 @@ class Worker:
                     self._written_off.add((effect_id, call.attempt))
                 timeout = self.engine.handlers[call.name].timeout or 0.0
                 outcome = ("error", RetryableError(f"handler timed out after {timeout:g} s"))
-            self._unrecorded.append((call, *outcome))
+            self._finished(call, *outcome)
+        return len(ready)
+
+    def _finished(self, call: EffectCall, kind: str, value: Any) -> None:
+        if not self._unrecorded:
+            self._finished_at = time.monotonic()
+        self._unrecorded.append((call, kind, value))
+
+    def _reap(self) -> int:
+        """Record the outcome of every handler that finished or ran out of time; how many."""
+        self._collect()
+        return self._record()[0]
+
+    def _record(self, *, claim: int = 0) -> tuple[int, list[EffectCall]]:
+        """Record every outcome waiting (``_unrecorded``), and claim up to ``claim``
+        effects: an outcome that fires a trigger (a follow-up, an ``on_failure``) in that
+        fire's transaction, each; all the others (done, to be tried again, failed) in one
+        transaction, which also claims. How many were recorded, and the effects claimed.
+
+        An outcome the database fails to take is kept (and its claim renewed) until it
+        does: a finished handler is never run again, nor counted as timed out, for a
+        database that blinked; only a crash before its record commits runs it again."""
         recorded = 0
-        while self._unrecorded:  # a DatabaseError leaves the rest for the next round
-            call, kind, value = self._unrecorded[0]
-            self._finish(call, kind, value)
-            self._unrecorded.popleft()
-            self._let_go([call.id])
-            recorded += 1
-        return recorded
+        batch: list[_Plain] = []
+        for item in list(self._unrecorded):  # a DatabaseError leaves the rest for later
+            plain = self._settle(*item)
+            if plain is None:  # recorded with the trigger it fired (or its claim was lost)
+                self._unrecorded.remove(item)
+                self._let_go([item[0].id])
+                recorded += 1
+            else:
+                batch.append(plain)
+        claimed = self._claim(claim, batch)
+        if self._unrecorded:
+            self._finished_at = time.monotonic()
+        return recorded + len(batch), claimed
 
-    def _wait(self, limit: float) -> None:
-        """Sleep until a handler finishes, the nearest handler deadline, a stop, or
-        ``limit`` seconds."""
-        with self._lock:
-            if self._results or (self._stop.is_set() and not self._running):
-                return
-            deadlines = [d for _, _, d in self._running.values()]
-            if deadlines:
-                limit = min(limit, max(min(deadlines) - time.monotonic(), 0.0) + 0.001)
-            self._lock.wait(limit)
-
-    def _drain(self) -> int:
-        """Wait for every running handler (finished or timed out); how many were recorded."""
-        finished = 0
-        while (self._running or self._unrecorded) and not self._fast.is_set():
-            finished += self._guarded(self._reap) or 0
-            if self._running:
-                self._wait(self.poll)
-        return finished
-
-    def _finish(self, call: EffectCall, kind: str, value: Any) -> None:
+    def _settle(self, call: EffectCall, kind: str, value: Any) -> _Plain | None:
+        """Record an outcome that fires a trigger, in that fire's transaction: None; or
+        what to write for one that fires none (in the batch)."""
         try:
             if kind == "ok":
+                if value is None:
+                    return _Plain(call, DONE)
                 try:
                     self._done(call, value)
-                    return
+                    return None
                 except (LostClaim, DatabaseError):
                     raise
                 except Exception as failure:  # recording the success failed (the
@@ -592,13 +626,90 @@ class Worker:
             message = redact.text(f"{type(exc).__name__}: {exc}")
             permanent = isinstance(exc, PermanentError) or kind == "failed"
             limit = effect.retry.max_attempts
-            if permanent or (limit is not None and call.attempt >= limit):
-                self._fail(call, message)
-            else:
-                self._reschedule(call, message, effect.retry)
+            if not permanent and (limit is None or call.attempt < limit):
+                return _Plain(call, PENDING, message, effect.retry.delay(call.attempt, self.rng))
+            on_failure = self._on_failure(call)
+            if on_failure is None:
+                return _Plain(call, FAILED, message)
+            self._give_up(call, on_failure, message)
         except LostClaim:
             log.warning("effect %s of %s:%s: the claim was lost; its new owner records it",
                         call.name, call.machine, call.key)
+        return None
+
+    def _write_batch(self, tx: Transaction, batch: list[_Plain],
+                     now: dt.datetime) -> set[int]:
+        """Write outcomes that fire nothing, each fenced by its claim and attempt (a done
+        one passes its resource's queue head on), resources in one order (so that two
+        workers' batches cannot wait for each other); the ids whose claims were lost."""
+        lost = set()
+        store = self.store
+        for plain in sorted(batch, key=lambda p: (p.call.machine, p.call.key)):
+            call = plain.call
+            try:
+                if plain.status == PENDING:
+                    due = now + dt.timedelta(seconds=plain.delay)
+                    self._held(tx, store.sql.reschedule_effect, call,
+                               next_attempt_at=store.time_param(due),
+                               error=plain.message[:2000])
+                else:
+                    self._mark(tx, call, plain.status,
+                               plain.message[:2000] if plain.status == FAILED else None)
+            except LostClaim:  # nothing was written for it
+                lost.add(call.id)
+        return lost
+
+    def _batch_recorded(self, batch: list[_Plain], lost: set[int]) -> None:
+        """After the batch's commit: let go of its claims, count and say what happened."""
+        for plain in batch:
+            call = plain.call
+            self._unrecorded.remove(next(i for i in self._unrecorded if i[0] is call))
+            if call.id in lost:
+                log.warning("effect %s of %s:%s: the claim was lost; its new owner records "
+                            "it", call.name, call.machine, call.key)
+            elif plain.status == DONE:
+                self.stats.done += 1
+                log.debug("effect %s of %s:%s done (attempt %d)", call.name, call.machine,
+                          call.key, call.attempt)
+            elif plain.status == PENDING:
+                self.stats.retried += 1
+                log.info("effect %s of %s:%s failed (attempt %d: %s); next attempt in %.1f s",
+                         call.name, call.machine, call.key, call.attempt, plain.message,
+                         plain.delay)
+            else:
+                self.stats.failed += 1
+                log.error("effect %s of %s:%s failed for good after %d attempts: %s; the "
+                          "resource is stuck until `lifecycle retry %s:%s`", call.name,
+                          call.machine, call.key, call.attempt, plain.message, call.machine,
+                          call.key)
+        self._let_go([plain.call.id for plain in batch])
+
+    def _wait(self, limit: float) -> None:
+        """Sleep until a handler finishes, the nearest handler deadline, the time to record
+        the outcomes waiting, a stop, or ``limit`` seconds."""
+        with self._lock:
+            if self._results or (self._stop.is_set() and not self._running):
+                return
+            self._lock.wait(self._waking(limit))
+
+    def _waking(self, limit: float) -> float:
+        """Seconds to sleep, at most ``limit``: until the nearest handler deadline, or the
+        time to record the outcomes waiting."""
+        deadlines = [d for _, _, d in self._running.values()]
+        if self._unrecorded:
+            deadlines.append(self._finished_at + RECORD_WITHIN)
+        if deadlines:
+            limit = min(limit, max(min(deadlines) - time.monotonic(), 0.0) + 0.001)
+        return limit
+
+    def _drain(self) -> int:
+        """Wait for every running handler (finished or timed out); how many were recorded."""
+        finished = 0
+        while (self._running or self._unrecorded) and not self._fast.is_set():
+            finished += self._guarded(self._reap) or 0
+            if self._running:
+                self._wait(self.poll)
+        return finished
 
     def _held(self, tx: Transaction, statement: str, call: EffectCall, **values: Any) -> None:
         """Write to the effect, if this worker still holds its claim (the fence is in the
@@ -620,53 +731,31 @@ class Worker:
                 tx.execute(sql.lock_resource_of_effect, {"id_": call.id})
             tx.execute(sql.pass_head, {"id_": call.id})
 
-    def _done(self, call: EffectCall, follow_up: FollowUp | None) -> None:
-        if follow_up is None:
-            with self.store.write() as tx:
-                self._mark(tx, call, DONE, None)
-        else:
-            result = self._fire_with(call, follow_up.trigger, dict(follow_up.payload),
-                                     _Outcome(self, call, DONE, None, follow_up.writes))
-            if not result.fired:
-                log.warning("effect %s of %s:%s done; its follow-up %s was refused: %s",
-                            call.name, call.machine, call.key, follow_up.trigger, result.reason)
+    def _done(self, call: EffectCall, follow_up: FollowUp) -> None:
+        result = self._fire_with(call, follow_up.trigger, dict(follow_up.payload),
+                                 _Outcome(self, call, DONE, None, follow_up.writes))
+        if not result.fired:
+            log.warning("effect %s of %s:%s done; its follow-up %s was refused: %s",
+                        call.name, call.machine, call.key, follow_up.trigger, result.reason)
         self.stats.done += 1
         log.debug("effect %s of %s:%s done (attempt %d)", call.name, call.machine, call.key,
                   call.attempt)
 
-    def _reschedule(self, call: EffectCall, message: str, retry: Retry) -> None:
-        delay = retry.delay(call.attempt, self.rng)
-        store = self.store
-        due = self.engine.clock.now() + dt.timedelta(seconds=delay)
-        with store.write() as tx:
-            self._held(tx, store.sql.reschedule_effect, call,
-                       next_attempt_at=store.time_param(due), error=message[:2000])
-        self.stats.retried += 1
-        log.info("effect %s of %s:%s failed (attempt %d: %s); next attempt in %.1f s",
-                 call.name, call.machine, call.key, call.attempt, message, delay)
-
-    def _fail(self, call: EffectCall, message: str) -> None:
-        on_failure = self._on_failure(call)
-        if on_failure is None:
-            with self.store.write() as tx:
-                self._mark(tx, call, FAILED, message[:2000])
-            log.error("effect %s of %s:%s failed for good after %d attempts: %s; the resource "
-                      "is stuck until `lifecycle retry %s:%s`", call.name, call.machine,
-                      call.key, call.attempt, message, call.machine, call.key)
+    def _give_up(self, call: EffectCall, on_failure: str, message: str) -> None:
+        """Record an effect that failed for good with its ``on_failure`` trigger."""
+        payload = {"effect": call.name, "error": message}
+        result = self._fire_with(call, on_failure, payload,
+                                 _GivingUp(self, call, message[:2000]))
+        if result.fired and result.effects:
+            log.error("effect %s of %s:%s failed for good: %s; fired %s, which asked for "
+                      "%d effects: they run next", call.name, call.machine, call.key,
+                      message, on_failure, result.effects)
         else:
-            payload = {"effect": call.name, "error": message}
-            result = self._fire_with(call, on_failure, payload,
-                                     _GivingUp(self, call, message[:2000]))
-            if result.fired and result.effects:
-                log.error("effect %s of %s:%s failed for good: %s; fired %s, which asked for "
-                          "%d effects: they run next", call.name, call.machine, call.key,
-                          message, on_failure, result.effects)
-            else:
-                log.error("effect %s of %s:%s failed for good: %s; %s; the resource is stuck "
-                          "until `lifecycle retry %s:%s`", call.name, call.machine, call.key,
-                          message, f"fired {on_failure}" if result.fired else
-                          f"its on_failure {on_failure} was refused ({result.reason})",
-                          call.machine, call.key)
+            log.error("effect %s of %s:%s failed for good: %s; %s; the resource is stuck "
+                      "until `lifecycle retry %s:%s`", call.name, call.machine, call.key,
+                      message, f"fired {on_failure}" if result.fired else
+                      f"its on_failure {on_failure} was refused ({result.reason})",
+                      call.machine, call.key)
         self.stats.failed += 1
 
     def _on_failure(self, call: EffectCall) -> str | None:
@@ -734,6 +823,17 @@ class Worker:
             else:
                 self.stats.timers_refused += 1
         return fired
+
+
+@dataclass(slots=True)
+class _Plain:
+    """An outcome that fires no trigger, written in a batch: done, to be tried again
+    (``PENDING``, after ``delay`` seconds) or failed, with ``message``."""
+
+    call: EffectCall
+    status: str
+    message: str = ""
+    delay: float = 0.0
 
 
 async def _awaited(answer: Awaitable[Any]) -> Any:
