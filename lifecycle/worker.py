@@ -38,9 +38,17 @@ from types import FrameType
 from typing import Any
 
 from . import redact
-from .effects import DONE, FAILED, GAVE_UP, PENDING, Effect, EffectCall, FollowUp
+from .effects import DONE, FAILED, GAVE_UP, PENDING, Effect, EffectCall
 from .engine import Engine
-from .errors import DatabaseError, LostClaim, PermanentError, RetryableError, UnknownResource
+from .errors import (
+    DatabaseError,
+    EffectError,
+    LifecycleError,
+    LostClaim,
+    PermanentError,
+    RetryableError,
+    UnknownResource,
+)
 from .logs import logger
 from .processes import host_prefix, is_gone, this_process
 from .records import FireResult
@@ -584,58 +592,119 @@ class Worker:
 
     def _record(self, *, claim: int = 0) -> tuple[int, list[EffectCall]]:
         """Record every outcome waiting (``_unrecorded``), and claim up to ``claim``
-        effects: an outcome that fires a trigger (a follow-up, an ``on_failure``) in that
-        fire's transaction, each; all the others (done, to be tried again, failed) in one
-        transaction, which also claims. How many were recorded, and the effects claimed.
+        effects: the outcomes that fire a trigger (a follow-up, an ``on_failure``) through
+        :meth:`Engine.fire_many`, each in the transaction of its trigger, many to a
+        transaction; all the others (done, to be tried again, failed) in one transaction,
+        which also claims. How many were recorded, and the effects claimed.
 
         An outcome the database fails to take is kept (and its claim renewed) until it
         does: a finished handler is never run again, nor counted as timed out, for a
         database that blinked; only a crash before its record commits runs it again."""
-        recorded = 0
         batch: list[_Plain] = []
-        for item in list(self._unrecorded):  # a DatabaseError leaves the rest for later
-            plain = self._settle(*item)
-            if plain is None:  # recorded with the trigger it fired (or its claim was lost)
-                self._unrecorded.remove(item)
-                self._let_go([item[0].id])
-                recorded += 1
+        fires: list[_Fired] = []
+        recorded = 0
+        for call, kind, value in list(self._unrecorded):
+            settled = self._settle(call, kind, value)
+            if settled is None:  # nothing to record
+                self._recorded(call)
+            elif isinstance(settled, _Plain):
+                batch.append(settled)
             else:
-                batch.append(plain)
+                fires.append(settled)
+        while fires:  # a DatabaseError leaves the rest for the next round
+            recorded += self._fire_outcomes(fires, batch)  # (leaves those to fire again)
         claimed = self._claim(claim, batch)
         if self._unrecorded:
             self._finished_at = time.monotonic()
         return recorded + len(batch), claimed
 
-    def _settle(self, call: EffectCall, kind: str, value: Any) -> _Plain | None:
-        """Record an outcome that fires a trigger, in that fire's transaction: None; or
-        what to write for one that fires none (in the batch)."""
-        try:
-            if kind == "ok":
-                if value is None:
-                    return _Plain(call, DONE)
-                try:
-                    self._done(call, value)
-                    return None
-                except (LostClaim, DatabaseError):
-                    raise
-                except Exception as failure:  # recording the success failed (the
-                    kind, value = "error", failure  # handler's writes, or its follow-up)
-            effect = self.engine.handlers.get(call.name) or Effect(lambda c: None)
-            exc: BaseException = value
-            # stored, logged and shown: no password of any URL in it
-            message = redact.text(f"{type(exc).__name__}: {exc}")
-            permanent = isinstance(exc, PermanentError) or kind == "failed"
-            limit = effect.retry.max_attempts
-            if not permanent and (limit is None or call.attempt < limit):
-                return _Plain(call, PENDING, message, effect.retry.delay(call.attempt, self.rng))
-            on_failure = self._on_failure(call)
-            if on_failure is None:
-                return _Plain(call, FAILED, message)
-            self._give_up(call, on_failure, message)
-        except LostClaim:
-            log.warning("effect %s of %s:%s: the claim was lost; its new owner records it",
-                        call.name, call.machine, call.key)
-        return None
+    def _settle(self, call: EffectCall, kind: str, value: Any) -> _Plain | _Fired | None:
+        """What recording an outcome takes: a write that fires nothing, or a fire."""
+        if kind == "ok":
+            if value is None:
+                return _Plain(call, DONE)
+            return _Fired(call, value.trigger, dict(value.payload),
+                          _Outcome(self, call, DONE, None, value.writes))
+        effect = self.engine.handlers.get(call.name) or Effect(lambda c: None)
+        exc: BaseException = value
+        # stored, logged and shown: no password of any URL in it
+        message = redact.text(f"{type(exc).__name__}: {exc}")
+        permanent = isinstance(exc, PermanentError) or kind == "failed"
+        limit = effect.retry.max_attempts
+        if not permanent and (limit is None or call.attempt < limit):
+            return _Plain(call, PENDING, message, effect.retry.delay(call.attempt, self.rng))
+        on_failure = self._on_failure(call)
+        if on_failure is None:
+            return _Plain(call, FAILED, message)
+        return _Fired(call, on_failure, {"effect": call.name, "error": message},
+                      _GivingUp(self, call, message[:2000]), message)
+
+    def _fire_outcomes(self, fires: list[_Fired], batch: list[_Plain]) -> int:
+        """Fire the triggers of ``fires`` together, each recording its effect's outcome in
+        its transaction; how many were recorded. One whose recording failed (its follow-up
+        refused by an error, the handler's writes raising) is recorded as the handler's
+        failure: added to ``batch``, or fired again if that fires ``on_failure`` (its
+        ``_Fired`` is put back in ``fires``)."""
+        results = self.engine.fire_many(
+            [(f"{f.call.machine}:{f.call.key}", f.trigger, f.payload, f"effect:{f.call.name}",
+              f.within) for f in fires], on_stale="return", batch=max(self.batch, 1))
+        outage: DatabaseError | None = None
+        again: list[_Fired] = []
+        recorded = 0
+        for fired, result in zip(fires, results, strict=True):
+            call = fired.call
+            if isinstance(result, DatabaseError):
+                outage = result  # kept for the next round
+            elif isinstance(result, LostClaim):
+                log.warning("effect %s of %s:%s: the claim was lost; its new owner records "
+                            "it", call.name, call.machine, call.key)
+                self._recorded(call)
+                recorded += 1
+            elif isinstance(result, FireResult):
+                self._fired(fired, result)
+                self._recorded(call)
+                recorded += 1
+            elif fired.message is None:  # recording the success failed
+                cause = result.__cause__ if isinstance(result, _WritesFailed) else result
+                settled = self._settle(call, "error", cause)
+                if isinstance(settled, _Plain):
+                    batch.append(settled)
+                elif settled is not None:
+                    again.append(settled)
+            else:  # its on_failure could not be fired: failed, its queue held
+                batch.append(_Plain(call, FAILED, f"{fired.message}; its on_failure "
+                                                  f"{fired.trigger} failed: {result}"))
+        fires[:] = again
+        if outage is not None:
+            raise outage
+        return recorded
+
+    def _fired(self, fired: _Fired, result: FireResult) -> None:
+        """Count and say what a recorded fire did."""
+        call = fired.call
+        if fired.message is None:
+            self.stats.done += 1
+            if not result.fired:
+                log.warning("effect %s of %s:%s done; its follow-up %s was refused: %s",
+                            call.name, call.machine, call.key, fired.trigger, result.reason)
+            log.debug("effect %s of %s:%s done (attempt %d)", call.name, call.machine,
+                      call.key, call.attempt)
+            return
+        self.stats.failed += 1
+        if result.fired and result.effects:
+            log.error("effect %s of %s:%s failed for good: %s; fired %s, which asked for "
+                      "%d effects: they run next", call.name, call.machine, call.key,
+                      fired.message, fired.trigger, result.effects)
+        else:
+            log.error("effect %s of %s:%s failed for good: %s; %s; the resource is stuck "
+                      "until `lifecycle retry %s:%s`", call.name, call.machine, call.key,
+                      fired.message, f"fired {fired.trigger}" if result.fired else
+                      f"its on_failure {fired.trigger} was refused ({result.reason})",
+                      call.machine, call.key)
+
+    def _recorded(self, call: EffectCall) -> None:
+        self._unrecorded.remove(next(i for i in self._unrecorded if i[0] is call))
+        self._let_go([call.id])
 
     def _write_batch(self, tx: Transaction, batch: list[_Plain],
                      now: dt.datetime) -> set[int]:
@@ -663,7 +732,7 @@ class Worker:
         """After the batch's commit: let go of its claims, count and say what happened."""
         for plain in batch:
             call = plain.call
-            self._unrecorded.remove(next(i for i in self._unrecorded if i[0] is call))
+            self._recorded(call)
             if call.id in lost:
                 log.warning("effect %s of %s:%s: the claim was lost; its new owner records "
                             "it", call.name, call.machine, call.key)
@@ -682,7 +751,6 @@ class Worker:
                           "resource is stuck until `lifecycle retry %s:%s`", call.name,
                           call.machine, call.key, call.attempt, plain.message, call.machine,
                           call.key)
-        self._let_go([plain.call.id for plain in batch])
 
     def _wait(self, limit: float) -> None:
         """Sleep until a handler finishes, the nearest handler deadline, the time to record
@@ -731,43 +799,9 @@ class Worker:
                 tx.execute(sql.lock_resource_of_effect, {"id_": call.id})
             tx.execute(sql.pass_head, {"id_": call.id})
 
-    def _done(self, call: EffectCall, follow_up: FollowUp) -> None:
-        result = self._fire_with(call, follow_up.trigger, dict(follow_up.payload),
-                                 _Outcome(self, call, DONE, None, follow_up.writes))
-        if not result.fired:
-            log.warning("effect %s of %s:%s done; its follow-up %s was refused: %s",
-                        call.name, call.machine, call.key, follow_up.trigger, result.reason)
-        self.stats.done += 1
-        log.debug("effect %s of %s:%s done (attempt %d)", call.name, call.machine, call.key,
-                  call.attempt)
-
-    def _give_up(self, call: EffectCall, on_failure: str, message: str) -> None:
-        """Record an effect that failed for good with its ``on_failure`` trigger."""
-        payload = {"effect": call.name, "error": message}
-        result = self._fire_with(call, on_failure, payload,
-                                 _GivingUp(self, call, message[:2000]))
-        if result.fired and result.effects:
-            log.error("effect %s of %s:%s failed for good: %s; fired %s, which asked for "
-                      "%d effects: they run next", call.name, call.machine, call.key,
-                      message, on_failure, result.effects)
-        else:
-            log.error("effect %s of %s:%s failed for good: %s; %s; the resource is stuck "
-                      "until `lifecycle retry %s:%s`", call.name, call.machine, call.key,
-                      message, f"fired {on_failure}" if result.fired else
-                      f"its on_failure {on_failure} was refused ({result.reason})",
-                      call.machine, call.key)
-        self.stats.failed += 1
-
     def _on_failure(self, call: EffectCall) -> str | None:
         with self.store.read() as db:
             return effect_rows.on_failure(db, call.id)
-
-    def _fire_with(self, call: EffectCall, trigger: str, payload: dict[str, Any],
-                   outcome: Within) -> FireResult:
-        """Fire ``trigger`` on the effect's resource in the transaction that records the
-        effect's outcome (``outcome``: what it writes there)."""
-        return self.engine.fire(f"{call.machine}:{call.key}", trigger, payload,
-                                actor=f"effect:{call.name}", on_stale="return", within=outcome)
 
     def _save_progress(self, call: EffectCall) -> None:
         store = self.store
@@ -826,6 +860,22 @@ class Worker:
 
 
 @dataclass(slots=True)
+class _Fired:
+    """An outcome recorded in the transaction of a trigger it fires: a follow-up (done),
+    or the ``on_failure`` of an effect that failed for good with ``message``."""
+
+    call: EffectCall
+    trigger: str
+    payload: dict[str, Any]
+    within: Within
+    message: str | None = None
+
+
+class _WritesFailed(EffectError):
+    """A handler's writes (``FollowUp.writes``) raised: the cause is the handler's failure."""
+
+
+@dataclass(slots=True)
 class _Plain:
     """An outcome that fires no trigger, written in a batch: done, to be tried again
     (``PENDING``, after ``delay`` seconds) or failed, with ``message``."""
@@ -852,7 +902,12 @@ class _Outcome(Within):
     def before(self, tx: Transaction, resource_id: int) -> str | None:
         self.worker._mark(tx, self.call, self.status, self.error)
         if self.writes is not None:
-            self.writes(tx)
+            try:
+                self.writes(tx)
+            except LifecycleError:
+                raise
+            except Exception as exc:  # the fire is made again without it
+                raise _WritesFailed(f"{type(exc).__name__}: {exc}") from exc
         return None
 
 

@@ -337,7 +337,8 @@ def test_an_expired_lease_is_claimed_again(engine: Engine, clock: SimulatedClock
     assert [c[0] for c in recorder.calls] == ["a", "b", "c"]
     assert recorder.calls[0][2] == 2  # the second attempt
     # the dead worker's late answer is refused: it no longer holds the claim
-    dead._settle(claimed, "ok", FollowUp("a_done"))
+    dead._finished(claimed, "ok", FollowUp("a_done"))
+    dead._record()
     assert engine.get("r1").state == "third"
     assert [e.trigger for e in engine.history("r1")].count("a_done") == 1
 
