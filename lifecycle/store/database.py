@@ -168,7 +168,10 @@ class HeldConnections:
                 return
             self._held.remove(connection)
         try:
-            connection.invalidate() if broken else connection.close()
+            if broken or _broken(connection.dbapi_connection):
+                connection.invalidate()
+            else:
+                connection.close()
         except Exception as exc:  # it is being given back; nothing else to do
             log.debug("releasing a held connection: %s", exc)
 
@@ -197,12 +200,15 @@ class HeldConnections:
                 raise
             dbapi.commit()
         except self.engine.dialect.dbapi.Error:  # type: ignore[union-attr]
-            if held and _broken(dbapi):
-                self._discard()
+            if _broken(dbapi):  # thrown away, not reset by the pool (which would log the
+                if held:        # lost connection as an ERROR with its traceback)
+                    self._discard()
+                else:
+                    connection.invalidate()
             raise
         finally:
             if not held:
-                connection.close()
+                connection.close()  # (after invalidate(): nothing goes back to the pool)
 
     @contextmanager
     def reading(self) -> Iterator[Any]:
