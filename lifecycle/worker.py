@@ -255,6 +255,7 @@ class Worker:
             log.info("worker %s: finishing %d running handlers", self.name, len(self._running))
             self._drain()
         if self._fast.is_set():
+            self._guarded(self._reap)  # what finished is recorded; the rest given back
             self._give_back([call for call, _, _ in self._running.values()])
             self._running.clear()
         self._heartbeat_stopped()
@@ -480,11 +481,19 @@ class Worker:
     def _give_back_all(self) -> tuple[int, int]:
         """Give back every claim this worker holds: the effects never started as unattempted,
         the started ones as attempts that did not finish (they run again, once); how many of
-        each."""
+        each. Outcomes of handlers that finished are recorded first, if the database takes
+        them; else they are given back with the started ones."""
+        try:
+            self._reap()
+        except Exception as exc:
+            log.warning("worker %s: could not record %d finished outcomes (%s)", self.name,
+                        len(self._unrecorded), exc)
         with self._lock:
             started = [call for call, _, _ in self._running.values()]
+            started += [call for call, _, _ in self._unrecorded]
             waiting = list(self._queue)
             self._running.clear()
+            self._unrecorded.clear()
             self._queue.clear()
         self._give_back(waiting)
         self._give_back(started, refund=False)
