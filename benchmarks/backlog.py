@@ -116,7 +116,7 @@ def _lifecycle(db: str, size: int) -> Case:
             worker = Worker(engine, batch=BATCH)
 
             def op() -> None:
-                claimed = worker._claim(BATCH)
+                claimed = worker._claim(BATCH, [])
                 if len(claimed) != BATCH:
                     raise BenchError(f"claimed {len(claimed)} effects, not {BATCH}")
                 worker._give_back(claimed)
@@ -137,15 +137,15 @@ def _effect(db: str, size: int) -> Case:
             worker = Worker(engine, batch=1)
             # a claim held throughout, as a busy worker holds some: its heartbeat thread
             # (and that thread's connection) lives on instead of starting with each effect
-            anchor = worker._claim(1)
+            anchor = worker._claim(1, [])
 
             def op() -> None:
-                claimed = worker._claim(1)
+                claimed = worker._claim(1, [])
                 if len(claimed) != 1:
                     raise BenchError(f"claimed {len(claimed)} effects, not 1")
                 call = claimed[0]
-                worker._done(call, None)
-                worker._let_go([call.id])
+                worker._finished(call, "ok", None)
+                worker._record()  # done, its queue head passed on
                 if not engine.fire(f"{MACHINE}:{call.key}", "tick"):
                     raise BenchError(f"{call.key}: tick did not fire")
 

@@ -7,9 +7,10 @@ from a fresh PostgreSQL database of its own on the same server, by the same work
 - ``lifecycle``: the effects of a trivial machine (``benchmarks.effects.spec``: ``tick``
   asks for the no-op effect), one effect on each of ``N`` resources so that no queue order
   holds any back, drained by ``Worker(engine, concurrency=1).run_until_idle()``
-  (benchmarks.effects.Drainer). Per effect the worker claims it (in batches of 4), runs the
-  handler, and records it done in a transaction of its own that also passes its resource's
-  queue head on; the machine asks for no follow-up, so none is fired. Its enqueue was a
+  (benchmarks.effects.Drainer). The worker holds up to 10 effects (its default batch),
+  runs their handlers, and records them done in one transaction with its next claim (each
+  fenced by claim and attempt, each passing its resource's queue head on); the machine asks
+  for no follow-up, so none is fired. Its enqueue was a
   transition: the resource's compare-and-swap, a journal row and the effect row, in one
   transaction (done once, untimed; before every drain the effects are put back to pending).
 - ``pgqueuer``: ``Queries.enqueue`` of ``N`` jobs (untimed, one statement), drained by a
@@ -377,8 +378,9 @@ def note(results: dict[str, Measurement]) -> str | None:
     some = next(m for m in results.values() if m.case.id in SPECS)
     return (f"Section 14: {some.ops_per_round:,} no-op jobs drained per round, each system "
             f"in a fresh database of its own, median of {len(some.samples_us)} rounds; per "
-            "job: lifecycle claims in batches of 4 and records each done in a transaction "
-            "of its own (no follow-up asked for; its enqueue, untimed, was a transition with "
+            "job: lifecycle claims up to 10 at a time and records the done ones together "
+            "with its next claim (no follow-up asked for; its enqueue, untimed, was a "
+            "transition with "
             "its journal row), pgqueuer (asyncpg) dequeues 10 at a time and records "
             "completions in batches, procrastinate takes one at a time. "
             + " · ".join(lines) + ".")

@@ -340,7 +340,7 @@ class AsyncWorker(Worker):
             return
         woken.clear()
         try:
-            async with asyncio.timeout(limit):
+            async with asyncio.timeout(self._waking(limit)):
                 await woken.wait()
         except TimeoutError:
             pass
@@ -413,6 +413,7 @@ class AsyncWorker(Worker):
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        self._guarded(self._reap)  # what finished is recorded; the rest given back
         self._give_back([call for call, _, _ in self._running.values()])
         self._running.clear()
 

@@ -70,6 +70,8 @@ SpecFor = Callable[[str], MachineSpec | None]
 
 T = TypeVar("T")
 Deciding = Generator[ProbeCall | ProbeBatch, Any, T]
+Fire = tuple[str, str, Mapping[str, Any] | None, str | None, Within | None]
+"""One fire of :meth:`Engine.fire_many`: key, trigger, payload, actor, ``within`` hooks."""
 """A write decided sans-IO: it yields the probe calls it needs (a :class:`ProbeCall`, sent
 back its :data:`ProbeOutcome`; a :class:`ProbeBatch`, sent back the list of theirs), and
 returns its result (see :meth:`Engine.drive`)."""
@@ -690,6 +692,51 @@ class Engine:
         return [refused[i] if i in refused else cast(FireResult | LifecycleError, done[i])
                 for i in range(len(order))]
 
+    def fire_many(self, fires: Iterable[Fire], *, on_stale: OnStale = "return",
+                  batch: int = 500, probes: int = 8) -> list[FireResult | LifecycleError]:
+        """:meth:`fire` of many triggers, each ``(key, trigger, payload, actor, within)``,
+        up to ``batch`` in one transaction, each with its own compare-and-swap, journal row
+        and ``within`` hooks, as one ``fire`` would write it. The result of each, in order:
+        its :class:`FireResult`, or the :class:`LifecycleError` that refused it (raised by
+        its ``within`` hook too: the transaction is rolled back and made again without it;
+        with ``on_stale="raise"``, a :class:`StaleObservation` in its place). Conflicts and
+        probes are handled as :meth:`step_many` handles them."""
+        return self.drive(self.firing_many(fires, on_stale=on_stale, batch=batch,
+                                           probes=probes))
+
+    def firing_many(self, fires: Iterable[Fire], *, on_stale: OnStale = "return",
+                    batch: int = 500, probes: int = 8
+                    ) -> Deciding[list[FireResult | LifecycleError]]:
+        """:meth:`fire_many`, sans-IO (see :meth:`stepping_many`)."""
+        order = list(fires)
+        refused: dict[int, LifecycleError] = {}
+        payloads: dict[int, dict[str, Any]] = {}
+        for i, (key, trigger, payload, actor, _within) in enumerate(order):
+            try:
+                if trigger == EVENTLESS:
+                    raise LifecycleError(f"{key}: eventless edges are taken by step(), not "
+                                         "fired")
+                payloads[i] = _document(values.split_key(_looked_up(key))[0], key, payload,
+                                        "payload", actor)
+            except LifecycleError as exc:
+                refused[i] = exc
+
+        def attempt(tx: Transaction, row: _Row, i: int,
+                    tries: _Tries) -> FireResult | LifecycleError | _Again:
+            _key, trigger, _payload, actor, within = order[i]
+            outcome = self._attempt(tx, row.key, trigger, payloads[i], actor, within, tries,
+                                    row)
+            if isinstance(outcome, _Stale):
+                return (StaleObservation(outcome.result, dest=outcome.dest,
+                                         probe_error=outcome.probe_error)
+                        if on_stale == "raise" else outcome.result)
+            return outcome
+
+        done = yield from self._many([fire[0] for fire in order], "fire", attempt, batch,
+                                     skip=refused, probes=probes)
+        return [refused[i] if i in refused else cast(FireResult | LifecycleError, done[i])
+                for i in range(len(order))]
+
     def _many(self, keys: list[str], what: str,
               attempt: Callable[[Any, _Row, int, _Tries], T | _Again], batch: int, *,
               skip: Mapping[int, Any] | None = None,
@@ -1240,5 +1287,5 @@ def _not_fired(row: _Row, trigger: str, reason: str | None,
                       guards=dict(guards or {}), error=error, probed=probed)
 
 
-__all__ = ["Deciding", "Engine", "Guard", "OnStale", "SpecFor", "fence_for",
+__all__ = ["Deciding", "Engine", "Fire", "Guard", "OnStale", "SpecFor", "fence_for",
            "validated_data"]

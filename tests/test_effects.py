@@ -327,7 +327,7 @@ def test_an_expired_lease_is_claimed_again(engine: Engine, clock: SimulatedClock
     engine.create("chain", "r1")
     engine.fire("r1", "go")
     dead = worker_of(engine, lease=60, name="dead-worker")
-    [claimed] = dead._claim(1)
+    [claimed] = dead._claim(1, [])
     assert effect_records(engine)[0].status == "running"
     alive = worker_of(engine, name="alive-worker")
     alive.run_until_idle()
@@ -337,7 +337,8 @@ def test_an_expired_lease_is_claimed_again(engine: Engine, clock: SimulatedClock
     assert [c[0] for c in recorder.calls] == ["a", "b", "c"]
     assert recorder.calls[0][2] == 2  # the second attempt
     # the dead worker's late answer is refused: it no longer holds the claim
-    dead._finish(claimed, "ok", FollowUp("a_done"))
+    dead._finished(claimed, "ok", FollowUp("a_done"))
+    dead._record()
     assert engine.get("r1").state == "third"
     assert [e.trigger for e in engine.history("r1")].count("a_done") == 1
 
@@ -560,7 +561,7 @@ def test_an_effect_asked_for_while_its_predecessor_is_recorded_done_can_run(
     engine.fire("t1", "tock")
     [(first, _)] = _heads(store)
     worker = worker_of(engine)
-    [call] = worker._claim(1)
+    [call] = worker._claim(1, [])
     other = threading.Thread(target=engine.fire, args=("t1", "tock"))
     with store.write() as cursor:
         worker._mark(cursor, call, "done", None)  # recorded, not committed yet
@@ -572,3 +573,42 @@ def test_an_effect_asked_for_while_its_predecessor_is_recorded_done_can_run(
     assert second > first and status == "pending"
     assert worker_of(engine).run_until_idle().done == 1
     assert _heads(store) == []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_follow_ups_writes_that_raise_fail_their_effect_not_the_batch(
+        store: Store, clock: SimulatedClock, kind: str) -> None:
+    """Six effects finish together and are recorded in one batch of fires; the writes of
+    two of them raise: those two are rescheduled (their transition not fired), the other
+    four are done with their follow-ups fired, each once."""
+    bad = {"r1", "r4"}
+
+    def writes(call: EffectCall) -> Any:
+        def write(tx: Any) -> None:
+            if call.key in bad:
+                raise ValueError(f"cannot write {call.key}")
+        return write
+
+    def a(call: EffectCall) -> FollowUp:
+        return FollowUp("a_done", writes=writes(call))
+
+    engine = engine_of(kind, store, [CHAIN], clock=clock, effects={
+        "a": Effect(a, Retry(max_attempts=3, base=60, jitter=0)),
+        "b": lambda c: None, "c": lambda c: FollowUp("c_done")})
+    try:
+        keys = [f"r{i}" for i in range(6)]
+        for key in keys:
+            engine.create("chain", key)
+            engine.fire(key, "go")
+        stats = worker_of(engine, concurrency=6).run_until_idle()
+        assert stats.retried == 2
+        for key in keys:
+            a_done = [e.trigger for e in engine.history(key)].count("a_done")
+            assert (engine.get(key).state, a_done) == (
+                ("first", 0) if key in bad else ("third", 1)), key
+        failed = {r.key: r for r in effect_records(engine) if r.name == "a"}
+        assert {k for k, r in failed.items() if r.status == "pending"} == bad
+        assert all("ValueError: cannot write" in (failed[k].last_error or "") for k in bad)
+        assert engine.verify() == []
+    finally:
+        closing(engine)()

@@ -141,7 +141,7 @@ def test_a_worker_paused_past_its_lease_starts_nothing_it_lost(
         p1.send_signal(signal.SIGCONT)
 
         def settled() -> bool:   # P1 finished its two, and either let the rest go or ran some
-            calls = gated.calls(tmp_path / "calls")
+            calls = [c for c in gated.calls(tmp_path / "calls") if c[0] != "writing"]
             ends = sum(1 for what, _, _ in calls if what == "end")
             return ends >= 14 and (len(calls) > 28 or any("were not started" in line
                                                           for line in log))

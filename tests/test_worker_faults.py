@@ -7,6 +7,7 @@ hang."""
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import os
 import signal
 import subprocess
@@ -15,14 +16,16 @@ import threading
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 from procs import gated
-from sqlalchemy import select, update
+from sqlalchemy import select, text, update
 from waiting import until
 
 from lifecycle import (
+    DatabaseError,
     Effect,
     EffectCall,
     Engine,
@@ -255,6 +258,14 @@ def _terminate(postgres_url: str, application_name: str) -> int:
     return len(rows)
 
 
+def _backends(postgres_url: str, application_name: str) -> int:
+    base = postgres_url.split("?", 1)[0].replace("postgresql+psycopg://", "postgresql://", 1)
+    with psycopg.connect(base, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+                           (application_name,)).fetchone()
+    return int(row[0]) if row else 0
+
+
 def test_lost_connections_cost_nothing_but_time(postgres_url: str, tmp_path: Path,
                                                 plugin_env: dict[str, str]) -> None:
     """Every connection of a running `lifecycle worker` is cut, again and again, while it
@@ -293,6 +304,49 @@ def test_lost_connections_cost_nothing_but_time(postgres_url: str, tmp_path: Pat
     assert "Traceback" not in stderr
     print(f"{cuts} connections cut; 120 effects each done once")
     engine.store.dispose()
+
+
+def test_a_connection_known_lost_is_not_logged_by_the_pool_as_an_error(
+        postgres_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Each way the store writes on a connection (a held write, a write on a borrowed
+    connection, as an effect's saved progress is, a read and a transaction of SQLAlchemy
+    Core), its connection cut by `pg_terminate_backend`: the use fails with lifecycle's
+    DatabaseError (once per dead connection the pool held) and then works again, and
+    SQLAlchemy's pool logs no ERROR with a
+    traceback for a connection lifecycle already knew was lost."""
+    store = Store(postgres_url)
+    name = postgres_url.rsplit("application_name=", 1)[1]
+    uses = {"write": lambda: store.write(), "borrowed write": lambda: store.write(held=False)}
+    cores = {"read": lambda: store.read(), "begin": lambda: store.begin()}
+    caplog.set_level(logging.DEBUG, logger="sqlalchemy.pool")
+    def failures(what: str, use: Any, run: Any) -> int:
+        """Use the store until a use works; how many failed (each dead connection the
+        pool held fails once, then goes)."""
+        failed = 0
+        while True:
+            try:
+                with use() as tx:
+                    run(tx)
+                return failed
+            except DatabaseError:
+                failed += 1
+                assert failed <= 20, f"{what}: the connections stay lost"
+
+    try:
+        for what, use in [*uses.items(), *cores.items()]:
+            run = ((lambda tx: tx.execute("SELECT 1")) if what in uses
+                   else (lambda db: db.execute(text("SELECT 1"))))
+            failed = 0
+            for _ in range(3):
+                failures(what, use, run)
+                assert _terminate(postgres_url, name) >= 1
+                until(lambda: _backends(postgres_url, name) == 0, "the backends to end")
+                failed += failures(what, use, run)
+            assert failed >= 1, f"{what}: no cut was noticed"
+    finally:
+        store.dispose()
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [], [r.getMessage() for r in errors]
 
 
 def test_a_handlers_error_is_stored_without_the_passwords_it_names(store: Store) -> None:

@@ -161,12 +161,12 @@ class _DyingWorker(Worker):
 
     dead = False
 
-    def _finish(self, call: EffectCall, kind: str, value: Any) -> None:
+    def _settle(self, call: EffectCall, kind: str, value: Any) -> Any:
         if kind == "error" and isinstance(value, _Death):
             self.dead = True
             self.stop(fast=True)
-            return
-        super()._finish(call, kind, value)
+            return None
+        return super()._settle(call, kind, value)
 
 
 def after(plan: Plan, loop: EventLoop, clock: SimulatedClock, directory: Path,

@@ -172,7 +172,10 @@ class HeldConnections:
                 return
             self._held.remove(connection)
         try:
-            connection.invalidate() if broken else connection.close()
+            if broken or _broken(connection.dbapi_connection):
+                connection.invalidate()
+            else:
+                connection.close()
         except Exception as exc:  # it is being given back; nothing else to do
             log.debug("releasing a held connection: %s", exc)
 
@@ -290,16 +293,19 @@ class Writing:
             self._connection.close()
 
     def _failed(self, exc: Exception) -> None:
-        """After an error: a held connection that broke is thrown away; one from the pool
-        goes back."""
+        """After an error: a connection that broke is thrown away (never reset by the pool,
+        which would log it as an ERROR); one from the pool that did not goes back."""
         held = self._held
         dbapi = self._connection.dbapi_connection
+        errors: Any = held.engine.dialect.dbapi
+        broken = isinstance(exc, errors.Error) and _broken(dbapi)
         if self._keep:
-            errors: Any = held.engine.dialect.dbapi
-            if isinstance(exc, errors.Error) and _broken(dbapi):
-                held._discard()
+            if broken:  # thrown away, not reset by the pool (which would log the lost
+                held._discard()  # connection as an ERROR with its traceback)
         else:
-            self._connection.close()
+            if broken:
+                self._connection.invalidate()
+            self._connection.close()  # (after invalidate(): nothing goes back to the pool)
 
 
 def _idle(dbapi: Any) -> bool:

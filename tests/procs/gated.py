@@ -1,6 +1,8 @@
 """A plugin for the worker fault tests (``LIFECYCLE_PLUGINS=procs.gated``): the handler of
 ``work`` appends ``start KEY ATTEMPT`` and ``end KEY ATTEMPT`` to $GATED_CALLS, waits while
-$GATED_GATE exists, and then for $GATED_SECONDS more."""
+$GATED_GATE exists, and then for $GATED_SECONDS more. Its follow-up's writes, in the
+transaction that records the effect done, append ``writing KEY ATTEMPT`` and, for the key
+$GATED_HOLD_KEY, wait while $GATED_HOLD exists (that transaction held open)."""
 
 from __future__ import annotations
 
@@ -37,7 +39,14 @@ def _work(call: EffectCall) -> FollowUp:
         time.sleep(0.02)
     time.sleep(float(os.environ.get("GATED_SECONDS", "0")))
     _note(f"end {call.key} {call.attempt}")
-    return FollowUp("finished")
+    return FollowUp("finished", writes=lambda tx: _writing(call))
+
+
+def _writing(call: EffectCall) -> None:
+    _note(f"writing {call.key} {call.attempt}")
+    hold = Path(os.environ.get("GATED_HOLD", "/nonexistent"))
+    while call.key == os.environ.get("GATED_HOLD_KEY") and hold.exists():
+        time.sleep(0.02)
 
 
 effects = {"work": Effect(_work, timeout=600.0)}

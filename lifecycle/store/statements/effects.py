@@ -54,6 +54,38 @@ class EffectStatements(Compiling):
             claimant=null()))
         self.save_progress = sql(update(outbox).where(*claimed).values(
             progress=bindparam("progress")))
+        self._batches()
+
+    def _batches(self) -> None:
+        """A worker's batch of outcomes in three statements on PostgreSQL, whatever its
+        size (SQLite, in this process, runs the statements of each effect instead): the
+        outcomes (``finish_effects``: arrays ``ids``, ``attempts``, ``statuses``,
+        ``errors``; ``claimed_by_``, ``now``), each fenced by claim and attempt as
+        ``finish_effect``, RETURNING the ids recorded; the rows of their resources locked
+        (``lock_resources_of_effects``, ``ids``, in id order); and the heads of the done
+        ones passed on (``pass_heads``, ``ids``; one effect of a resource at most)."""
+        self.finish_effects: str | None = None
+        self.lock_resources_of_effects: str | None = None
+        self.pass_heads: str | None = None
+        if self.dialect.name != "postgresql":
+            return
+        e, r = outbox.name, resources.name
+        self.finish_effects = (
+            f"UPDATE {e} AS e SET status = b.status, finished_at = %(now)s, "
+            "last_error = b.error, lease_until = NULL "
+            "FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(statuses)s::text[], "
+            "%(errors)s::text[]) AS b(id, attempts, status, error) "
+            "WHERE e.id = b.id AND e.attempts = b.attempts AND e.claimed_by = %(claimed_by_)s "
+            f"AND e.status = '{RUNNING}' RETURNING e.id")
+        self.lock_resources_of_effects = (
+            f"SELECT id FROM {r} WHERE id IN (SELECT resource_id FROM {e} "
+            "WHERE id = ANY(%(ids)s::bigint[])) ORDER BY id FOR UPDATE")
+        self.pass_heads = (
+            f"UPDATE {e} SET head = CASE WHEN id = ANY(%(ids)s::bigint[]) THEN NULL ELSE 1 END "
+            "WHERE id = ANY(%(ids)s::bigint[]) OR id IN ("
+            f"SELECT (SELECT min(a.id) FROM {e} AS a WHERE a.resource_id = d.resource_id "
+            f"AND a.id > d.id AND a.status = '{PENDING}') FROM {e} AS d "
+            "WHERE d.id = ANY(%(ids)s::bigint[]))")
 
     def _queue_heads(self) -> None:
         """Each resource's effects form a queue; its head (the first open effect, marked
