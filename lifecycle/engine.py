@@ -730,7 +730,7 @@ class Engine:
                 return (StaleObservation(outcome.result, dest=outcome.dest,
                                          probe_error=outcome.probe_error)
                         if on_stale == "raise" else outcome.result)
-            return outcome
+            return cast(FireResult | LifecycleError | _Again, outcome)
 
         done = yield from self._many([fire[0] for fire in order], "fire", attempt, batch,
                                      skip=refused, probes=probes)

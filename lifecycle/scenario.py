@@ -374,7 +374,7 @@ def run_effect(engine: Engine, key: str) -> str:
     resource = engine.get(key)
     worker = Worker(engine, seed=0, batch=_ALL)
     try:
-        claimed = worker._claim(_ALL)
+        claimed = worker._claim(_ALL, [])
         mine = [c for c in claimed if (c.machine, c.key) == (resource.machine, resource.key)]
         worker._give_back([c for c in claimed if c not in mine])
         if not mine:
@@ -387,7 +387,8 @@ def run_effect(engine: Engine, key: str) -> str:
             outcome: tuple[str, Any] = ("ok", answer)
         except Exception as exc:  # the handler's failure is recorded, not raised
             outcome = ("error", exc)
-        worker._finish(call, *outcome)
+        worker._finished(call, *outcome)
+        worker._record()
         worker._let_go([call.id])
     finally:
         worker._heartbeat_stopped()
