@@ -224,7 +224,7 @@ INTEGRATION_TESTS = {
     # a store of their own
     "test_states_named_on_and_off_are_strings",
     "test_a_data_field_timeout_out_of_range_is_invalid_data",
-    "test_the_simulation_reproduces_the_seed_and_the_fix",
+    "test_the_simulation_reproduces_the_incident_and_the_fix",
     # the startd's FETCH_WORK hook, a program run in a subprocess
     "test_fetch_work_hook_reads_the_slot_ad_and_prints_a_job_ad",
     "test_fetch_work_hook_empty_output_is_no_work",

@@ -128,7 +128,7 @@ def expected_ad(data: dict[str, Any], payload: dict[str, Any]) -> dict[str, Any]
 # -- the machine --------------------------------------------------------------------------------
 
 
-def test_the_steps_follow_the_seeds_order() -> None:
+def test_the_steps_follow_the_incidents_order() -> None:
     builtin = builtins()["job_exit"]
     spec = builtin.spec
     chain, state = [], spec.initial

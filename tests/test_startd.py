@@ -392,7 +392,7 @@ def test_unreadable_fetch_output_does_not_evict_the_idle_fetch_claim(store: Stor
 
 
 @pytest.mark.parametrize("cycle", ["today", "report"])
-def test_the_seed_s_startd_throws_the_advertised_claim_away(store: Store, cycle: str) -> None:
+def test_the_incidents_startd_throws_the_advertised_claim_away(store: Store, cycle: str) -> None:
     """Without option C, the report's cycle makes a new id at every step, so a schedd never
     catches one; today's keeps the id the slot advertised on entering Claimed for as long
     as fetched jobs follow one another."""
@@ -807,7 +807,7 @@ def test_the_collector_gets_the_full_advertised_id_privately(published: Slot) ->
 # -- the simulation ------------------------------------------------------------------------------
 
 
-def test_the_simulation_reproduces_the_seed_and_the_fix() -> None:
+def test_the_simulation_reproduces_the_incident_and_the_fix() -> None:
     from lifecycle.sim import simulations
 
     simulation = simulations()["startd-fetch"]
