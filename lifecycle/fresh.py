@@ -151,10 +151,7 @@ def call_probe(name: str, probe: Probe, request: ProbeRequest,
 
     def ask() -> None:
         try:
-            answer = probe(request)
-            if inspect.isawaitable(answer):  # a coroutine probe: run here, in its thread
-                answer = asyncio.run(_awaited(answer))
-            outcome["answer"] = answer
+            outcome["answer"] = run_to_end(probe(request))  # here, in its thread
         except BaseException as exc:  # the failure is the caller's to report
             outcome["error"] = exc
         with _hung_lock:
@@ -174,6 +171,12 @@ def call_probe(name: str, probe: Probe, request: ProbeRequest,
         exc = outcome["error"]
         raise ProbeFailed(f"probe {name} failed: {type(exc).__name__}: {exc}") from exc
     return checked_answer(name, outcome["answer"])
+
+
+def run_to_end(answer: Any) -> Any:
+    """What a probe or a handler called on this thread answered: an awaitable (a coroutine
+    function's call) run to its end in an event loop of its own; anything else as it is."""
+    return asyncio.run(_awaited(answer)) if inspect.isawaitable(answer) else answer
 
 
 async def _awaited(answer: Awaitable[Any]) -> Any:

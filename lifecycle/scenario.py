@@ -26,9 +26,8 @@ steps:
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import datetime as dt
-import inspect
 import json
 import tempfile
 from collections.abc import Callable, Iterable, Mapping
@@ -43,6 +42,7 @@ from .documents import DocumentError, compose_yaml, load_yaml, read_text
 from .effects import EffectCall
 from .engine import Engine
 from .errors import LifecycleError, ScenarioError
+from .fresh import run_to_end
 from .outbox import retry_failed
 from .spec import MachineSpec, load_spec, suggest
 from .store import Store
@@ -358,12 +358,8 @@ def crash_effect(engine: Engine, key: str) -> str:
                       idempotency_key, value(fence) if fence is not None else None,
                       attempts + 1, seq, trigger, dict(value(payload) or {}),
                       dict(resource.data), dict(value(progress) or {}), engine.clock.now())
-    try:
-        answer = engine.handlers[name].handler(call)
-        if inspect.isawaitable(answer):
-            asyncio.run(_awaited(answer))
-    except Exception:  # lost with the worker, as its outcome is
-        pass
+    with contextlib.suppress(Exception):  # its failure is lost with the worker, as its
+        run_to_end(engine.handlers[name].handler(call))  # outcome is
     return str(name)
 
 
@@ -381,10 +377,8 @@ def run_effect(engine: Engine, key: str) -> str:
             raise ValueError(f"run_effect: {key} has no effect due")
         call = mine[0]
         try:
-            answer = engine.handlers[call.name].handler(call)
-            if inspect.isawaitable(answer):
-                answer = asyncio.run(_awaited(answer))
-            outcome: tuple[str, Any] = ("ok", answer)
+            handler = engine.handlers[call.name].handler
+            outcome: tuple[str, Any] = ("ok", run_to_end(handler(call)))
         except Exception as exc:  # the handler's failure is recorded, not raised
             outcome = ("error", exc)
         worker._finished(call, *outcome)
@@ -411,10 +405,6 @@ def fire_timers(engine: Engine, key: str) -> int:
         raise ValueError(f"fire_timers: {key} has no timer due")
     return sum(engine.fire_timer(timer_id, f"{resource.machine}:{resource.key}", trigger)
                is not None for timer_id, trigger in due)
-
-
-async def _awaited(answer: Any) -> Any:
-    return await answer
 
 
 def _fire(step: Step, engine: Engine) -> dict[str, Any]:

@@ -20,9 +20,7 @@ recorded in the transaction of the trigger it fires through ``Engine.fire(within
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
-import inspect
 import math
 import os
 import queue
@@ -32,7 +30,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
@@ -49,6 +47,7 @@ from .errors import (
     RetryableError,
     UnknownResource,
 )
+from .fresh import run_to_end
 from .logs import logger
 from .processes import host_prefix, is_gone, this_process
 from .records import FireResult
@@ -562,10 +561,8 @@ class Worker:
                 continue
             effect = self.engine.handlers[call.name]
             try:
-                answer = effect.handler(call)
-                if inspect.isawaitable(answer):  # a coroutine handler: run in this thread
-                    answer = asyncio.run(_awaited(answer))
-                outcome: tuple[str, Any] = ("ok", answer)
+                # a coroutine handler runs to its end in this thread
+                outcome: tuple[str, Any] = ("ok", run_to_end(effect.handler(call)))
             except BaseException as exc:  # the handler's failure is recorded, not raised
                 outcome = ("error", exc)
             with self._lock:
@@ -924,10 +921,6 @@ class _Plain:
     status: str
     message: str = ""
     delay: float = 0.0
-
-
-async def _awaited(answer: Awaitable[Any]) -> Any:
-    return await answer
 
 
 class _Outcome(Within):

@@ -16,9 +16,7 @@ and worker, which is where the two are checked against each other.
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
-import inspect
 import random
 from dataclasses import dataclass, replace
 from typing import Any
@@ -28,7 +26,7 @@ from ..compiled import CompiledMachine, Decision, GuardContext
 from ..effects import Effect, EffectCall, FollowUp, as_effect
 from ..engine import fence_for, validated_data
 from ..errors import LifecycleError, PermanentError, ProbeFailed
-from ..fresh import ProbeRequest, checked_answer
+from ..fresh import ProbeRequest, checked_answer, run_to_end
 from ..graph import EVENTLESS
 from ..records import Observation
 from ..scenario import Playable, World
@@ -226,10 +224,7 @@ class Memory:
         request = ProbeRequest(self.spec.name, resource.key, resource.state, resource.version,
                                thaw(resource.data), self._observation(resource.seen))
         try:
-            answer = self.probes[name](request)
-            if inspect.isawaitable(answer):
-                answer = asyncio.run(_awaited(answer))
-            status, observed_at = checked_answer(name, answer)
+            status, observed_at = checked_answer(name, run_to_end(self.probes[name](request)))
         except ProbeFailed:
             return None
         except Exception:  # a probe that raised failed, as call_probe says
@@ -326,9 +321,7 @@ class Memory:
         if effect is None:
             return call, PermanentError(f"no handler for effect {head.name!r}")
         try:
-            answer = effect.handler(call)
-            if inspect.isawaitable(answer):
-                answer = asyncio.run(_awaited(answer))
+            answer = run_to_end(effect.handler(call))
         except Exception as exc:  # the handler's failure is recorded, not raised
             return call, exc
         return call, answer
@@ -402,6 +395,4 @@ def _observed(resource: Res, status: Frozen, at: float, source: str) -> Res:
     return replace(resource, seen=Seen(status, at, source))
 
 
-async def _awaited(answer: Any) -> Any:
-    return await answer
 
