@@ -219,6 +219,9 @@ BatchSystem:
             e.dest == "drain" for e in engine.history(f"drone:{second.key}")
             if e.source == "cleanup"), "the second drone drained after its cleanup", WAIT)
         job = second.data["remote_id"]
+        # the drone may see its job Running before the executor's own squeue does and
+        # writes the marker: wait for the marker, then check that it names this job
+        until(lambda: (tmp_path / "started").exists(), "the executor's marker", WAIT)
         assert (tmp_path / "started").read_text() == job   # it started before the removal
         # (a heartbeat that saw it still pending meanwhile asks for one more terminate: the
         # same fence leaves the job alone again)
