@@ -97,6 +97,9 @@ class CompiledMachine:
         self.entry_effects = dict(graph.entry_effects)
         self.on_entry = bool(self.timeouts or self.entry_effects)
         """Whether crossing into a state can ask for anything (timers, entry effects)."""
+        self.follows_transitions = getattr(spec.data_model, "follows_transitions",
+                                           False) is True
+        """Whether the data model computes the data each transition leaves (startd's)."""
         # A machine is asked through tables of ``transitions``' own transitions (trigger and
         # leaf -> the transitions to try, in order, each with its conditions), which is what
         # a trigger does, without the model round trip, the callbacks and the logging. A flat

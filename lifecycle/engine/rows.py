@@ -1,0 +1,68 @@
+"""Reading resources inside a write: one by key (:func:`locate`), a batch's
+(:func:`read_rows`), each as the :class:`Row` the decision and the write use."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import values
+from ..errors import AmbiguousKey, LifecycleError, UnknownResource
+from ..records import Observation
+from ..store import Store, Transaction
+from .outcomes import Row
+
+
+def locate(store: Store, tx: Transaction, key: str) -> Row:
+    """The resource ``key`` (``MACHINE:KEY`` or a plain key) read in ``tx``."""
+    machine, plain = values.split_key(key)
+    if machine is not None:
+        tx.execute(store.sql.resource_by_machine_key, {"machine": machine, "key": plain})
+    else:
+        tx.execute(store.sql.resource_by_key, {"key": plain})
+    rows = tx.fetchall()
+    if not rows:
+        raise UnknownResource(plain, machine)
+    if len(rows) > 1:
+        raise AmbiguousKey(plain, [row[1] for row in rows])
+    return row_of(store, rows[0])
+
+
+def row_of(store: Store, fetched: Any) -> Row:
+    """A row of ``Statements.resource_by_key`` (and its kin) as the hot path uses it."""
+    (rid, rmachine, rkey, state, version, seq, data, _spec_version, last_transition_at,
+     created_at, oid, status, observed_at, recorded_at, source) = fetched
+    observation = None
+    if oid is not None:
+        observation = Observation(oid, store.json_value(status),
+                                  store.time_value(observed_at),
+                                  store.time_value(recorded_at), source)
+    return Row(rid, rmachine, rkey, state, version, seq, store.json_value(data),
+               store.time_value(last_transition_at), created_at, observation)
+
+
+def read_rows(store: Store, tx: Transaction, keys: list[str], *,
+              whole: bool = True) -> dict[str, Any]:
+    """The resources of ``keys`` read in the transaction of ``tx`` (:class:`Row`s; with
+    ``whole=False`` only ``(id, machine, key)``), or why not (a ``LifecycleError``): one
+    statement per machine named (``MACHINE:KEY``), one per plain key."""
+    found: dict[str, Any] = {}
+    by_machine: dict[str, dict[str, str]] = {}
+    for key in dict.fromkeys(keys):
+        machine, plain = values.split_key(key)
+        if machine is not None:
+            by_machine.setdefault(machine, {})[plain] = key
+            continue
+        try:
+            row = locate(store, tx, key)
+            found[key] = row if whole else (row.id, row.machine, row.key)
+        except LifecycleError as exc:
+            found[key] = exc
+    sql = store.sql
+    statement = sql.resources_by_machine_keys if whole else sql.resource_ids_by_machine_keys
+    for machine, named in by_machine.items():
+        tx.execute(statement, {"machine": machine, "keys": sql.keys_param(list(named))})
+        for fetched in tx.fetchall():
+            found[named[fetched[2]]] = row_of(store, fetched) if whole else tuple(fetched[:3])
+        for plain, key in named.items():
+            found.setdefault(key, UnknownResource(plain, machine))
+    return found
