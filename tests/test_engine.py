@@ -424,3 +424,20 @@ def test_a_write_on_postgresql_costs_two_round_trips(postgres_url: str) -> None:
                          "step_many": [2] * 2, "timer": [2] * 3}, trips
     finally:
         counted.close()
+
+
+def test_compiling_a_machine_writes_nothing_and_a_write_stores_it_first(
+        store: Store, clock: SimulatedClock) -> None:
+    """``compiled`` (and ``spec``) read a machine that ``spec_for`` gives without storing it;
+    the first write of one of its resources stores it (outside that write's transaction), so
+    no journal row ever names a spec version the database does not hold."""
+    engine = Engine(store, guards=GUARDS, clock=clock,
+                    spec_for=lambda name: SLOT if name == "slot" else None)
+    assert engine.compiled("slot").spec.name == "slot"
+    assert engine.spec("slot").name == "slot"
+    assert engine.machine_names() == []  # neither kept by this engine nor stored
+    engine.create("slot", "s1")
+    assert engine.machine_names() == ["slot"]
+    [created] = engine.history("s1")
+    assert created.spec_version == engine.spec("slot").version
+    assert not engine.verify()
