@@ -144,9 +144,14 @@ class CompiledMachine:
         entries = self._table.get((trigger, state))
         if entries is None:
             entries = self._learn(state, trigger)
-        event = _Event(context)
+        event: _Event | None = None
         for entry in entries:
-            if all(c.func(event) == c.target for c in entry.conditions):
+            conditions = entry.conditions
+            if not conditions:  # an unguarded edge: nothing to ask
+                return Decision(True, entry.dest, entry.edge, context.guards)
+            if event is None:
+                event = _Event(context)
+            if all(c.func(event) == c.target for c in conditions):
                 return Decision(True, entry.dest, entry.edge, context.guards)
         return Decision(False, None, None, context.guards,
                         _Why(context.guards, self, state, trigger))

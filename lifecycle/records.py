@@ -29,7 +29,9 @@ def _iso(value: dt.datetime | None) -> str | None:
 def time_value(value: Any) -> dt.datetime:
     """A time as the database gives it (SQLite: text in UTC without a zone; PostgreSQL: an
     aware datetime) as an aware UTC datetime."""
-    if isinstance(value, str):
+    if type(value) is str:
+        if len(value) == 26 and value[19] == ".":  # as SQLite keeps it (schema.sqlite_time)
+            return dt.datetime.fromisoformat(value + "+00:00")
         value = dt.datetime.fromisoformat(value)
     assert isinstance(value, dt.datetime)
     return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
@@ -39,9 +41,24 @@ def optional_time(value: Any) -> dt.datetime | None:
     return None if value is None else time_value(value)
 
 
+_decode = json.JSONDecoder().raw_decode
+
+
 def json_value(value: Any) -> Any:
-    """A JSON column as the database gives it (SQLite: text; PostgreSQL: decoded)."""
-    return json.loads(value) if isinstance(value, str) else value
+    """A JSON column as the database gives it (SQLite: text; PostgreSQL: decoded).
+
+    SQLite's text is decoded without ``json.loads``' two whitespace scans (what lifecycle
+    writes has none around it; text that has is decoded by ``json.loads``); the empty
+    object, most resources' data, is not decoded at all."""
+    if type(value) is not str:
+        return value
+    if value == "{}":
+        return {}
+    try:
+        decoded, end = _decode(value)
+    except ValueError:
+        return json.loads(value)
+    return decoded if end == len(value) else json.loads(value)
 
 
 @dataclass(frozen=True, slots=True)

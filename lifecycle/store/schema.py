@@ -52,8 +52,12 @@ metadata = MetaData(
 
 
 def sqlite_time(value: dt.datetime) -> str:
-    """How a time is stored on SQLite: UTC, sortable text (SQLAlchemy's own format)."""
-    return value.astimezone(UTC).replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds")
+    """How a time is stored on SQLite: UTC, sortable text (SQLAlchemy's own format,
+    ``YYYY-MM-DD HH:MM:SS.ffffff``). Formatted with the zone and cut before it: one call
+    into C instead of three, on every write's path."""
+    if value.tzinfo is not UTC:
+        value = value.astimezone(UTC)
+    return value.isoformat(" ", "microseconds")[:26]
 
 
 class UtcDateTime(TypeDecorator[dt.datetime]):
