@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from importlib import metadata
@@ -40,6 +40,7 @@ from . import (
     postgres,
     queues,
     simulations,
+    sqlite_instructions,
     startup,
     vs_django,
     vs_sqlalchemy,
@@ -246,6 +247,9 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--profile-clock", choices=("wall", "cpu"), default="wall",
                         help="what --profile measures: wall-clock time, waits for the "
                         "database included (default), or this process's CPU time")
+    parser.add_argument("--no-instructions", action="store_true",
+                        help="with the sqlite group, skip counting a fire's instructions "
+                        "under valgrind's callgrind (lifecycle against raw sqlite3)")
     parser.add_argument("--top", type=int, default=25,
                         help="functions listed per ordering with --profile (default 25)")
     args = parser.parse_args(argv)
@@ -398,6 +402,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     else check.settings(args.rounds, args.quick)
                     if group == "check" else settings,
                     skipped, lambda message: status.update(message)))
+            instructions = _instructions(args, groups, lambda message: status.update(message))
             verified = [db for db in ("sqlite", "postgresql") if f"fleet.{db}.fire" in results]
             if verified:
                 status.update("verify of each fleet, in a process of its own")
@@ -407,14 +412,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         print(json.dumps({**_to_json(results, skipped, settings, environment, elapsed,
                                      summary), "verify": verify_figures,
-                          "round_trips": network.ROUND_TRIPS}, indent=2))
+                          "round_trips": network.ROUND_TRIPS,
+                          "sqlite_instructions": instructions and {
+                              "fires": instructions.fires, "per_fire": instructions.per_fire,
+                              "ratio": instructions.ratio}}, indent=2))
     else:
         console = Console() if sys.stdout.isatty() else Console(width=130)
         console.print(_table(results, skipped, settings, environment, elapsed, summary,
                              quick=args.quick))
         if verify_figures:
             console.print(_verify_table(verify_figures))
+        if instructions is not None:
+            console.print(sqlite_instructions.report(instructions))
     return 0
+
+
+def _instructions(args: argparse.Namespace, groups: dict[str, list[Case]],
+                  progress: Callable[[str], None]) -> sqlite_instructions.Count | None:
+    """With the sqlite group: a SQLite fire's instructions, lifecycle's and raw sqlite3's
+    (callgrind; the load of the machine does not move them)."""
+    if "sqlite" not in groups or args.no_instructions:
+        return None
+    problem = sqlite_instructions.available()
+    if problem is not None:
+        Console(stderr=True).print(f"sqlite instructions skipped: {problem}", style="yellow")
+        return None
+    return sqlite_instructions.count(40 if args.quick else 200, 10 if args.quick else 50,
+                                     progress)
 
 
 VERIFY_SECONDS, VERIFY_MIB = 10.0, 100.0
