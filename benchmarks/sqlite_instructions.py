@@ -1,14 +1,14 @@
 """A persisted SQLite fire counted in CPU instructions, lifecycle against raw sqlite3.
 
 Time on a shared machine moves with its load; the instructions a program runs do not.
-This runs the two cases of ``--only sqlite`` (:func:`persisted.lifecycle_fire` and
-:func:`persisted.sqlite_floor`: the same file, pragmas and ``BEGIN IMMEDIATE``) under
-``valgrind --tool=callgrind``, each in a process of its own (the two at once). Each sets
-itself up and fires ``warm`` times uncounted (statements compiled, caches filled), then
-``fires`` times counted: callgrind collects only inside ``itertools.starmap``'s C function
-(``--toggle-collect=starmap_next``), which runs those fires and nothing else. The count
-divided by ``fires`` is one fire's instructions; lifecycle's over the floor's is the figure
-issue 31 sets at 1.3x.
+This runs three cases under ``valgrind --tool=callgrind``, each in a process of its own
+(all at once): lifecycle's fire (:func:`persisted.lifecycle_fire`), raw sqlite3 running the
+statements lifecycle runs, with its pragmas (:func:`statements`: the floor issue 31 sets
+1.3x over), and the ``--only sqlite`` floor (:func:`persisted.sqlite_floor`, three
+statements of its own). Each sets itself up and fires ``warm`` times uncounted (statements
+compiled, caches filled), then ``fires`` times counted: callgrind collects only inside
+``itertools.starmap``'s C function (``--toggle-collect=starmap_next``), which runs those
+fires and nothing else. The count divided by ``fires`` is one fire's instructions.
 
     python -m benchmarks.sqlite_instructions [--fires 200] [--warm 50]
 """

@@ -52,8 +52,11 @@ class GuardContext:
         return self.observation.status if self.observation is not None else {}
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Decision:
+    """What a machine decided for one trigger (not frozen: one is made on every fire, and a
+    frozen dataclass sets each field through ``object.__setattr__``)."""
+
     fired: bool
     dest: str | None
     edge: Edge | None

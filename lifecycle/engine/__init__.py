@@ -41,9 +41,9 @@ from .bulk import Fire
 from .checks import validated_data
 from .entries import fence_for
 from .machines import Guard, SpecFor
+from .outcomes import OnStale
 from .reads import Reads
 from .retry import Deciding
-from .single import OnStale
 
 
 class Engine(Reads):

@@ -20,10 +20,10 @@ from ..store import Transaction
 from ..transaction import Within
 from .checks import key_document
 from .observing import Checked
-from .outcomes import MOVED, Again, Row, Stale, Tries, Unsure
+from .outcomes import MOVED, Again, OnStale, Row, Stale, Tries, Unsure
 from .retry import Deciding
 from .rows import read_rows
-from .single import OnStale, SingleWrites
+from .single import SingleWrites
 
 T = TypeVar("T")
 Fire = tuple[str, str, Mapping[str, Any] | None, str | None, Within | None]

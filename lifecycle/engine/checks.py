@@ -65,6 +65,9 @@ def document(machine: str | None, key: str, given: Any, what: str,
 
 def key_document(key: str, given: Any, what: str, actor: str | None = None) -> dict[str, Any]:
     """:func:`document` for ``key`` as a caller gave it (checked first)."""
+    if given is None and actor is None:  # a fire without a payload: the key alone
+        looked_up(key)
+        return {}
     return document(values.split_key(looked_up(key))[0], key, given, what, actor)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from ..fresh import ProbeRequest
 from ..records import FireResult, Observation
@@ -15,6 +15,8 @@ from ..spec import EffectSpec
 from ..store import Pending
 from .checks import shown
 
+OnStale = Literal["raise", "return"]
+"""What a fire does with a journaled refusal of a risky edge: raise it, or return it."""
 MAX_PROBES = 3
 STALE_TIMER = "the timer is no longer pending"
 

@@ -14,12 +14,12 @@ from collections.abc import Callable, Generator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar, cast
 
-from ..errors import ConcurrencyError, InvalidData, ProbeFailed
+from ..errors import ConcurrencyError, InvalidData, ProbeFailed, StaleObservation
 from ..fresh import ProbeBatch, ProbeCall, ProbeOutcome, ProbeRequest, call_probe
 from ..logs import logger
 from ..store import Moved, Transaction
 from .observing import Observing
-from .outcomes import MOVED, Again, Tries, Unsure
+from .outcomes import MOVED, Again, OnStale, Stale, Tries, Unsure
 
 log = logger("lifecycle.engine")
 
@@ -64,10 +64,13 @@ class RetryLoop(Observing):
         except ProbeFailed as failure:
             return failure
 
-    def retrying(self, key: str, what: str, attempt: Attempt) -> Deciding[Any]:
+    def retrying(self, key: str, what: str, attempt: Attempt,
+                 on_stale: OnStale = "raise") -> Deciding[Any]:
         """Run ``attempt`` in a write transaction until it finishes; roll back and go again
         when it says why it cannot (see :class:`Again`), asking a probe (yielded: outside
-        any transaction) when that is why."""
+        any transaction) when that is why. A journaled refusal (:class:`Stale`, committed)
+        is raised as :class:`StaleObservation` or returned as its result, as ``on_stale``
+        says."""
         tries = Tries()
         for _ in range(self.max_attempts):
             try:
@@ -80,7 +83,12 @@ class RetryLoop(Observing):
             if type(outcome) is Unsure:  # its answer is in: the transaction committed
                 outcome = outcome.settled()
             if not isinstance(outcome, Again):
-                return outcome
+                if type(outcome) is not Stale:
+                    return outcome
+                if on_stale == "raise":
+                    raise StaleObservation(outcome.result, dest=outcome.dest,
+                                           probe_error=outcome.probe_error)
+                return outcome.result
             if outcome.machine is not None:
                 self.load(outcome.machine)  # outside the transaction: it may register
             elif outcome.probe is not None:

@@ -7,7 +7,7 @@ from typing import Any
 
 from .. import values
 from ..errors import AmbiguousKey, LifecycleError, UnknownResource
-from ..records import Observation
+from ..records import Observation, json_value, time_value
 from ..store import Store, Transaction
 from .outcomes import Row
 
@@ -31,13 +31,10 @@ def row_of(store: Store, fetched: Any) -> Row:
     """A row of ``Statements.resource_by_key`` (and its kin) as the hot path uses it."""
     (rid, rmachine, rkey, state, version, seq, data, _spec_version, last_transition_at,
      created_at, oid, status, observed_at, recorded_at, source) = fetched
-    observation = None
-    if oid is not None:
-        observation = Observation(oid, store.json_value(status),
-                                  store.time_value(observed_at),
-                                  store.time_value(recorded_at), source)
-    return Row(rid, rmachine, rkey, state, version, seq, store.json_value(data),
-               store.time_value(last_transition_at), created_at, observation)
+    observation = None if oid is None else Observation(
+        oid, json_value(status), time_value(observed_at), time_value(recorded_at), source)
+    return Row(rid, rmachine, rkey, state, version, seq, json_value(data),
+               time_value(last_transition_at), created_at, observation)
 
 
 def read_rows(store: Store, tx: Transaction, keys: list[str], *,

@@ -11,13 +11,12 @@ reads the row (``rows.locate``), decides (``CompiledMachine.decide``) and writes
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 from .. import queries
 from ..errors import (
     InvalidData,
     ResourceExists,
-    StaleObservation,
     UnknownState,
     UnknownTrigger,
 )
@@ -27,12 +26,10 @@ from ..store import Transaction
 from ..transaction import Within
 from .checks import document, key_document, new_key, shown, validated_data
 from .entries import entered, journal_row
-from .outcomes import MOVED, STALE_TIMER, Again, Entry, Row, Stale, Tries, unsure_or
+from .outcomes import MOVED, STALE_TIMER, Again, Entry, OnStale, Row, Tries, unsure_or
 from .retry import Deciding
 from .rows import locate
 from .transitions import TimerFired, Transitions
-
-OnStale = Literal["raise", "return"]
 
 
 class SingleWrites(Transitions):
@@ -138,7 +135,8 @@ class SingleWrites(Transitions):
         writes, yielding each probe call it needs (see :meth:`drive`)."""
         checked = key_document(key, payload, "payload", actor)
         if trigger == EVENTLESS:  # not a trigger of any machine: eventless edges need step()
-            machine = queries.get(self.store, key).machine  # UnknownResource first, as for any trigger
+            # UnknownResource first, as for any trigger
+            machine = queries.get(self.store, key).machine
             raise UnknownTrigger(machine, trigger, sorted(self.compiled(machine).triggers),
                                  hint="eventless edges are taken by step(), not fired")
         return self.firing_checked(key, trigger, checked, actor, on_stale, within)
@@ -173,18 +171,11 @@ class SingleWrites(Transitions):
                        actor: str | None, on_stale: OnStale,
                        within: Within | None) -> Deciding[FireResult]:
         """A fire whose arguments were checked: the retry loop around
-        :meth:`decide_and_write`; a journaled refusal raised or returned, as asked."""
+        :meth:`decide_and_write` (a journaled refusal raised or returned, as asked)."""
         def attempt(tx: Transaction, tries: Tries) -> Any:
             return self.decide_and_write(tx, key, trigger, payload, actor, within, tries)
 
-        outcome = cast(FireResult | Stale,
-                       (yield from self.retrying(key, shown(trigger), attempt)))
-        if isinstance(outcome, Stale):
-            if on_stale == "raise":
-                raise StaleObservation(outcome.result, dest=outcome.dest,
-                                       probe_error=outcome.probe_error)
-            return outcome.result
-        return outcome
+        return self.retrying(key, shown(trigger), attempt, on_stale)
 
 
-__all__ = ["OnStale", "SingleWrites"]
+__all__ = ["SingleWrites"]
