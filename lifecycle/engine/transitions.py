@@ -48,7 +48,7 @@ class Transitions(RetryLoop):
             if type(within) is TimerFired:
                 within.ahead(tx)  # sent with the read: one round trip on PostgreSQL
             row = locate(self.store, tx, key)
-        compiled = self.loaded(row.machine)
+        compiled = self._compiled.get(row.machine)  # (a method call costs every fire)
         if compiled is None:
             return Again(machine=row.machine)
         if trigger != EVENTLESS and trigger not in compiled.triggers:
@@ -142,9 +142,10 @@ class Transitions(RetryLoop):
                            timers, at, strict=strict)
         if written is None:
             return MOVED
-        return unsure_or(written, FireResult(
-            True, row.machine, row.key, shown(trigger), row.state, dest, row.version + 1,
-            guards=decision.guards, fence=fence, probed=probed, seq=seq, effects=len(effects)))
+        result = FireResult(True, row.machine, row.key, shown(trigger), row.state, dest,
+                            row.version + 1, None, decision.guards, None, fence, probed, seq,
+                            len(effects))
+        return result if written.__class__ is int else unsure_or(written, result)
 
     def write_refusal(self, tx: Transaction, compiled: CompiledMachine, row: Row,
                       trigger: str, payload: dict[str, Any], actor: str | None,
