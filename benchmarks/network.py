@@ -17,20 +17,18 @@ they took before writes were pipelined (:data:`BEFORE`).
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from sqlalchemy import func, select
-from sqlalchemy.engine import make_url
 
 from lifecycle import Engine, Store
 from lifecycle.store import observations, resources
 
 from . import persisted, toggle
 from .harness import Bench, BenchError, Case, Measurement, Workspace
+from .netproxy import Proxy
 
 DELAYS_MS = (0.0, 0.25, 1.0)
 """Held per chunk on its way to the server; 0: no proxy, the server directly."""
@@ -47,42 +45,6 @@ PRIMING = 10
 ROUND_TRIPS: dict[str, float] = {}
 """Round trips per operation, by case, as the proxy counted them (filled by each case's
 verify)."""
-
-
-class Proxy:
-    """A :mod:`benchmarks.netproxy` process in front of the server of ``url``."""
-
-    def __init__(self, url: str, delay_ms: float) -> None:
-        parsed = make_url(url)
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.netproxy", "--delay-ms", str(delay_ms),
-             "--upstream", f"{parsed.host or '127.0.0.1'}:{parsed.port or 5432}"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        assert self.process.stdout is not None
-        line = self.process.stdout.readline()
-        if not line.strip().isdigit():
-            self.close()
-            raise BenchError(f"the proxy did not start (it said {line!r})")
-        self.port = int(line)
-        self.url = make_url(url).set(host="127.0.0.1", port=self.port).render_as_string(
-            hide_password=False)
-
-    def round_trips(self) -> int:
-        assert self.process.stdin is not None and self.process.stdout is not None
-        self.process.stdin.write(b"count\n")
-        self.process.stdin.flush()
-        return int(self.process.stdout.readline())
-
-    def close(self) -> None:
-        if self.process.stdin is not None:
-            self.process.stdin.close()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        if self.process.stdout is not None:
-            self.process.stdout.close()
 
 
 def _engine_op(kind: str, url: str) -> AbstractContextManager[Bench]:
@@ -154,7 +116,10 @@ def _case(kind: str, delay_ms: float) -> Case:
             with _engine_op(kind, url) as bench:
                 yield bench
             return
-        proxy = Proxy(url, delay_ms)
+        try:
+            proxy = Proxy(url, delay_ms)
+        except RuntimeError as exc:
+            raise BenchError(str(exc)) from None
         try:
             with _engine_op(kind, proxy.url) as bench:
                 # counted from the steady state: a statement's first runs cost psycopg
