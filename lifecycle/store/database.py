@@ -212,8 +212,9 @@ class HeldConnections:
         """A DBAPI cursor for reads of one statement each, on the thread's held connection and
         outside any transaction: each statement reads one consistent snapshot, and a read
         costs neither a pool checkout nor a BEGIN and a rollback. (SQLite's connection is in
-        autocommit mode already; PostgreSQL's is switched to it for the read, which psycopg
-        does without a round trip.) Inside a write transaction of the same thread, the read
+        autocommit mode already, and so is a PostgreSQL thread's held one, see
+        :class:`Pipelined`; one borrowed is switched to it for the read, which psycopg does
+        without a round trip.) Inside a write transaction of the same thread, the read
         is made in that transaction. A thread that holds no connection (it never wrote: an
         effect handler's, a reader's) borrows one from the pool for the read, as its writes
         do (``held=False``), so that many such threads do not each keep one."""

@@ -10,9 +10,11 @@ SQLite and PostgreSQL alike without looking at the driver.
 
 On SQLite its methods are the DBAPI cursor's own, bound once (``execute`` costs what the
 driver's does): the hot path pays nothing for the wrapper but its construction. On PostgreSQL
-it is a :class:`Pipelined` transaction: statements are sent as they come, without waiting for
-each (psycopg's pipeline mode), and a result is waited for only when it is read, so a fire
-costs two round trips (its read, then its writes with the COMMIT), not one per statement.
+it is a :class:`Pipelined` transaction: its reads of the resources go outside the
+transaction, its writes are sent without waiting for each (psycopg's pipeline mode, BEGIN and
+COMMIT only around two or more), and a result is waited for only when it is read, so a fire
+costs two round trips (its read, then its writes), not one per statement, and a decision to
+write nothing one.
 """
 
 from __future__ import annotations
@@ -53,23 +55,22 @@ def _postgres_json(value: Any) -> Any:
 def register_json_text() -> None:
     """Make psycopg send a :class:`JsonText` as ``jsonb`` (once; before connecting: a
     connection copies the adapters it starts with)."""
+    if _registered:
+        return
     import psycopg
     from psycopg.adapt import Dumper
-
-    if psycopg.adapters.get_dumper(JsonText, psycopg.adapt.PyFormat.TEXT) is _JsonbText[0]:
-        return
 
     class JsonbTextDumper(Dumper):
         oid = psycopg.adapters.types["jsonb"].oid
 
-        def dump(self, obj: Any) -> bytes:
+        def dump(self, obj: JsonText) -> bytes:
             return obj.encode()
 
-    _JsonbText[0] = JsonbTextDumper
     psycopg.adapters.register_dumper(JsonText, JsonbTextDumper)
+    _registered.append(True)
 
 
-_JsonbText: list[Any] = [None]
+_registered: list[bool] = []
 
 
 def _same(value: dt.datetime) -> dt.datetime:
