@@ -10,6 +10,11 @@ transaction that reads their rows (one statement), inserts their observations (o
 ``executemany``) and marks them newest (one ``executemany``), and one transaction that reads
 the rows again with their newest observations, which is what deciding needs. The goal: a
 heartbeat of 100,000 drones within 60 s on this machine.
+
+Each runs on the server directly and, as ``heartbeat.lifecycle.N.1ms`` and
+``heartbeat.floor.N.1ms``, through :mod:`benchmarks.netproxy` holding each message to the
+server 1 ms (a network's round trip, as section 15's): a heartbeat of 100,000 drones is to
+fit TARDIS's 60 s there too.
 """
 
 from __future__ import annotations
@@ -28,10 +33,13 @@ from lifecycle.store import resources
 
 from . import postgres
 from .harness import Bench, BenchError, Case, Settings, Workspace
+from .netproxy import Proxy
 
 UTC = dt.UTC
 SIZES = (10_000, 100_000)
 GOAL_SECONDS = 60.0
+DELAYS_MS = (0.0, 1.0)
+"""Held per message to the server by the proxy; 0: no proxy, the server directly."""
 
 
 class Steady:
@@ -54,11 +62,16 @@ _FILLED: dict[tuple[int, int], str] = {}
 
 
 @contextmanager
-def _pool(workspace: Workspace, size: int) -> Iterator[tuple[Store, Engine]]:
-    """``size`` available drones (filled once per workspace, shared by both cases)."""
+def _pool(workspace: Workspace, size: int,
+          delay_ms: float = 0.0) -> Iterator[tuple[Store, Engine]]:
+    """``size`` available drones (filled once per workspace, shared by the cases), through
+    the proxy when ``delay_ms``."""
     filled = _FILLED.get((id(workspace), size))
     url = filled or workspace.postgres_schema(f"heartbeat_{size}")
-    store = Store(url, upgrade=True)
+    if filled is None:
+        Store(url, upgrade=True).dispose()
+    proxy = Proxy(url, delay_ms) if delay_ms else None
+    store = Store(url if proxy is None else proxy.url)
     try:
         engine = Engine(store, [drone.SPEC], guards=drone.GUARDS, strict=False)
         if filled is None:
@@ -75,12 +88,22 @@ def _pool(workspace: Workspace, size: int) -> Iterator[tuple[Store, Engine]]:
         yield store, engine
     finally:
         store.dispose()
+        if proxy is not None:
+            proxy.close()
 
 
-def _lifecycle(size: int) -> Case:
+def _suffix(delay_ms: float) -> str:
+    return "." + f"{delay_ms:g}".replace(".", "_") + "ms" if delay_ms else ""
+
+
+def _where(delay_ms: float) -> str:
+    return f", +{delay_ms:g} ms/round trip" if delay_ms else ""
+
+
+def _lifecycle(size: int, delay_ms: float = 0.0) -> Case:
     @contextmanager
     def open_(workspace: Workspace) -> Iterator[Bench]:
-        with _pool(workspace, size) as (_store, engine):
+        with _pool(workspace, size, delay_ms) as (_store, engine):
             steady = Steady()
 
             def op() -> None:
@@ -90,16 +113,16 @@ def _lifecycle(size: int) -> Case:
 
             yield Bench(op)
 
-    return Case(f"heartbeat.lifecycle.{size}", f"reconcile, {size:,} drones",
-                open_, needs="postgres")
+    return Case(f"heartbeat.lifecycle.{size}{_suffix(delay_ms)}",
+                f"reconcile, {size:,} drones{_where(delay_ms)}", open_, needs="postgres")
 
 
-def _floor(size: int) -> Case:
+def _floor(size: int, delay_ms: float = 0.0) -> Case:
     @contextmanager
     def open_(workspace: Workspace) -> Iterator[Bench]:
         import psycopg
 
-        with _pool(workspace, size) as (store, _engine):
+        with _pool(workspace, size, delay_ms) as (store, _engine):
             sql = store.sql
             connection: Any = psycopg.connect(postgres.libpq(store.url))
             live = list(drone.LIVE_STATES)
@@ -145,8 +168,10 @@ def _floor(size: int) -> Case:
             finally:
                 connection.close()
 
-    return Case(f"heartbeat.floor.{size}", f"raw psycopg, batched, {size:,} drones",
-                open_, needs="postgres")
+    return Case(f"heartbeat.floor.{size}{_suffix(delay_ms)}",
+                f"raw psycopg, batched, {size:,} drones{_where(delay_ms)}", open_,
+                needs="postgres")
 
 
-CASES: list[Case] = [make(size) for size in SIZES for make in (_floor, _lifecycle)]
+CASES: list[Case] = [make(size, delay) for delay in DELAYS_MS for size in SIZES
+                     for make in (_floor, _lifecycle)]

@@ -17,12 +17,55 @@ import argparse
 import asyncio
 import contextlib
 import selectors
+import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 
 class Counts:
     round_trips = 0
+
+
+class Proxy:
+    """This proxy, as a process of its own, in front of the server of ``url`` (a SQLAlchemy
+    URL): ``url`` is the same through it; :meth:`round_trips` the count so far. The
+    benchmarks' network section and the tests that count round trips both use it."""
+
+    def __init__(self, url: str, delay_ms: float = 0.0) -> None:
+        from sqlalchemy.engine import make_url
+
+        parsed = make_url(url)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.netproxy", "--delay-ms", str(delay_ms),
+             "--upstream", f"{parsed.host or '127.0.0.1'}:{parsed.port or 5432}"],
+            cwd=Path(__file__).resolve().parents[1], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE)
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line.strip().isdigit():
+            self.close()
+            raise RuntimeError(f"the proxy did not start (it said {line!r})")
+        self.port = int(line)
+        self.url = parsed.set(host="127.0.0.1", port=self.port).render_as_string(
+            hide_password=False)
+
+    def round_trips(self) -> int:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(b"count\n")
+        self.process.stdin.flush()
+        return int(self.process.stdout.readline())
+
+    def close(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
 
 
 async def _pipe(connection: tuple[asyncio.StreamReader, asyncio.StreamWriter],

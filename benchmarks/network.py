@@ -13,24 +13,24 @@ they took before writes were pipelined (:data:`BEFORE`).
 - ``observe``: ``Engine.observe`` of one resource.
 - ``observe_many``: one ``Engine.observe_many`` batch of ``BATCH`` resources (one
   transaction); its time is per batch.
+- ``step_many``: one ``Engine.step_many`` batch of ``BATCH`` resources that have nothing to
+  do (a heartbeat's steady state): its read, and nothing written.
 """
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from sqlalchemy import func, select
-from sqlalchemy.engine import make_url
 
 from lifecycle import Engine, Store
-from lifecycle.store import observations, resources
+from lifecycle.store import journal, observations, resources
 
 from . import persisted, toggle
 from .harness import Bench, BenchError, Case, Measurement, Workspace
+from .netproxy import Proxy
 
 DELAYS_MS = (0.0, 0.25, 1.0)
 """Held per chunk on its way to the server; 0: no proxy, the server directly."""
@@ -41,48 +41,14 @@ GOAL_1MS = 0.5
 instead of five)."""
 BEFORE = {"fire": 5, "create": 4, "observe": 5, "observe_many": 6}
 """Round trips per operation before a write was pipelined into two (lifecycle 1b2e314, counted
-by this section): BEGIN, SELECT, UPDATE, INSERT and COMMIT each waited for."""
+by this section): BEGIN, SELECT, UPDATE, INSERT and COMMIT each waited for. (A step_many
+that writes nothing cost two once pipelined, its read with the BEGIN and the COMMIT, until
+a transaction that writes nothing sent nothing more: one.)"""
 PRIMING = 10
 """Operations run before the proxy's count starts."""
 ROUND_TRIPS: dict[str, float] = {}
 """Round trips per operation, by case, as the proxy counted them (filled by each case's
 verify)."""
-
-
-class Proxy:
-    """A :mod:`benchmarks.netproxy` process in front of the server of ``url``."""
-
-    def __init__(self, url: str, delay_ms: float) -> None:
-        parsed = make_url(url)
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.netproxy", "--delay-ms", str(delay_ms),
-             "--upstream", f"{parsed.host or '127.0.0.1'}:{parsed.port or 5432}"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        assert self.process.stdout is not None
-        line = self.process.stdout.readline()
-        if not line.strip().isdigit():
-            self.close()
-            raise BenchError(f"the proxy did not start (it said {line!r})")
-        self.port = int(line)
-        self.url = make_url(url).set(host="127.0.0.1", port=self.port).render_as_string(
-            hide_password=False)
-
-    def round_trips(self) -> int:
-        assert self.process.stdin is not None and self.process.stdout is not None
-        self.process.stdin.write(b"count\n")
-        self.process.stdin.flush()
-        return int(self.process.stdout.readline())
-
-    def close(self) -> None:
-        if self.process.stdin is not None:
-            self.process.stdin.close()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        if self.process.stdout is not None:
-            self.process.stdout.close()
 
 
 def _engine_op(kind: str, url: str) -> AbstractContextManager[Bench]:
@@ -109,6 +75,12 @@ def _lifecycle_op(kind: str, url: str) -> Iterator[Bench]:
         elif kind == "observe":
             def op() -> None:
                 engine.observe(keys[0], {"n": next(counter)})
+        elif kind == "step_many":
+            def op() -> None:
+                results = engine.step_many(keys)
+                if len(results) != BATCH or any(isinstance(r, Exception) or r.fired
+                                                for r in results):
+                    raise BenchError(f"step_many: {results[:3]}")
         else:
             def op() -> None:
                 n = next(counter)
@@ -118,7 +90,9 @@ def _lifecycle_op(kind: str, url: str) -> Iterator[Bench]:
 
         def verify(n: int) -> None:
             with store.read() as db:
-                if kind == "create":
+                if kind == "step_many":
+                    table, expected = journal, BATCH  # their creations, and nothing else
+                elif kind == "create":
                     table, expected = resources, BATCH + n
                 else:
                     table, expected = observations, n * (BATCH if kind == "observe_many" else 1)
@@ -141,7 +115,8 @@ def case_id(kind: str, delay_ms: float) -> str:
 
 LABELS = {"fire": "lifecycle Engine.fire", "floor": "raw psycopg, 5 statements",
           "create": "lifecycle Engine.create", "observe": "lifecycle Engine.observe",
-          "observe_many": f"lifecycle Engine.observe_many, {BATCH} resources"}
+          "observe_many": f"lifecycle Engine.observe_many, {BATCH} resources",
+          "step_many": f"lifecycle Engine.step_many, {BATCH} resources, none moving"}
 
 
 def _case(kind: str, delay_ms: float) -> Case:
@@ -154,7 +129,10 @@ def _case(kind: str, delay_ms: float) -> Case:
             with _engine_op(kind, url) as bench:
                 yield bench
             return
-        proxy = Proxy(url, delay_ms)
+        try:
+            proxy = Proxy(url, delay_ms)
+        except RuntimeError as exc:
+            raise BenchError(str(exc)) from None
         try:
             with _engine_op(kind, proxy.url) as bench:
                 # counted from the steady state: a statement's first runs cost psycopg
@@ -176,7 +154,7 @@ def _case(kind: str, delay_ms: float) -> Case:
     return Case(this, f"{LABELS[kind]}, {where}", open_, needs="postgres")
 
 
-KINDS = ("floor", "fire", "create", "observe", "observe_many")
+KINDS = ("floor", "fire", "create", "observe", "observe_many", "step_many")
 CASES: list[Case] = [_case(kind, delay) for delay in DELAYS_MS for kind in KINDS]
 
 

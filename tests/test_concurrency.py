@@ -17,10 +17,11 @@ import threading
 import time
 import traceback
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 from sqlalchemy import func, select
 
 from lifecycle import Engine, GuardContext, ResourceExists, Store
@@ -451,4 +452,105 @@ def test_a_timer_fire_whose_row_moved_undoes_the_timer_mark_and_goes_again(
         assert effects == 2  # ping, then tidy once
         with store.read() as db:
             assert db.execute(select(timers.c.status)).scalars().all() == ["fired"]
+        assert engine.verify() == []
+
+
+# -- what a write sends on PostgreSQL: what it must, and no more ------------------------------
+
+GUARDED: dict[str, Any] = {
+    "name": "guarded",
+    "initial": "idle",
+    "final": ["done"],
+    "states": ["idle", "done"],
+    "transitions": [{"trigger": "finish", "source": "idle", "dest": "done", "guards": ["go"]}],
+    "eventless": [{"source": "idle", "dest": "done", "guards": ["go"]}],
+}
+
+
+@pytest.fixture
+def counted(postgres_url: str) -> Iterator[Any]:
+    """The round trips between this test's engine and the server, counted by the benchmarks'
+    proxy (``benchmarks/netproxy.py``: a burst of messages after the server's answer is
+    one)."""
+    from benchmarks.netproxy import Proxy
+
+    Store(postgres_url, upgrade=True).dispose()
+    proxy = Proxy(postgres_url)
+    try:
+        yield proxy
+    finally:
+        proxy.close()
+
+
+def _trips(proxy: Any, op: Callable[[], Any]) -> int:
+    before = proxy.round_trips()
+    op()
+    return int(proxy.round_trips() - before)
+
+
+def test_a_write_that_writes_nothing_sends_nothing_after_its_read(counted: Any) -> None:
+    """A batch whose resources have nothing to do, a fire its guard refuses: their reads, one
+    round trip, and nothing more (no BEGIN, no COMMIT: nothing was written)."""
+    with Store(counted.url) as store:
+        engine = Engine(store, [GUARDED], guards={"go": lambda c: bool(c.data.get("go"))})
+        keys = [f"guarded:g{i}" for i in range(8)]
+        for key in keys:
+            engine.create("guarded", key.split(":")[1])
+        for _ in range(6):  # psycopg prepares a statement on its sixth run (a round trip)
+            engine.step_many(keys)
+            engine.fire(keys[0], "finish")
+        assert [_trips(counted, lambda: engine.step_many(keys)) for _ in range(3)] == [1] * 3
+        assert [_trips(counted, lambda: engine.fire(keys[0], "finish"))
+                for _ in range(3)] == [1] * 3
+        assert not engine.fire(keys[0], "finish").fired
+        # and what writes, writes: the read, then the writes with their commit
+        engine.update(keys[1], {"go": True})
+        assert _trips(counted, lambda: engine.step(keys[1])) == 2
+        assert engine.get(keys[1]).state == "done"
+        assert [e.kind for e in engine.history(keys[1])] == ["create", "update", "transition"]
+        assert [engine.get(k).state for k in keys].count("idle") == 7
+        assert engine.verify() == []
+
+
+def test_a_single_write_sent_alone_whose_row_moved_writes_nothing_and_goes_again(
+        postgres_url: str) -> None:
+    """A write with nothing else in its transaction is sent alone at the commit, without
+    BEGIN and COMMIT (one statement: atomic by itself). A strict one (a ``Within`` hook's,
+    here writing nothing) whose row another writer moved after the read fails whole, and the
+    fire is decided again on what was written; a plain one writes nothing and goes again."""
+    from lifecycle import Within
+
+    with Store(postgres_url, upgrade=True) as store, Store(postgres_url) as elsewhere:
+        other = Engine(elsewhere, [TOGGLE_SPEC], guards=GUARDS)
+        engine = Engine(store, [TOGGLE_SPEC], guards=GUARDS)
+        engine.create("toggle", "s")
+        engine.create("toggle", "p")
+        seen: list[str] = []
+
+        class Meddler(Within):
+            def after(self, tx: Any, result: Any) -> None:
+                seen.append(result.source)
+                if len(seen) == 1:  # between this fire's read and its write
+                    other.update("toggle:s", {"moved": 1})
+
+        result = engine.fire("toggle:s", "flip", within=Meddler())
+        assert result.fired and seen == ["a", "a"]
+        history = engine.history("toggle:s")
+        assert [(e.kind, e.trigger) for e in history] == [
+            ("create", None), ("update", None), ("transition", "flip")]
+        assert engine.get("toggle:s").data == {"moved": 1}
+
+        decided: list[int] = []
+
+        def ok(context: GuardContext) -> bool:
+            decided.append(context.version)
+            if len(decided) == 1:
+                other.update("toggle:p", {"moved": 2})
+            return True
+
+        plain = Engine(store, [TOGGLE_SPEC], guards={"ok": ok})
+        assert plain.fire("toggle:p", "set_b").fired
+        assert decided == [1, 2]
+        assert [(e.kind, e.trigger) for e in plain.history("toggle:p")] == [
+            ("create", None), ("update", None), ("transition", "set_b")]
         assert engine.verify() == []

@@ -386,3 +386,29 @@ def test_the_async_engine_reads_pages_too(store: Store) -> None:
 
     assert asyncio.run(main()) == (["toggle:b", "toggle:c"],
                                    ["toggle:a", "toggle:b", "toggle:c"])
+
+
+def test_a_pool_connection_a_write_borrowed_goes_back_out_of_autocommit(
+        postgres_url: str) -> None:
+    """A PostgreSQL write runs on a connection in autocommit (it says BEGIN and COMMIT
+    itself, and only when it must); one it borrowed from the pool (``held=False``) goes back
+    out of it, whether it wrote nothing, one statement, or two, so that a SQLAlchemy
+    transaction that gets it next is one. Times come in UTC as the session gives them."""
+    with Store(postgres_url, upgrade=True) as store:
+        engine = Engine(store, [TOGGLE])
+        engine.create("toggle", "t")
+        sql = store.sql
+        for writes in (0, 1, 2):
+            with store.write(held=False) as tx:
+                tx.execute(sql.resource_by_key, {"key": "t"})
+                row = tx.fetchall()[0]
+                connection = tx._connection  # type: ignore[attr-defined]
+                for _ in range(writes):
+                    tx.execute("UPDATE lifecycle_resources SET updated_at = updated_at "
+                               "WHERE id = %(id)s", {"id": row[0]})
+            assert connection.autocommit is False
+            assert row[8].tzinfo is dt.UTC  # last_transition_at
+        with pytest.raises(RuntimeError), store.begin() as db:
+            db.execute(text("UPDATE lifecycle_resources SET state = 'gone'"))
+            raise RuntimeError("rolled back")
+        assert engine.get("toggle:t").state != "gone"

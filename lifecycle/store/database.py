@@ -21,7 +21,7 @@ from ..errors import DatabaseError
 from ..logs import logger
 from ..urls import display_url
 from ..values import text_problem
-from .transaction import Pipelined, Transaction
+from .transaction import Pipelined, Transaction, register_json_text
 
 if TYPE_CHECKING:
     from .statements import Statements
@@ -99,7 +99,14 @@ def create_sa_engine(url: str) -> SAEngine:
         return _sqlite_engine(url)
     # No pre-ping: it costs a round trip per transaction; a broken connection is thrown
     # away when it fails (HeldConnections) and the next transaction opens a new one.
-    return create_engine(url)
+    # Sessions in UTC, set when connecting (no round trip): psycopg then gives times in
+    # datetime.UTC, which lifecycle keeps as they are instead of converting each one
+    # (an options of the URL's own comes after, and wins).
+    register_json_text()
+    given = parsed.query.get("options")
+    given = " ".join(given) if isinstance(given, tuple) else given
+    return create_engine(url, connect_args={
+        "options": f"-c TimeZone=UTC {given}" if given else "-c TimeZone=UTC"})
 
 
 def _sqlite_engine(url: str) -> SAEngine:
@@ -136,10 +143,11 @@ class _Holder:
     """A thread's connection; when the thread ends, its thread-local dies with it, and the
     connection goes back to the pool (see HeldConnections._connection)."""
 
-    __slots__ = ("__weakref__", "connection")
+    __slots__ = ("__weakref__", "connection", "writing")
 
     def __init__(self, connection: Any) -> None:
         self.connection = connection
+        self.writing: Pipelined | None = None  # the write transaction open on it, if any
 
 
 class HeldConnections:
@@ -172,9 +180,12 @@ class HeldConnections:
                 return
             self._held.remove(connection)
         try:
-            if broken or _broken(connection.dbapi_connection):
+            dbapi = connection.dbapi_connection
+            if broken or _broken(dbapi):
                 connection.invalidate()
             else:
+                if not self.sqlite and dbapi.autocommit and _idle(dbapi):
+                    dbapi.autocommit = False  # (held, it was in autocommit: see Pipelined)
                 connection.close()
         except Exception as exc:  # it is being given back; nothing else to do
             log.debug("releasing a held connection: %s", exc)
@@ -201,13 +212,16 @@ class HeldConnections:
         """A DBAPI cursor for reads of one statement each, on the thread's held connection and
         outside any transaction: each statement reads one consistent snapshot, and a read
         costs neither a pool checkout nor a BEGIN and a rollback. (SQLite's connection is in
-        autocommit mode already; PostgreSQL's is switched to it for the read, which psycopg
-        does without a round trip.) Inside a write transaction of the same thread, the read
+        autocommit mode already, and so is a PostgreSQL thread's held one, see
+        :class:`Pipelined`; one borrowed is switched to it for the read, which psycopg does
+        without a round trip.) Inside a write transaction of the same thread, the read
         is made in that transaction. A thread that holds no connection (it never wrote: an
         effect handler's, a reader's) borrows one from the pool for the read, as its writes
         do (``held=False``), so that many such threads do not each keep one."""
         holder = getattr(self._local, "holder", None)
         connection: Any = self.engine.raw_connection() if holder is None else holder.connection
+        if holder is not None and holder.writing is not None:
+            holder.writing.join()  # what it holds is sent first, for the read to see it
         dbapi = connection.dbapi_connection
         switched = not self.sqlite and not dbapi.autocommit and _idle(dbapi)
         try:
@@ -244,7 +258,7 @@ class Writing:
     """:meth:`HeldConnections.transaction`'s context manager: a class rather than nested
     generator-based ones, which cost a tenth of a SQLite fire's CPU."""
 
-    __slots__ = ("_connection", "_held", "_keep", "_lost", "_sql", "_tx")
+    __slots__ = ("_connection", "_held", "_holder", "_keep", "_lost", "_sql", "_tx")
     _connection: Any
 
     def __init__(self, held: HeldConnections, sql: Statements,
@@ -265,7 +279,10 @@ class Writing:
                 cursor.execute("BEGIN IMMEDIATE")
                 self._tx: Transaction = Transaction(cursor, "sqlite", self._sql)
             else:
-                self._tx = Pipelined(dbapi, self._sql)
+                self._tx = Pipelined(dbapi, self._sql, restore=not self._keep)
+                if self._keep:  # a read of this thread meanwhile joins it (reading())
+                    self._holder = held._local.holder
+                    self._holder.writing = self._tx
         except Exception as exc:
             self._failed(exc)
             raise (self._lost(exc) or exc) from None
@@ -274,6 +291,8 @@ class Writing:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  _tb: object) -> None:
         tx = self._tx
+        if self._keep and type(tx) is Pipelined:
+            self._holder.writing = None
         try:
             if kind is None:
                 tx.commit() if type(tx) is Pipelined else \

@@ -10,9 +10,11 @@ SQLite and PostgreSQL alike without looking at the driver.
 
 On SQLite its methods are the DBAPI cursor's own, bound once (``execute`` costs what the
 driver's does): the hot path pays nothing for the wrapper but its construction. On PostgreSQL
-it is a :class:`Pipelined` transaction: statements are sent as they come, without waiting for
-each (psycopg's pipeline mode), and a result is waited for only when it is read, so a fire
-costs two round trips (its read, then its writes with the COMMIT), not one per statement.
+it is a :class:`Pipelined` transaction: its reads of the resources go outside the
+transaction, its writes are sent without waiting for each (psycopg's pipeline mode, BEGIN and
+COMMIT only around two or more), and a result is waited for only when it is read, so a fire
+costs two round trips (its read, then its writes), not one per statement, and a decision to
+write nothing one.
 """
 
 from __future__ import annotations
@@ -30,15 +32,45 @@ if TYPE_CHECKING:
     from .statements import Statements
 
 
+_ENCODE = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+"""The one JSON encoder (``json.dumps`` with options of its own makes one per call)."""
+
+
 def _sqlite_json(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), allow_nan=False)
+    return _ENCODE(value)
+
+
+class JsonText(str):
+    """A JSON document's text as a PostgreSQL parameter: ``jsonb`` (the dumper registered
+    for it when a store opens a PostgreSQL database, :func:`register_json_text`), encoded
+    once, wrapped in nothing else."""
+
+    __slots__ = ()
 
 
 def _postgres_json(value: Any) -> Any:
-    from psycopg.types.json import Jsonb
+    return JsonText(_ENCODE(value))
 
-    text = json.dumps(value, separators=(",", ":"), allow_nan=False)
-    return Jsonb(value, dumps=lambda _: text)
+
+def register_json_text() -> None:
+    """Make psycopg send a :class:`JsonText` as ``jsonb`` (once; before connecting: a
+    connection copies the adapters it starts with)."""
+    if _registered:
+        return
+    import psycopg
+    from psycopg.adapt import Dumper
+
+    class JsonbTextDumper(Dumper):
+        oid = psycopg.adapters.types["jsonb"].oid
+
+        def dump(self, obj: JsonText) -> bytes:
+            return obj.encode()
+
+    psycopg.adapters.register_dumper(JsonText, JsonbTextDumper)
+    _registered.append(True)
+
+
+_registered: list[bool] = []
 
 
 def _same(value: dt.datetime) -> dt.datetime:
@@ -184,24 +216,40 @@ class Pending:
 
 
 class Pipelined(Transaction):
-    """A write transaction on PostgreSQL whose statements are sent without waiting for each
-    (psycopg's pipeline mode, on a connection switched to autocommit for it, so that the
-    ``BEGIN`` goes with the first statement instead of costing a round trip of its own, and
-    the ``COMMIT`` with the last). A statement's result is waited for when it is read
-    (``fetch*``, ``rowcount``): a read and the writes decided from it cost two round trips.
+    """A write transaction on PostgreSQL that sends what it must and no more, on a connection
+    in autocommit (psycopg's pipeline mode for its writes):
 
-    Each statement runs on a cursor of its own, so that reading one result never reads
-    another's. A server error surfaces where the next result is read, at the latest at the
-    commit; the transaction is then rolled back."""
+    - its reads of the resources (the catalogue's ``snapshot_reads``), until it has written
+      something, are sent outside the transaction, each its own snapshot (in READ
+      COMMITTED, what a read in the transaction would see too; what is decided on them is
+      written with a compare-and-swap): a transaction that writes nothing sends nothing
+      more, not even a ``COMMIT``;
+    - its first write is held, and sent at the commit alone, in a transaction of its own
+      (one statement: atomic by itself), when it is the only one;
+    - with a second statement (or when its answer is read first) the transaction begins:
+      ``BEGIN``, the writes and the ``COMMIT`` are pipelined, sent without waiting for
+      each, and a statement's result is waited for when it is read (``fetch*``,
+      ``rowcount``).
 
-    __slots__ = ("_begun", "_connection", "_last", "_pipeline", "_stack")
+    A read and the writes decided from it cost two round trips; a read that decides to
+    write nothing, one. Each statement runs on a cursor of its own, so that reading one
+    result never reads another's. A server error surfaces where the next result is read,
+    at the latest at the commit; the transaction is then rolled back."""
 
-    def __init__(self, connection: Any, sql: Statements) -> None:
+    __slots__ = ("_begun", "_connection", "_held", "_last", "_pipeline", "_reads",
+                 "_restore", "_stack")
+
+    def __init__(self, connection: Any, sql: Statements, *, restore: bool = False) -> None:
         super().__init__(connection.cursor(), "postgresql", sql)
         self._connection = connection
+        if not connection.autocommit:
+            connection.autocommit = True
+        self._restore = restore  # a connection of the pool: out of autocommit afterwards
         self._stack: ExitStack | None = None
         self._pipeline: Any = None
         self._begun = False
+        self._held: tuple[Any, str, Any, dict[str, Any]] | None = None
+        self._reads = sql.snapshot_reads
         self._last = self._cursor
         self.execute = self._execute
         self.executemany = self._executemany
@@ -211,6 +259,12 @@ class Pipelined(Transaction):
 
     def _execute(self, statement: str, params: Any = None, **options: Any) -> Any:
         if not self._begun:
+            if self._held is None and self._pipeline is None:
+                cursor = self._last = self._connection.cursor()
+                if statement in self._reads:  # outside the transaction: one round trip
+                    return cursor.execute(statement, params, **options)
+                self._held = (cursor, statement, params, options)  # sent later
+                return cursor
             self._begin()
         cursor = self._last = self._connection.cursor()
         # (it may read the answers already in, and raise an earlier statement's error)
@@ -223,24 +277,42 @@ class Pipelined(Transaction):
         return self._answered(cursor.executemany, statement, rows, **options)
 
     def _begin(self) -> None:
+        """Begin the transaction: ``BEGIN`` and the write held, pipelined."""
         if self._stack is None:
-            self._connection.autocommit = True
             self._stack = ExitStack()
             self._pipeline = self._stack.enter_context(self._connection.pipeline())
         self._cursor.execute("BEGIN")
         self._begun = True
+        held, self._held = self._held, None
+        if held is not None:
+            cursor, statement, params, options = held
+            self._answered(cursor.execute, statement, params, **options)
+
+    def join(self) -> None:
+        """Begin the transaction if a write is held (a read of the thread's own joins it, and
+        must see it)."""
+        if self._held is not None:
+            self._begin()
 
     def _fetchone(self) -> Any:
+        if self._held is not None:
+            self._begin()
         return self._answered(self._last.fetchone)
 
     def _fetchall(self) -> list[Any]:
+        if self._held is not None:
+            self._begin()
         return self._answered(self._last.fetchall)  # type: ignore[no-any-return]
 
     def _fetchmany(self, size: int) -> list[Any]:
+        if self._held is not None:
+            self._begin()
         return self._answered(self._last.fetchmany, size)  # type: ignore[no-any-return]
 
     @property
     def rowcount(self) -> int:
+        if self._held is not None:
+            self._begin()
         if self._last.pgresult is None and self._pipeline is not None:
             self._answered(self._pipeline.sync)
         return int(self._last.rowcount)
@@ -258,6 +330,8 @@ class Pipelined(Transaction):
         cursor = self.execute(statement, params)
 
         def count() -> int:
+            if self._held is not None and self._held[0] is cursor:
+                self._begin()
             if cursor.pgresult is None and self._pipeline is not None:
                 self._answered(self._pipeline.sync)
             return int(cursor.rowcount)
@@ -270,14 +344,28 @@ class Pipelined(Transaction):
         return NotNullViolation
 
     def rollback(self) -> None:
+        self._held = None  # never sent: nothing to undo
         if self._begun:
             self._begun = False
             self._cursor.execute("ROLLBACK")
 
     def commit(self) -> None:
-        """Send the COMMIT and wait for every answer (one round trip with what is still
-        unanswered); roll back and raise the first error, if there was one."""
+        """Send what is held or the COMMIT, and wait for every answer (one round trip with
+        what is still unanswered; none when nothing was written); roll back and raise the
+        first error, if there was one."""
+        held, self._held = self._held, None
         if self._stack is None:
+            if held is not None:  # the only write: alone, a transaction of its own
+                cursor, statement, params, options = held
+                try:
+                    cursor.execute(statement, params, **options)
+                except BaseException as exc:
+                    self._finish()
+                    if isinstance(exc, self._not_null) and _moved(exc):
+                        raise Moved() from None
+                    raise
+            if self._restore:
+                self._finish()
             return
         try:
             if self._begun:
@@ -290,11 +378,14 @@ class Pipelined(Transaction):
             if isinstance(exc, self._not_null) and _moved(exc):
                 raise Moved() from None
             raise
-        self._finish()
+        if self._restore:
+            self._finish()
 
     def abandon(self) -> None:
         """Roll back after the block that wrote raised."""
+        self._held = None
         if self._stack is None:
+            self._finish()
             return
         with suppress(Exception):  # already failing: the block's error is the one raised
             self.rollback()
@@ -310,6 +401,8 @@ class Pipelined(Transaction):
         self._finish()
 
     def _finish(self) -> None:
+        """Out of any transaction; a connection of the pool out of autocommit again (the
+        thread's held connection stays in it)."""
         connection = self._connection
         if int(connection.info.transaction_status) not in (0, 4):  # neither IDLE nor UNKNOWN
             try:
@@ -317,7 +410,8 @@ class Pipelined(Transaction):
             except Exception:
                 connection.close()  # in no state to be used again: it is thrown away
                 raise
-        if not connection.closed and int(connection.info.transaction_status) == 0:
+        if self._restore and not connection.closed and int(
+                connection.info.transaction_status) == 0:
             connection.autocommit = False
 
     def write(self, change: str, params: dict[str, Any], journal: dict[str, Any],
@@ -326,7 +420,7 @@ class Pipelined(Transaction):
               strict: bool = False) -> Any:
         sql = self.sql
         assert sql is not None
-        values = {**params, **{f"j_{name}": value for name, value in journal.items()}}
+        values = {**params, **{_JOURNAL_PARAM[name]: value for name, value in journal.items()}}
         create = change is sql.insert_resource
         if effects:
             first = effects[0]
@@ -359,6 +453,12 @@ class Pipelined(Transaction):
         return lambda: [row[0] for row in cursor.fetchall()]
 
 
+_JOURNAL_PARAM = {name: f"j_{name}" for name in (
+    "resource_id", "seq", "kind", "trigger", "source", "dest", "version", "spec_version",
+    "actor", "at", "payload", "guards", "observation_id", "fence")}
+"""A journal row's column as the parameter of :meth:`Pipelined.write`'s statement."""
+
+
 def _moved(exc: Any) -> bool:
     """Whether a not-null violation is a strict write's journal row missing the id its
     compare-and-swap would have returned."""
@@ -366,4 +466,5 @@ def _moved(exc: Any) -> bool:
                 and exc.diag.column_name == "resource_id")
 
 
-__all__ = ["JSON_PARAM", "TIME_PARAM", "Moved", "Pending", "Pipelined", "Transaction"]
+__all__ = ["JSON_PARAM", "TIME_PARAM", "JsonText", "Moved", "Pending", "Pipelined", "Transaction",
+           "register_json_text"]

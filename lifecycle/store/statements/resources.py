@@ -131,6 +131,14 @@ class ResourceStatements(Compiling):
         # what an observation needs of its resource
         self.resource_ids_by_machine_keys = sql(
             select(r.id, r.machine, r.key).where(r.machine == bindparam("machine"), keys))
+        self.snapshot_reads = frozenset((
+            self.resource_by_key, self.resource_by_machine_key,
+            self.resources_by_machine_keys, self.resource_ids_by_machine_keys))
+        """The reads of a write's resources, which on PostgreSQL a write transaction sends
+        outside itself (in autocommit) until it has written something: in READ COMMITTED a
+        statement reads a snapshot of its own either way, and what is decided on them is
+        written with a compare-and-swap, so a transaction that then writes nothing sends
+        nothing more (:class:`lifecycle.store.Pipelined`)."""
 
     def keys_param(self, keys: list[str]) -> Any:
         """The ``keys`` parameter of :attr:`resources_by_machine_keys` and

@@ -39,8 +39,10 @@ class WriteStatements(Compiling):
             f"WHERE resource_id = %(resource_id)s AND status IN ({open_})) "
             "AND head IS NULL AND seq = %(seq)s")
         self.observed = (
-            "WITH given AS (SELECT nextval(pg_get_serial_sequence("
-            f"'{observations.name}', 'id')) AS id, g.resource_id, g.status, g.observed_at, "
+            # the sequence looked up once (an InitPlan), not once per row
+            "WITH given AS (SELECT nextval((SELECT pg_get_serial_sequence("
+            f"'{observations.name}', 'id')::regclass)) AS id, g.resource_id, g.status, "
+            "g.observed_at, "
             "g.recorded_at, g.n FROM unnest(%(resource_ids)s::bigint[], "
             "%(statuses)s::jsonb[], %(observed)s::timestamptz[], %(recorded)s::timestamptz[]) "
             "WITH ORDINALITY AS g(resource_id, status, observed_at, recorded_at, n)), "
