@@ -664,7 +664,7 @@ class WorkerCore:
         for effect_id, outcome in ready:
             call, _deadline = self._running.pop(effect_id)
             if outcome is None:
-                with self._lock:  # its thread hangs: written off, and replaced when needed
+                with self._lock:  # its handler hangs: written off (a thread, replaced)
                     self._written_off.add((effect_id, call.attempt))
                 timeout = self.engine.handlers[call.name].timeout or 0.0
                 outcome = ("error", RetryableError(f"handler timed out after {timeout:g} s"))
