@@ -14,10 +14,11 @@ thread with its connection, for a loop that must never wait on a slow database.
 benchmarks/aio.py measures both against the sync engine; ARCHITECTURE.md says why inline is
 the default.
 
-:class:`AsyncWorker` is the :class:`~lifecycle.worker.Worker` with its handlers run as
-tasks on the event loop instead of threads: the same claims, leases, heartbeat, outcomes and
-shutdown (its claim and record steps are the worker's own), so sync and async workers may
-share one outbox.
+:class:`AsyncWorker` is the asyncio driver of the worker's core
+(:class:`~lifecycle.worker_core.WorkerCore`), as :class:`~lifecycle.worker.Worker` is its
+thread driver: handlers run as tasks on the event loop instead of threads, and the claims,
+leases, heartbeat, outcomes and shutdown are the core's, so sync and async workers may share
+one outbox.
 """
 
 from __future__ import annotations
