@@ -214,7 +214,7 @@ class WorkerCore:
         self._queue: deque[EffectCall] = deque()
         self._timers_seen = 0.0
         self._claim_compiled: tuple[tuple[str, dict[str, Any]],
-                                    tuple[str, dict[str, Any]]] | None = None
+                                    tuple[str, dict[str, Any]] | None] | None = None
         self._results: dict[int, tuple[str, Any]] = {}
         self._lock = threading.Lock()
         self._claims: set[int] = set()
@@ -438,7 +438,7 @@ class WorkerCore:
             return []
         now = self.engine.clock.now()
         store = self.store
-        (claim, claim_params), (claimed, claimed_params) = self._claim_sql()
+        (claim, claim_params), second = self._claim_sql()
         lease_until = store.time_param(now + dt.timedelta(seconds=self.lease))
         asked = self.monotonic()
         rows: list[Any] = []
@@ -449,11 +449,14 @@ class WorkerCore:
                 tx.execute(claim, {**claim_params, "now": store.time_param(now),
                                    "limit": limit, "claimed_by": self.name,
                                    "claimant": self.claimant, "lease_until": lease_until})
-                ids = {row[0] for row in tx.fetchall()}
-            if ids:
+                rows = tx.fetchall()
+                ids = {row[0] for row in rows}
+            if ids and second is not None:  # SQLite: what the handlers need, read apart
+                claimed, claimed_params = second
                 tx.execute(claimed, {**claimed_params, "claimed_by": self.name,
                                      "low": min(ids), "high": max(ids)})
                 rows = [row for row in tx.fetchall() if row[0] in ids]
+            rows.sort(key=lambda row: row[0])
         self._batch_recorded(batch, lost)
         if not ids:
             return []
@@ -466,9 +469,10 @@ class WorkerCore:
                 for (id_, name, args, idempotency_key, fence, attempts, seq, progress, machine,
                      key, data, trigger, payload) in rows]
 
-    def _claim_sql(self) -> tuple[tuple[str, dict[str, Any]], tuple[str, dict[str, Any]]]:
-        """The claim's two statements, compiled once per worker (the names of its handlers
-        are part of them)."""
+    def _claim_sql(self) -> tuple[tuple[str, dict[str, Any]],
+                                  tuple[str, dict[str, Any]] | None]:
+        """The claim's statements (one on PostgreSQL, two on SQLite), compiled once per
+        worker (the names of its handlers are part of them)."""
         if self._claim_compiled is None:
             self._claim_compiled = effect_rows.claim(self.store.sql.dialect,
                                                      sorted(self.engine.handlers))
