@@ -3,7 +3,7 @@
 Each case fills an outbox with ``N`` due pending effects in queues ten deep (``N / 10``
 resources, each with ten effects waiting in order, so only the first of each may run), then
 times one operation: claim a batch of four and give it back, which leaves the outbox as it
-was. ``lifecycle`` runs the Worker's own claim (``Worker._claim``, then ``_give_back``);
+was. ``lifecycle`` runs the Worker's own claim (``WorkerCore.claim``, then ``give_back``);
 ``before`` runs, through the raw driver, the claim lifecycle used before queue heads were
 kept: every due pending effect with no open predecessor on its resource (a correlated
 ``NOT EXISTS``), sorted, the first four taken. The figure that matters is each one's cost at
@@ -116,10 +116,10 @@ def _lifecycle(db: str, size: int) -> Case:
             worker = Worker(engine, batch=BATCH)
 
             def op() -> None:
-                claimed = worker._claim(BATCH, [])
+                claimed = worker.core.claim(BATCH, [])
                 if len(claimed) != BATCH:
                     raise BenchError(f"claimed {len(claimed)} effects, not {BATCH}")
-                worker._give_back(claimed)
+                worker.core.give_back(claimed)
 
             yield Bench(op)
 
@@ -137,22 +137,22 @@ def _effect(db: str, size: int) -> Case:
             worker = Worker(engine, batch=1)
             # a claim held throughout, as a busy worker holds some: its heartbeat thread
             # (and that thread's connection) lives on instead of starting with each effect
-            anchor = worker._claim(1, [])
+            anchor = worker.core.claim(1, [])
 
             def op() -> None:
-                claimed = worker._claim(1, [])
+                claimed = worker.core.claim(1, [])
                 if len(claimed) != 1:
                     raise BenchError(f"claimed {len(claimed)} effects, not 1")
                 call = claimed[0]
-                worker._finished(call, "ok", None)
-                worker._record()  # done, its queue head passed on
+                worker.core.outcome(call, "ok", None)
+                worker.core.record()  # done, its queue head passed on
                 if not engine.fire(f"{MACHINE}:{call.key}", "tick"):
                     raise BenchError(f"{call.key}: tick did not fire")
 
             try:
                 yield Bench(op)
             finally:
-                worker._give_back(anchor)
+                worker.core.give_back(anchor)
 
     return Case(f"backlog.{db}.effect.{size}", f"Worker, one effect, {size:,} pending",
                 open_, needs="postgres" if db == "postgresql" else None)

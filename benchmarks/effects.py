@@ -84,7 +84,7 @@ def spec() -> dict[str, Any]:
 
 # -- the floor's statements -----------------------------------------------------------------
 
-# The shape of Worker._claim's query, written by hand.
+# The shape of WorkerCore.claim's query, written by hand.
 CLAIM = """
 SELECT e.id FROM lifecycle_effects AS e
 WHERE e.head = 1 AND e.status IN ('pending', 'running') AND e.next_attempt_at <= %(now)s

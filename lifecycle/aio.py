@@ -14,15 +14,17 @@ thread with its connection, for a loop that must never wait on a slow database.
 benchmarks/aio.py measures both against the sync engine; ARCHITECTURE.md says why inline is
 the default.
 
-:class:`AsyncWorker` is the :class:`~lifecycle.worker.Worker` with its handlers run as
-tasks on the event loop instead of threads: the same claims, leases, heartbeat, outcomes and
-shutdown (its claim and record steps are the worker's own), so sync and async workers may
-share one outbox.
+:class:`AsyncWorker` is the asyncio driver of the worker's core
+(:class:`~lifecycle.worker_core.WorkerCore`), as :class:`~lifecycle.worker.Worker` is its
+thread driver: handlers run as tasks on the event loop instead of threads, and the claims,
+leases, heartbeat, outcomes and shutdown are the core's, so sync and async workers may share
+one outbox.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import signal
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
@@ -39,7 +41,17 @@ from .records import FireResult, JournalEntry, Mismatch, Observation, Resource
 from .spec import MachineSpec, SpecSource
 from .store import Store
 from .transaction import Within
-from .worker import DEFAULT_LEASE, Worker, WorkerStats
+from .worker_core import (
+    DEFAULT_LEASE,
+    Abandon,
+    HeldClaims,
+    Pause,
+    Start,
+    Wait,
+    WorkerCore,
+    WorkerStats,
+    Working,
+)
 
 log = logger(__name__)
 
@@ -252,14 +264,19 @@ def _advance(deciding: Deciding[T], outcome: Any) -> tuple[bool, Any]:
         return True, done.value
 
 
-class AsyncWorker(Worker):
-    """The outbox :class:`Worker` on an event loop: ``concurrency`` handlers run at once as
+class AsyncWorker:
+    """The outbox worker on an event loop: the asyncio driver of the worker's core
+    (:class:`~lifecycle.worker_core.WorkerCore`, the same claims, leases and their
+    heartbeat, outcomes, retries, timers and give-backs as :class:`~lifecycle.worker.Worker`,
+    so sync and async workers may share one outbox). ``concurrency`` handlers run at once as
     tasks (a coroutine handler is awaited, under ``asyncio.timeout`` of its effect's
     timeout, and cancelled when it runs out; a plain one runs in a thread of the loop's
-    default pool). Claims, leases and their heartbeat, outcomes, retries and timers are the
-    worker's own code; the database work runs on the loop's thread. ``await run()`` until
-    :meth:`stop` (graceful: the running handlers finish; ``fast=True``: they are cancelled
-    and their claims given back at once), or ``await run_until_idle()``.
+    default pool); the core's database work runs on the loop's thread. ``await run()``
+    until :meth:`stop` (graceful: the running handlers finish; ``fast=True``: they are
+    cancelled and their claims given back at once), or ``await run_until_idle()``.
+    Cancelled (``task.cancel()``, a ``TaskGroup``, ``asyncio.run`` ending), it cancels its
+    handlers and gives every claim back; a loop closed under it is seen by the heartbeat,
+    which gives the claims back instead of renewing them.
 
     What it records goes through the sync engine on the loop's thread: a due timer's trigger
     or a handler's follow-up that crosses a risky edge whose observation is stale asks its
@@ -270,26 +287,99 @@ class AsyncWorker(Worker):
                  lease: float = DEFAULT_LEASE, poll: float = 0.5, name: str | None = None,
                  seed: int | None = None, batch: int | None = None,
                  heartbeat: float | None = None) -> None:
-        super().__init__(engine.engine if isinstance(engine, AsyncEngine) else engine,
-                         concurrency=concurrency, lease=lease, poll=poll, name=name,
-                         seed=seed, batch=batch, heartbeat=heartbeat)
+        sync = engine.engine if isinstance(engine, AsyncEngine) else engine
+        self.core = WorkerCore(sync, concurrency=concurrency, lease=lease, poll=poll,
+                               name=name, seed=seed, batch=batch, heartbeat=heartbeat,
+                               wake=self._wake, abandoned=self._abandoned, timed=False)
+        core = self.core
+        self.engine, self.store, self.name = sync, core.store, core.name
+        self.concurrency, self.lease, self.heartbeat = concurrency, core.lease, core.heartbeat
+        self.poll, self.batch, self.rng, self.claimant = poll, core.batch, core.rng, core.claimant
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._woken: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._paused = 0.0
 
-    # -- the worker's hooks, on the loop -------------------------------------------------
+    @property
+    def stats(self) -> WorkerStats:
+        return self.core.stats
 
-    def _deadline(self, effect: Effect) -> float:
-        return float("inf")  # the task times itself out (and is cancelled)
+    def held_elsewhere(self) -> list[HeldClaims]:
+        """Effects this worker could serve that other workers hold now (see
+        :meth:`WorkerCore.held_elsewhere`)."""
+        return self.core.held_elsewhere()
+
+    def stop(self, *, fast: bool = False) -> None:
+        """Stop :meth:`run` (from any thread)."""
+        self.core.stop(fast=fast)
+
+    async def run(self, *, handle_signals: bool = False) -> WorkerStats:
+        """Work until :meth:`stop` (or a signal, as :meth:`Worker.run` says). Cancelled, it
+        gives its claims back (see :meth:`_cancelled`) and lets the cancellation through."""
+        try:
+            return await self._driven(self.core.working(), handle_signals)
+        finally:
+            if handle_signals and not asyncio.get_running_loop().is_closed():
+                for signum in (signal.SIGTERM, signal.SIGQUIT, signal.SIGINT):
+                    asyncio.get_running_loop().remove_signal_handler(signum)
+
+    async def run_until_idle(self) -> WorkerStats:
+        """:meth:`Worker.run_until_idle`, on the loop: every effect and timer due now, and
+        those their completion makes due. Cancelled, it gives its claims back, as
+        :meth:`run` does."""
+        return await self._driven(self.core.working(until_idle=True), False)
+
+    # -- answering the core ------------------------------------------------------------
+
+    async def _driven(self, working: Working, handle_signals: bool) -> WorkerStats:
+        self._started(handle_signals)
+        try:
+            return await self._drive(working)
+        except asyncio.CancelledError:
+            working.close()
+            await self._cancelled()
+            raise
+
+    def _started(self, handle_signals: bool) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._woken = asyncio.Event()
+        if handle_signals:
+            for signum in (signal.SIGTERM, signal.SIGQUIT, signal.SIGINT):
+                self._loop.add_signal_handler(signum, self._on_signal, signum)
+
+    def _on_signal(self, signum: int) -> None:
+        fast = signum != signal.SIGTERM or self.core.stopping
+        log.warning("worker %s: %s, %s shutdown", self.name, signal.Signals(signum).name,
+                    "fast" if fast else "graceful")
+        self.stop(fast=fast)
+
+    async def _drive(self, working: Working) -> WorkerStats:
+        """Answer what the core asks until it returns its stats."""
+        woken = self._woken
+        assert woken is not None
+        while True:
+            woken.clear()  # a handler ending after this wakes the next wait
+            try:
+                need = next(working)
+            except StopIteration as end:
+                return end.value  # type: ignore[no-any-return]
+            if isinstance(need, Start):
+                self._launch(need.call)
+            elif isinstance(need, Wait):
+                await self._sleep(need.seconds)
+            elif isinstance(need, Pause):
+                end_at = asyncio.get_running_loop().time() + need.seconds
+                while not self.core.stopping and (
+                        left := end_at - asyncio.get_running_loop().time()) > 0:
+                    await self._sleep(left)
+                    woken.clear()
+            elif isinstance(need, Abandon):
+                await self._cancel([self._tasks[c.id] for c in need.calls
+                                    if c.id in self._tasks])
 
     def _launch(self, call: EffectCall) -> None:
         task = asyncio.get_running_loop().create_task(self._handle(call))
         self._tasks[call.id] = task
         task.add_done_callback(lambda _t: self._tasks.pop(call.id, None))
-
-    def _pause(self, seconds: float) -> None:
-        self._paused = seconds  # awaited by the loop that called
 
     async def _handle(self, call: EffectCall) -> None:
         effect = self.engine.handlers[call.name]
@@ -307,141 +397,55 @@ class AsyncWorker(Worker):
                        if limit.expired() else exc)
         except Exception as exc:  # the handler's failure is recorded, not raised
             outcome = ("error", exc)
-        with self._lock:
-            self._results[call.id] = outcome
-        self._wake()
-
-    def _wake(self) -> None:
-        if self._woken is not None:
-            self._woken.set()
-
-    def stop(self, *, fast: bool = False) -> None:
-        super().stop(fast=fast)
-        loop = self._loop
-        if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(self._wake)
-
-    # -- running ---------------------------------------------------------------------
-
-    async def _round(self) -> bool | None:
-        """One round of the worker (claim, timers, start, record); None when the database
-        failed (after waiting out the backoff)."""
-        self._paused = 0.0
-        busy: bool | None = self._guarded(self._cycle)
-        if busy is None and self._paused:
-            await self._sleep(self._paused)
-        return busy
+        self.core.handler_ended(call, *outcome)
 
     async def _sleep(self, limit: float) -> None:
         """Until a handler finishes, a stop, or ``limit`` seconds."""
         woken = self._woken
         assert woken is not None
-        if self._results or (self._stop.is_set() and not self._running):
-            return
-        woken.clear()
         try:
-            async with asyncio.timeout(self._waking(limit)):
+            async with asyncio.timeout(limit):
                 await woken.wait()
         except TimeoutError:
             pass
 
-    def _started(self, handle_signals: bool) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._woken = asyncio.Event()
-        if handle_signals:
-            for signum in (signal.SIGTERM, signal.SIGQUIT, signal.SIGINT):
-                self._loop.add_signal_handler(signum, self._on_signal, signum, None)
+    def _wake(self) -> None:
+        """End the loop's wait (from the loop's thread or any other)."""
+        loop, woken = self._loop, self._woken
+        if loop is None or woken is None or loop.is_closed():
+            return
+        try:
+            here = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        if here is loop:
+            woken.set()
+        else:
+            with contextlib.suppress(RuntimeError):  # closed meanwhile
+                loop.call_soon_threadsafe(woken.set)
 
     def _abandoned(self) -> bool:
+        """Whether the loop running this worker's handlers is gone (closed under it)."""
         loop = self._loop
         return loop is not None and loop.is_closed()
 
-    async def _cancelled(self) -> None:
-        """The task running this worker was cancelled (``task.cancel()``, a ``TaskGroup``,
-        ``asyncio.run`` ending): the running handlers are cancelled, their claims given back
-        as attempts that did not finish, the claims never started given back as they were,
-        and the heartbeat stops, so that nothing renews a claim whose handler no longer
-        runs. A plain handler's thread cannot be stopped: it runs on, unrecorded, while its
-        effect is claimed again."""
-        self._fast.set()
-        self._stop.set()
-        tasks = list(self._tasks.values())
+    async def _cancel(self, tasks: list[asyncio.Task[None]]) -> None:
         for task in tasks:
             task.cancel()
         if tasks:
             await asyncio.wait(tasks, timeout=1.0)
-        self._give_back_all()
-        self._heartbeat_stopped()
+
+    async def _cancelled(self) -> None:
+        """The task running this worker was cancelled: the running handlers are cancelled,
+        their claims given back as attempts that did not finish, the claims never started
+        given back as they were, and the heartbeat stops, so that nothing renews a claim
+        whose handler no longer runs. A plain handler's thread cannot be stopped: it runs
+        on, unrecorded, while its effect is claimed again."""
+        self.core.cancel()
+        await self._cancel(list(self._tasks.values()))
+        self.core.give_back_all()
+        self.core.heartbeat_stopped()
         log.warning("worker %s: cancelled; its claims were given back", self.name)
-
-    async def run(  # type: ignore[override]
-            self, *, handle_signals: bool = False) -> WorkerStats:
-        """Work until :meth:`stop` (or a signal, as :meth:`Worker.run` says). Cancelled, it
-        gives its claims back (see :meth:`_cancelled`) and lets the cancellation through."""
-        try:
-            return await self._run(handle_signals)
-        except asyncio.CancelledError:
-            await self._cancelled()
-            raise
-        finally:
-            if handle_signals and not asyncio.get_running_loop().is_closed():
-                for signum in (signal.SIGTERM, signal.SIGQUIT, signal.SIGINT):
-                    asyncio.get_running_loop().remove_signal_handler(signum)
-
-    async def _run(self, handle_signals: bool) -> WorkerStats:
-        self._started(handle_signals)
-        while not self._stop.is_set():
-            busy = await self._round()
-            if busy is not None and not busy:
-                await self._sleep(self.poll)
-        self._give_back(list(self._queue))  # claimed, never started: another worker's now
-        self._queue.clear()
-        while (self._running or self._unrecorded) and not self._fast.is_set():
-            self._paused = 0.0
-            if self._guarded(self._reap) is None and self._paused:
-                await self._sleep(self._paused)
-            elif self._running:
-                await self._sleep(self.poll)
-        if self._fast.is_set():
-            await self._cancel_all()
-        self._heartbeat_stopped()
-        return self.stats
-
-    async def _cancel_all(self) -> None:
-        """A fast stop: cancel the running handlers and give their claims back now."""
-        tasks = list(self._tasks.values())
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        self._guarded(self._reap)  # what finished is recorded; the rest given back
-        self._give_back([call for call, _, _ in self._running.values()])
-        self._running.clear()
-
-    async def run_until_idle(self) -> WorkerStats:  # type: ignore[override]
-        """:meth:`Worker.run_until_idle`, on the loop: every effect and timer due now, and
-        those their completion makes due. Cancelled, it gives its claims back, as
-        :meth:`run` does."""
-        try:
-            return await self._run_until_idle()
-        except asyncio.CancelledError:
-            await self._cancelled()
-            raise
-
-    async def _run_until_idle(self) -> WorkerStats:
-        self._started(False)
-        while not self._stop.is_set():
-            busy = await self._round()
-            if busy is None:
-                continue
-            if not (self._running or self._queue or self._unrecorded):
-                if not busy and not self._guarded(self._idle_chores):
-                    break
-            elif not busy:
-                await self._sleep(self.poll)
-        if self._fast.is_set():
-            await self._cancel_all()
-        self._heartbeat_stopped()
-        return self.stats
 
 
 __all__ = ["AsyncEngine", "AsyncWorker", "DatabaseMode"]

@@ -368,11 +368,11 @@ def run_effect(engine: Engine, key: str) -> str:
     follow-up fired, a failure rescheduled or given up), as in its loop; nothing else runs
     (``lifecycle check`` explores one effect per move). Its name."""
     resource = engine.get(key)
-    worker = Worker(engine, seed=0, batch=_ALL)
+    core = Worker(engine, seed=0, batch=_ALL).core
     try:
-        claimed = worker._claim(_ALL, [])
+        claimed = core.claim(_ALL, [])
         mine = [c for c in claimed if (c.machine, c.key) == (resource.machine, resource.key)]
-        worker._give_back([c for c in claimed if c not in mine])
+        core.give_back([c for c in claimed if c not in mine])
         if not mine:
             raise ValueError(f"run_effect: {key} has no effect due")
         call = mine[0]
@@ -381,11 +381,11 @@ def run_effect(engine: Engine, key: str) -> str:
             outcome: tuple[str, Any] = ("ok", run_to_end(handler(call)))
         except Exception as exc:  # the handler's failure is recorded, not raised
             outcome = ("error", exc)
-        worker._finished(call, *outcome)
-        worker._record()
-        worker._let_go([call.id])
+        core.outcome(call, *outcome)
+        core.record()
+        core.let_go([call.id])
     finally:
-        worker._heartbeat_stopped()
+        core.heartbeat_stopped()
     return str(call.name)
 
 

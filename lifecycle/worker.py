@@ -1,238 +1,81 @@
-"""The worker: claims the outbox's due effects and the due timers, and carries them out.
+"""The worker's thread driver: :class:`Worker` runs the worker core's handlers on threads.
 
-Effects of one resource run strictly in order; effects of different resources run
-concurrently. A claim has a lease, which the worker renews on a heartbeat of its own for as
-long as it holds the claim: a claim lives exactly as long as its worker. The claims of a
-worker that died are taken over when their lease runs out, or at once by a worker on the same
-host, which can see that the claimant's process is gone. A lost database connection costs
-nothing but time: finished outcomes are kept and recorded once the database is back, and the
-worker backs off and goes on. A failing effect is rescheduled with exponential backoff and
-jitter, never waited for with a sleep; after its last attempt it fires the ``on_failure``
-trigger its transition declared, or marks its resource stuck until ``retry``.
-
-Timers are the timeouts of states: the worker fires a timer's trigger when it is due, in one
-transaction with marking it fired, and only while the resource is still in the visit of the
-state that set it (leaving the state cancelled it).
-
-The worker stands above the engine and uses only its public calls: an effect's outcome is
-recorded in the transaction of the trigger it fires through ``Engine.fire(within=...)``.
+What a worker decides and records (claims, leases and their heartbeat, outcomes, retries,
+timers, give-backs) is :class:`~lifecycle.worker_core.WorkerCore`, once for both drivers;
+this driver answers what the core's :meth:`~lifecycle.worker_core.WorkerCore.working` asks:
+a handler started on a thread of a small pool (kept for the next effects, leaving after a
+while idle), a wait on an event that a finished handler or a stop sets, a pause while the
+database is down. The asyncio driver is :class:`~lifecycle.aio.AsyncWorker`; the two share
+one outbox.
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import math
-import os
 import queue
-import random
 import signal
-import socket
 import threading
 import time
-from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from . import redact
-from .effects import DONE, FAILED, GAVE_UP, PENDING, Effect, EffectCall
+from .effects import EffectCall
 from .engine import Engine
-from .errors import (
-    DatabaseError,
-    EffectError,
-    LifecycleError,
-    LostClaim,
-    PermanentError,
-    RetryableError,
-    UnknownResource,
-)
 from .fresh import run_to_end
 from .logs import logger
-from .processes import host_prefix, is_gone, this_process
-from .records import FireResult
-from .store import Transaction
-from .store.statements import effects as effect_rows
-from .store.statements import timers as timer_rows
-from .transaction import Within
+from .worker_core import (
+    BATCH,
+    DEFAULT_LEASE,
+    TIMER_LOOK,
+    Abandon,
+    HeldClaims,
+    Pause,
+    Start,
+    Wait,
+    WorkerCore,
+    WorkerStats,
+    Working,
+)
 
 log = logger(__name__)
 
 IDLE_THREAD_SECONDS = 5.0
-TIMER_LOOK = 0.5
-"""Seconds between looks for due timers while effects keep the worker busy."""
-DEAD_LOOK = 1.0
-"""Seconds between looks, while idle, for claims of workers on this host that died."""
-DEFAULT_LEASE = 30.0
-"""Seconds a claim holds without a heartbeat: how long the claims of a worker that died on
-another host wait before another worker takes them over."""
-BATCH = 10
-"""Effects a worker holds at most by default (as pgqueuer's default batch): each claim and
-each record of outcomes is a transaction, and a no-op effect cost 1.2 ms of worker CPU in
-batches of 4, 0.6 ms in batches of 10 (benchmarks, section queues)."""
-RECORD_WITHIN = 0.01
-"""Seconds a finished outcome waits, at most, for others to be recorded with it in one
-transaction (while the worker has handlers to start; it never waits when it would idle)."""
-OUTAGE_BACKOFF = (0.1, 5.0)
-"""First and longest wait, in seconds, before trying a database that failed again."""
-
-
-@dataclass(frozen=True, slots=True)
-class HeldClaims:
-    """Effects another worker holds: how many, by whom, and until when (renewed while that
-    worker lives)."""
-
-    claimed_by: str
-    effects: int
-    lease_until: dt.datetime
-
-
-@dataclass(slots=True)
-class WorkerStats:
-    done: int = 0
-    retried: int = 0
-    failed: int = 0
-    timers_fired: int = 0
-    timers_refused: int = 0
-    timers_stale: int = 0
-
-    def to_json(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in self.__slots__}
 
 
 class Worker:
-    """Claims due effects and timers and carries them out.
-
-    ``concurrency`` handlers run at once (threads). The worker holds at most ``batch``
-    effects (default ``BATCH``, or four per thread if more), running or waiting for a free
-    thread: when fewer wait than threads are free, it claims what that leaves room for, in
-    the transaction that records the outcomes of the handlers that finished since (see
-    :meth:`_record`). A claim holds for ``lease`` seconds of the
-    engine's clock and is renewed every ``heartbeat`` seconds (default: a third of the
-    lease) while the worker holds it, however long its handler runs. ``name`` must be unique
-    among the workers of a database (the default is). ``seed`` makes the backoff jitter
-    reproducible."""
+    """Claims due effects and timers and carries them out, ``concurrency`` handlers at once
+    (threads). The other arguments are :class:`~lifecycle.worker_core.WorkerCore`'s: the
+    worker holds at most ``batch`` effects, running or waiting for a free thread; a claim
+    holds for ``lease`` seconds and is renewed every ``heartbeat`` seconds while held;
+    ``name`` must be unique among the workers of a database (the default is); ``seed`` makes
+    the backoff jitter reproducible. The core is :attr:`core`: its steps (claim, record,
+    give back) are what a caller that runs a handler itself uses."""
 
     def __init__(self, engine: Engine, *, concurrency: int = 1, lease: float = DEFAULT_LEASE,
                  poll: float = 0.5, name: str | None = None, seed: int | None = None,
                  batch: int | None = None, heartbeat: float | None = None) -> None:
-        if concurrency < 1:
-            raise ValueError(f"concurrency must be at least 1, not {concurrency}")
-        heartbeat = lease / 3 if heartbeat is None else heartbeat
-        for label, value in (("lease", lease), ("heartbeat", heartbeat), ("poll", poll)):
-            if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"{label} must be a positive number of seconds, not {value}")
-        if heartbeat * 2 > lease:
-            raise ValueError(f"a lease of {lease:g} s must span at least two heartbeats "
-                             f"(every {heartbeat:g} s): a claim would expire while its "
-                             "worker lives")
-        self.engine = engine
-        self.store = engine.store
-        self.concurrency = concurrency
-        self.lease = lease
-        self.heartbeat = heartbeat
-        self.poll = poll
-        self.batch = batch or max(BATCH, 4 * concurrency)
-        self.name = name or f"{socket.gethostname()}:{os.getpid()}:{id(self) & 0xFFFF:04x}"
-        self.rng = random.Random(seed)
-        self.stats = WorkerStats()
-        self._stop = threading.Event()
-        self._fast = threading.Event()
-        self._running: dict[int, tuple[EffectCall, threading.Thread | None, float]] = {}
+        self._woken = threading.Event()
+        self.core = WorkerCore(engine, concurrency=concurrency, lease=lease, poll=poll,
+                               name=name, seed=seed, batch=batch, heartbeat=heartbeat,
+                               wake=self._woken.set, timed=True)
+        core = self.core
+        self.engine, self.store, self.name = engine, core.store, core.name
+        self.concurrency, self.lease, self.heartbeat = concurrency, core.lease, core.heartbeat
+        self.poll, self.batch, self.rng, self.claimant = poll, core.batch, core.rng, core.claimant
         self._inbox: queue.SimpleQueue[EffectCall] = queue.SimpleQueue()
         self._idle = 0
-        self._written_off: set[tuple[int, int]] = set()
-        """(effect, attempt) of handlers that ran out of time: their threads are replaced."""
-        self._queue: deque[EffectCall] = deque()
-        self._timers_seen = 0.0
-        self._claim_compiled: tuple[tuple[str, dict[str, Any]],
-                                    tuple[str, dict[str, Any]]] | None = None
-        self._results: dict[int, tuple[str, Any]] = {}
-        self._lock = threading.Condition()
+        self._lock = threading.Lock()
         self._sigterms = 0
-        self.claimant = this_process()
-        self._claims: set[int] = set()
-        """Ids of the effects this worker holds (claimed, running, or finished and not yet
-        recorded), under ``_lock``: what the heartbeat renews."""
-        self._confirmed: dict[int, float] = {}
-        """When (monotonic seconds) the database last confirmed each claim: the claim's
-        transaction or a renewal began then, so its lease runs at least ``lease`` seconds
-        from it."""
-        self._lost: set[int] = set()
-        """Claims a renewal found taken over by another worker (under ``_lock``)."""
-        self._beating = False
-        self._heart = threading.Event()
-        """Wakes the heartbeat early: on a fast stop, and when the last claim was let go."""
-        self._heartbeat_thread: threading.Thread | None = None
-        self._unrecorded: deque[tuple[EffectCall, str, Any]] = deque()
-        """Finished outcomes not recorded yet (the database failed): kept until it is back."""
-        self._finished_at = 0.0
-        """When (monotonic) the oldest outcome in ``_unrecorded`` finished."""
-        self._dead_seen = 0.0
-        self._outage = 0.0
+
+    @property
+    def stats(self) -> WorkerStats:
+        return self.core.stats
 
     # -- public ----------------------------------------------------------------------
 
     def run_until_idle(self) -> WorkerStats:
         """Carry out every effect and timer due now (by the engine's clock), including those
         their completion makes due, then return. The stats are the worker's, cumulative."""
-        while not self._stop.is_set():
-            busy = self._guarded(self._cycle)
-            if busy is None:  # the database failed: backed off, try again
-                continue
-            if not (self._running or self._queue or self._unrecorded):
-                # nothing held: before calling it idle, every timer due now, and the
-                # claims of workers on this host that died
-                if not busy and not self._guarded(self._idle_chores):
-                    break
-            elif not busy:
-                self._wait(self.poll)
-        self._heartbeat_stopped()
-        return self.stats
-
-    def _idle_chores(self) -> int:
-        return self._fire_due_timers() + self._take_over_the_dead()
-
-    def held_elsewhere(self) -> list[HeldClaims]:
-        """Effects this worker could serve that other workers hold now, by worker: what
-        ``run_until_idle`` leaves to them (they are renewed while their worker lives, and
-        taken over when it dies)."""
-        now = self.engine.clock.now()
-        with self.store.read() as db:
-            rows = effect_rows.held_elsewhere(db, self.name, self.engine.handlers, now)
-        return [HeldClaims(str(by), int(count), self.store.time_value(until))
-                for by, count, until in rows]
-
-    def _guarded(self, work: Callable[[], Any]) -> Any:
-        """``work()``, or None when the database failed: then the worker waits (backing off
-        while the failures go on) and the caller tries again; the worker never dies of it."""
-        try:
-            result = work()
-        except DatabaseError as exc:
-            first, longest = OUTAGE_BACKOFF
-            self._outage = min(longest, max(first, self._outage * 2))
-            log.warning("worker %s: %s; trying again in %.1f s", self.name, exc, self._outage)
-            self._pause(self._outage)
-            return None
-        if self._outage:
-            log.info("worker %s: the database answers again", self.name)
-            self._outage = 0.0
-            self._guarded(self._give_back_orphans)
-        return result
-
-    def _pause(self, seconds: float) -> None:
-        """Wait out a database outage (or until a stop)."""
-        self._stop.wait(seconds)
-
-    def _give_back_orphans(self) -> None:
-        """Give back claims this worker took in a transaction whose commit it never heard
-        of (the connection broke after the database committed): their handlers never ran."""
-        with self._lock:
-            held = sorted(self._claims)
-        given = self._unclaim(except_ids=held)
-        if given:
-            log.info("worker %s: gave back %d effects claimed as the connection broke",
-                     self.name, given)
+        return self._drive(self.core.working(until_idle=True))
 
     def run(self, *, handle_signals: bool = False) -> WorkerStats:
         """Work until :meth:`stop` (or, with ``handle_signals``, SIGTERM: graceful, finishing
@@ -244,65 +87,19 @@ class Worker:
             signal.signal(signal.SIGINT, self._on_signal)
         log.info("worker %s: started (concurrency %d, lease %g s, heartbeat %g s)",
                  self.name, self.concurrency, self.lease, self.heartbeat)
-        while not self._stop.is_set():
-            busy = self._guarded(self._cycle)
-            if busy is not None and not busy:
-                self._wait(self.poll)
-        self._give_back(list(self._queue))  # claimed, never started: another worker's now
-        self._queue.clear()
-        if not self._fast.is_set() and (self._running or self._unrecorded):
-            log.info("worker %s: finishing %d running handlers", self.name, len(self._running))
-            self._drain()
-        if self._fast.is_set():
-            self._guarded(self._reap)  # what finished is recorded; the rest given back
-            self._give_back([call for call, _, _ in self._running.values()])
-            self._running.clear()
-        self._heartbeat_stopped()
-        log.info("worker %s: stopped (%s)", self.name, self.stats.to_json())
-        return self.stats
-
-    def _cycle(self) -> bool:
-        """One round: note what finished; when the queue holds fewer effects than the free
-        handler slots, record the finished outcomes and claim what the batch has room for,
-        in one transaction (else record them once ``batch`` wait, the oldest has waited
-        ``RECORD_WITHIN`` seconds, or nothing else is held); fire the due timers (when the
-        claim found nothing, or half a second after the last look: a timeout is measured in
-        seconds, and looking on every round cost as much as running an effect); start what
-        the concurrency allows. Whether anything happened."""
-        busy = self._collect() > 0
-        found_none = False
-        free = self.concurrency - len(self._running)
-        if len(self._queue) < free and not self._stop.is_set():
-            recorded, claimed = self._record(
-                claim=max(free, self.batch - len(self._running)) - len(self._queue))
-            self._queue.extend(claimed)
-            busy, found_none = bool(recorded or claimed) or busy, not claimed
-        elif self._unrecorded and (
-                len(self._unrecorded) >= self.batch or not (self._running or self._queue)
-                or time.monotonic() - self._finished_at >= RECORD_WITHIN):
-            busy = self._record()[0] > 0 or busy
-        if found_none or time.monotonic() - self._timers_seen >= TIMER_LOOK:
-            busy = self._fire_due_timers() > 0 or busy
-        if found_none and time.monotonic() - self._dead_seen >= DEAD_LOOK:
-            busy = self._take_over_the_dead() > 0 or busy
-        lapsed = []
-        while self._queue and len(self._running) < self.concurrency and not self._stop.is_set():
-            call = self._queue.popleft()
-            if self._still_held(call.id):
-                self._start(call)
-            else:
-                lapsed.append(call)
-            busy = True
-        if lapsed:
-            self._drop_lapsed(lapsed)
-        return busy
+        stats = self._drive(self.core.working())
+        log.info("worker %s: stopped (%s)", self.name, stats.to_json())
+        return stats
 
     def stop(self, *, fast: bool = False) -> None:
-        if fast:
-            self._fast.set()
-        self._stop.set()
-        with self._lock:
-            self._lock.notify_all()
+        """Stop :meth:`run`: graceful (the running handlers finish and are recorded) or
+        ``fast`` (their claims are given back at once; their threads run on unrecorded)."""
+        self.core.stop(fast=fast)
+
+    def held_elsewhere(self) -> list[HeldClaims]:
+        """Effects this worker could serve that other workers hold now (see
+        :meth:`WorkerCore.held_elsewhere`)."""
+        return self.core.held_elsewhere()
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         if signum == signal.SIGTERM:
@@ -312,226 +109,31 @@ class Worker:
                     "fast" if fast else "graceful")
         self.stop(fast=fast)
 
-    # -- claiming --------------------------------------------------------------------
+    # -- answering the core ------------------------------------------------------------
 
-    def _claim(self, limit: int, batch: list[_Plain]) -> list[EffectCall]:
-        """Write ``batch`` (outcomes that fire nothing) and claim up to ``limit`` effects,
-        in one transaction."""
-        # at most a batch; no handlers: nothing this worker can do
-        limit = min(limit, self.batch) if self.engine.handlers else 0
-        if limit <= 0 and not batch:
-            return []
-        now = self.engine.clock.now()
-        store = self.store
-        (claim, claim_params), (claimed, claimed_params) = self._claim_sql()
-        lease_until = store.time_param(now + dt.timedelta(seconds=self.lease))
-        asked = time.monotonic()
-        rows: list[Any] = []
-        ids: set[int] = set()
-        with store.write() as tx:
-            lost = self._write_batch(tx, batch, now)
-            if limit > 0:
-                tx.execute(claim, {**claim_params, "now": store.time_param(now),
-                                   "limit": limit, "claimed_by": self.name,
-                                   "claimant": self.claimant, "lease_until": lease_until})
-                ids = {row[0] for row in tx.fetchall()}
-            if ids:
-                tx.execute(claimed, {**claimed_params, "claimed_by": self.name,
-                                     "low": min(ids), "high": max(ids)})
-                rows = [row for row in tx.fetchall() if row[0] in ids]
-        self._batch_recorded(batch, lost)
-        if not ids:
-            return []
-        self._hold(ids, asked)
-        value = store.json_value
-        return [EffectCall(id_, name, machine, key, dict(value(args)), idempotency_key,
-                           value(fence) if fence is not None else None, attempts, seq, trigger,
-                           dict(value(payload) or {}), dict(value(data)),
-                           dict(value(progress) or {}), now, saver=self._save_progress)
-                for (id_, name, args, idempotency_key, fence, attempts, seq, progress, machine,
-                     key, data, trigger, payload) in rows]
-
-    def _claim_sql(self) -> tuple[tuple[str, dict[str, Any]], tuple[str, dict[str, Any]]]:
-        """The claim's two statements, compiled once per worker (the names of its handlers
-        are part of them)."""
-        if self._claim_compiled is None:
-            self._claim_compiled = effect_rows.claim(self.store.sql.dialect,
-                                                     sorted(self.engine.handlers))
-        return self._claim_compiled
-
-    # -- keeping claims alive, and taking over those of the dead ------------------------
-
-    def _hold(self, ids: set[int], asked: float) -> None:
-        """Note claims taken in a transaction begun at ``asked`` (monotonic), and make sure
-        the heartbeat renews them."""
-        with self._lock:
-            self._claims |= ids
-            self._lost -= ids
-            self._confirmed.update(dict.fromkeys(ids, asked))
-            if self._beating:
-                return
-            self._beating = True
-        self._heart.clear()
-        self._heartbeat_thread = threading.Thread(
-            target=self._beat, name=f"lifecycle-heartbeat-{self.name}", daemon=True)
-        self._heartbeat_thread.start()
-
-    def _let_go(self, ids: list[int]) -> None:
-        with self._lock:
-            self._claims.difference_update(ids)
-            self._lost.difference_update(ids)
-            for effect_id in ids:
-                self._confirmed.pop(effect_id, None)
-            if not self._claims:
-                self._heart.set()
-
-    def _still_held(self, effect_id: int) -> bool:
-        """Whether a claimed effect's handler may start now: the claim was not found taken
-        over, and by this process's own monotonic clock its lease has at least a heartbeat
-        left since the database last confirmed it. A worker that was paused (SIGSTOP, a VM
-        frozen, a long GC) longer than that knows it may have lost the claim, and starts
-        nothing on it."""
-        with self._lock:
-            if effect_id in self._lost or effect_id not in self._claims:
-                return False
-            since = time.monotonic() - self._confirmed.get(effect_id, -math.inf)
-            return since < self.lease - self.heartbeat
-
-    def _drop_lapsed(self, calls: list[EffectCall]) -> None:
-        """Claimed effects whose claims may have lapsed before their handlers started: none
-        is started; each goes back to the queue unless another worker has it already."""
-        log.warning("worker %s: %d claimed effects were not started: their claims were "
-                    "taken over, or not confirmed for longer than the lease less a heartbeat "
-                    "(was this process paused?); they are given back", self.name, len(calls))
-        self._give_back(calls)
-
-    def _heartbeat_stopped(self) -> None:
-        """Wait for the heartbeat thread to leave (it does once nothing is held), so that
-        nothing of this worker's touches the database after run() or run_until_idle()."""
-        thread = self._heartbeat_thread
-        if thread is not None and not (self._claims and not self._fast.is_set()):
-            self._heart.set()
-            thread.join()
-
-    def _beat(self) -> None:
-        """Renew the leases of every claim this worker holds, every ``heartbeat`` seconds,
-        until it holds none (a thread of its own: a handler may run far longer than a lease).
-        A failed renewal is tried again on the next beat."""
-        failing = False
+    def _drive(self, working: Working) -> WorkerStats:
+        """Answer what the core asks until it returns its stats."""
         while True:
-            self._heart.wait(self.heartbeat)
-            with self._lock:
-                self._heart.clear()
-                ids = sorted(self._claims)
-                if not ids or self._fast.is_set():
-                    self._beating = False
-                    return
-            if self._abandoned():
-                self._give_back_abandoned()
-                with self._lock:
-                    self._beating = False
-                return
-            until = self.engine.clock.now() + dt.timedelta(seconds=self.lease)
-            asked = time.monotonic()
+            self._woken.clear()  # a handler ending after this wakes the next wait
             try:
-                with self.store.begin() as db:
-                    kept = effect_rows.renew(db, ids, self.name, until)
-            except Exception as exc:  # the next beat tries again; the lease has slack
-                if not failing:
-                    log.warning("worker %s: could not renew %d leases: %s", self.name,
-                                len(ids), exc)
-                failing = True
-                continue
-            if failing:
-                log.info("worker %s: leases renewed again", self.name)
-            failing = False
-            self._confirm(ids, kept, asked)
+                need = next(working)
+            except StopIteration as end:
+                return end.value  # type: ignore[no-any-return]
+            if isinstance(need, Start):
+                self._launch(need.call)
+            elif isinstance(need, Wait):
+                self._woken.wait(need.seconds)
+            elif isinstance(need, Pause):
+                self._pause(need.seconds)
+            elif isinstance(need, Abandon):
+                pass  # a thread cannot be stopped: it runs on, and its outcome is dropped
 
-    def _confirm(self, ids: list[int], kept: set[int], asked: float) -> None:
-        """After a renewal begun at ``asked`` of ``ids``: ``kept`` are confirmed; any other
-        this worker still holds was taken over (its lease ran out) and is no longer its."""
-        with self._lock:
-            lost = [i for i in ids if i not in kept and i in self._claims]
-            for effect_id in kept & self._claims:
-                self._confirmed[effect_id] = asked
-            for effect_id in lost:
-                self._claims.discard(effect_id)
-                self._confirmed.pop(effect_id, None)
-                self._lost.add(effect_id)
-        # (one recorded done just now is gone from the renewal too, and is no news)
-        waiting = {call.id for call in list(self._queue)} | set(self._running)
-        taken = [effect_id for effect_id in lost if effect_id in waiting]
-        if taken:
-            log.warning("worker %s: %d claims were taken over by another worker (their "
-                        "leases ran out: was this process paused?); nothing more of them is "
-                        "started here", self.name, len(taken))
-
-    def _abandoned(self) -> bool:
-        """Whether what runs this worker's handlers is gone for good (an event loop closed
-        under it): then nothing of it may be renewed."""
-        return False
-
-    def _give_back_abandoned(self) -> None:
-        """Give back every claim of a worker whose driver is gone (see :meth:`_give_back_all`)."""
-        waiting, started = self._give_back_all()
-        log.warning("worker %s: its event loop is gone; gave back %d claimed effects and %d "
-                    "whose handlers were running", self.name, waiting, started)
-
-    def _give_back_all(self) -> tuple[int, int]:
-        """Give back every claim this worker holds: the effects never started as unattempted,
-        the started ones as attempts that did not finish (they run again, once); how many of
-        each. Outcomes of handlers that finished are recorded first, if the database takes
-        them; else they are given back with the started ones."""
-        try:
-            self._reap()
-        except Exception as exc:
-            log.warning("worker %s: could not record %d finished outcomes (%s)", self.name,
-                        len(self._unrecorded), exc)
-        with self._lock:
-            started = [call for call, _, _ in self._running.values()]
-            started += [call for call, _, _ in self._unrecorded]
-            waiting = list(self._queue)
-            self._running.clear()
-            self._unrecorded.clear()
-            self._queue.clear()
-        self._give_back(waiting)
-        self._give_back(started, refund=False)
-        return len(waiting), len(started)
-
-    def _take_over_the_dead(self) -> int:
-        """End the leases of claims whose worker process ran on this host and is gone, so
-        that they are claimed again now rather than when their leases run out; how many."""
-        self._dead_seen = time.monotonic()
-        prefix = host_prefix()
-        if prefix is None:
-            return 0
-        with self.store.read() as db:
-            claimants = effect_rows.claimants(db, prefix)
-        dead = [c for c in claimants if c != self.claimant and is_gone(c, prefix)]
-        if not dead:
-            return 0
-        expired = self.engine.clock.now() - dt.timedelta(seconds=1)
-        with self.store.begin() as db:
-            taken = effect_rows.expire(db, dead, expired)
-        log.warning("worker %s: %d effects were held by %d worker processes of this host "
-                    "that are gone; they are claimed again now", self.name, taken, len(dead))
-        return int(taken)
-
-    # -- running ---------------------------------------------------------------------
-
-    def _start(self, call: EffectCall) -> None:
-        effect = self.engine.handlers.get(call.name)
-        if effect is None:  # recorded with the finished ones
-            self._finished(call, "failed", PermanentError(
-                f"no handler for effect {call.name!r} is registered in this worker"))
-            return
-
-        self._running[call.id] = (call, None, self._deadline(effect))
-        self._launch(call)
-
-    def _deadline(self, effect: Effect) -> float:
-        """When a handler started now runs out of time (monotonic seconds)."""
-        return time.monotonic() + effect.timeout if effect.timeout else float("inf")
+    def _pause(self, seconds: float) -> None:
+        """Wait out a database outage (or until a stop)."""
+        end = time.monotonic() + seconds
+        while not self.core.stopping and (left := end - time.monotonic()) > 0:
+            self._woken.wait(left)
+            self._woken.clear()
 
     def _launch(self, call: EffectCall) -> None:
         """Hand the call to a handler thread (an idle one, or a new one)."""
@@ -543,8 +145,8 @@ class Worker:
         self._inbox.put(call)
 
     def _spawn(self) -> None:
-        """A handler thread (under the lock). Threads are kept for the next effects (starting
-        one per effect cost a fifth of an effect's time) and leave after a while idle."""
+        """A handler thread. Threads are kept for the next effects (starting one per effect
+        cost a fifth of an effect's time) and leave after a while idle."""
         thread = threading.Thread(target=self._serve, name=f"lifecycle-effects-{self.name}",
                                   daemon=True)
         thread.start()
@@ -565,401 +167,11 @@ class Worker:
                 outcome: tuple[str, Any] = ("ok", run_to_end(effect.handler(call)))
             except BaseException as exc:  # the handler's failure is recorded, not raised
                 outcome = ("error", exc)
-            with self._lock:
-                if (call.id, call.attempt) in self._written_off:
-                    # this thread ran out of time and was replaced; its late answer is not
-                    # recorded (another attempt may hold the effect by now), and it leaves
-                    self._written_off.discard((call.id, call.attempt))
+            with self._lock:  # idle before the driver, woken, launches the next
+                if not self.core.handler_ended(call, *outcome):
+                    # it ran out of time (and was replaced) or was abandoned: it leaves
                     return
-                self._results[call.id] = outcome
                 self._idle += 1
-                self._lock.notify_all()
-
-    def _collect(self) -> int:
-        """Move the outcome of every handler that finished or ran out of time to those
-        waiting to be recorded (``_unrecorded``); how many."""
-        now = time.monotonic()
-        with self._lock:
-            ready = [(effect_id, self._results.pop(effect_id, None))
-                     for effect_id, (_, _, deadline) in list(self._running.items())
-                     if effect_id in self._results or deadline <= now]
-        for effect_id, outcome in ready:
-            call, _thread, _deadline = self._running.pop(effect_id)
-            if outcome is None:
-                with self._lock:  # its thread hangs: written off, and replaced when needed
-                    self._written_off.add((effect_id, call.attempt))
-                timeout = self.engine.handlers[call.name].timeout or 0.0
-                outcome = ("error", RetryableError(f"handler timed out after {timeout:g} s"))
-            self._finished(call, *outcome)
-        return len(ready)
-
-    def _finished(self, call: EffectCall, kind: str, value: Any) -> None:
-        if not self._unrecorded:
-            self._finished_at = time.monotonic()
-        self._unrecorded.append((call, kind, value))
-
-    def _reap(self) -> int:
-        """Record the outcome of every handler that finished or ran out of time; how many."""
-        self._collect()
-        return self._record()[0]
-
-    def _record(self, *, claim: int = 0) -> tuple[int, list[EffectCall]]:
-        """Record every outcome waiting (``_unrecorded``), and claim up to ``claim``
-        effects: the outcomes that fire a trigger (a follow-up, an ``on_failure``) through
-        :meth:`Engine.fire_many`, each in the transaction of its trigger, many to a
-        transaction; all the others (done, to be tried again, failed) in one transaction,
-        which also claims. How many were recorded, and the effects claimed.
-
-        An outcome the database fails to take is kept (and its claim renewed) until it
-        does: a finished handler is never run again, nor counted as timed out, for a
-        database that blinked; only a crash before its record commits runs it again."""
-        batch: list[_Plain] = []
-        fires: list[_Fired] = []
-        recorded = 0
-        for call, kind, value in list(self._unrecorded):
-            settled = self._settle(call, kind, value)
-            if settled is None:  # nothing to record
-                self._recorded(call)
-            elif isinstance(settled, _Plain):
-                batch.append(settled)
-            else:
-                fires.append(settled)
-        while fires:  # a DatabaseError leaves the rest for the next round
-            recorded += self._fire_outcomes(fires, batch)  # (leaves those to fire again)
-        claimed = self._claim(claim, batch)
-        if self._unrecorded:
-            self._finished_at = time.monotonic()
-        return recorded + len(batch), claimed
-
-    def _settle(self, call: EffectCall, kind: str, value: Any) -> _Plain | _Fired | None:
-        """What recording an outcome takes: a write that fires nothing, or a fire."""
-        if kind == "ok":
-            if value is None:
-                return _Plain(call, DONE)
-            return _Fired(call, value.trigger, dict(value.payload),
-                          _Outcome(self, call, DONE, None, value.writes))
-        effect = self.engine.handlers.get(call.name) or Effect(lambda c: None)
-        exc: BaseException = value
-        # stored, logged and shown: no password of any URL in it
-        message = redact.text(f"{type(exc).__name__}: {exc}")
-        permanent = isinstance(exc, PermanentError) or kind == "failed"
-        limit = effect.retry.max_attempts
-        if not permanent and (limit is None or call.attempt < limit):
-            return _Plain(call, PENDING, message, effect.retry.delay(call.attempt, self.rng))
-        on_failure = self._on_failure(call)
-        if on_failure is None:
-            return _Plain(call, FAILED, message)
-        return _Fired(call, on_failure, {"effect": call.name, "error": message},
-                      _GivingUp(self, call, message[:2000]), message)
-
-    def _fire_outcomes(self, fires: list[_Fired], batch: list[_Plain]) -> int:
-        """Fire the triggers of ``fires`` together, each recording its effect's outcome in
-        its transaction; how many were recorded. One whose recording failed (its follow-up
-        refused by an error, the handler's writes raising) is recorded as the handler's
-        failure: added to ``batch``, or fired again if that fires ``on_failure`` (its
-        ``_Fired`` is put back in ``fires``)."""
-        results = self.engine.fire_many(
-            [(f"{f.call.machine}:{f.call.key}", f.trigger, f.payload, f"effect:{f.call.name}",
-              f.within) for f in fires], on_stale="return", batch=max(self.batch, 1))
-        outage: DatabaseError | None = None
-        again: list[_Fired] = []
-        recorded = 0
-        for fired, result in zip(fires, results, strict=True):
-            call = fired.call
-            if isinstance(result, DatabaseError):
-                outage = result  # kept for the next round
-            elif isinstance(result, LostClaim):
-                log.warning("effect %s of %s:%s: the claim was lost; its new owner records "
-                            "it", call.name, call.machine, call.key)
-                self._recorded(call)
-                recorded += 1
-            elif isinstance(result, FireResult):
-                self._fired(fired, result)
-                self._recorded(call)
-                recorded += 1
-            elif fired.message is None:  # recording the success failed
-                cause = result.__cause__ if isinstance(result, _WritesFailed) else result
-                settled = self._settle(call, "error", cause)
-                if isinstance(settled, _Plain):
-                    batch.append(settled)
-                elif settled is not None:
-                    again.append(settled)
-            else:  # its on_failure could not be fired: failed, its queue held
-                batch.append(_Plain(call, FAILED, f"{fired.message}; its on_failure "
-                                                  f"{fired.trigger} failed: {result}"))
-        fires[:] = again
-        if outage is not None:
-            raise outage
-        return recorded
-
-    def _fired(self, fired: _Fired, result: FireResult) -> None:
-        """Count and say what a recorded fire did."""
-        call = fired.call
-        if fired.message is None:
-            self.stats.done += 1
-            if not result.fired:
-                log.warning("effect %s of %s:%s done; its follow-up %s was refused: %s",
-                            call.name, call.machine, call.key, fired.trigger, result.reason)
-            log.debug("effect %s of %s:%s done (attempt %d)", call.name, call.machine,
-                      call.key, call.attempt)
-            return
-        self.stats.failed += 1
-        if result.fired and result.effects:
-            log.error("effect %s of %s:%s failed for good: %s; fired %s, which asked for "
-                      "%d effects: they run next", call.name, call.machine, call.key,
-                      fired.message, fired.trigger, result.effects)
-        else:
-            log.error("effect %s of %s:%s failed for good: %s; %s; the resource is stuck "
-                      "until `lifecycle retry %s:%s`", call.name, call.machine, call.key,
-                      fired.message, f"fired {fired.trigger}" if result.fired else
-                      f"its on_failure {fired.trigger} was refused ({result.reason})",
-                      call.machine, call.key)
-
-    def _recorded(self, call: EffectCall) -> None:
-        self._unrecorded.remove(next(i for i in self._unrecorded if i[0] is call))
-        self._let_go([call.id])
-
-    def _write_batch(self, tx: Transaction, batch: list[_Plain],
-                     now: dt.datetime) -> set[int]:
-        """Write outcomes that fire nothing, each fenced by its claim and attempt (a done
-        one passes its resource's queue head on), resources in one order (so that two
-        workers' batches cannot wait for each other); the ids whose claims were lost."""
-        lost = set()
-        store = self.store
-        sql = store.sql
-        finished = [p for p in batch if p.status != PENDING]
-        if sql.finish_effects is not None and len(finished) > 1:
-            lost = self._write_finished(tx, finished, now)
-            batch = [p for p in batch if p.status == PENDING]
-        for plain in sorted(batch, key=lambda p: (p.call.machine, p.call.key)):
-            call = plain.call
-            try:
-                if plain.status == PENDING:
-                    due = now + dt.timedelta(seconds=plain.delay)
-                    self._held(tx, sql.reschedule_effect, call,
-                               next_attempt_at=store.time_param(due),
-                               error=plain.message[:2000])
-                else:
-                    self._mark(tx, call, plain.status,
-                               plain.message[:2000] if plain.status == FAILED else None)
-            except LostClaim:  # nothing was written for it
-                lost.add(call.id)
-        return lost
-
-    def _write_finished(self, tx: Transaction, finished: list[_Plain],
-                        now: dt.datetime) -> set[int]:
-        """Done and failed outcomes in three statements, whatever their number (see
-        ``finish_effects``); the ids whose claims were lost."""
-        sql = self.store.sql
-        assert sql.finish_effects and sql.lock_resources_of_effects and sql.pass_heads
-        tx.execute(sql.finish_effects, {
-            "ids": [p.call.id for p in finished],
-            "attempts": [p.call.attempt for p in finished],
-            "statuses": [p.status for p in finished],
-            "errors": [p.message[:2000] if p.status == FAILED else None for p in finished],
-            "claimed_by_": self.name, "now": self.store.time_param(now)})
-        kept = {row[0] for row in tx.fetchall()}
-        done = [p.call.id for p in finished if p.status == DONE and p.call.id in kept]
-        if done:
-            tx.execute(sql.lock_resources_of_effects, {"ids": done})
-            tx.execute(sql.pass_heads, {"ids": done})
-        return {p.call.id for p in finished} - kept
-
-    def _batch_recorded(self, batch: list[_Plain], lost: set[int]) -> None:
-        """After the batch's commit: let go of its claims, count and say what happened."""
-        for plain in batch:
-            call = plain.call
-            self._recorded(call)
-            if call.id in lost:
-                log.warning("effect %s of %s:%s: the claim was lost; its new owner records "
-                            "it", call.name, call.machine, call.key)
-            elif plain.status == DONE:
-                self.stats.done += 1
-                log.debug("effect %s of %s:%s done (attempt %d)", call.name, call.machine,
-                          call.key, call.attempt)
-            elif plain.status == PENDING:
-                self.stats.retried += 1
-                log.info("effect %s of %s:%s failed (attempt %d: %s); next attempt in %.1f s",
-                         call.name, call.machine, call.key, call.attempt, plain.message,
-                         plain.delay)
-            else:
-                self.stats.failed += 1
-                log.error("effect %s of %s:%s failed for good after %d attempts: %s; the "
-                          "resource is stuck until `lifecycle retry %s:%s`", call.name,
-                          call.machine, call.key, call.attempt, plain.message, call.machine,
-                          call.key)
-
-    def _wait(self, limit: float) -> None:
-        """Sleep until a handler finishes, the nearest handler deadline, the time to record
-        the outcomes waiting, a stop, or ``limit`` seconds."""
-        with self._lock:
-            if self._results or (self._stop.is_set() and not self._running):
-                return
-            self._lock.wait(self._waking(limit))
-
-    def _waking(self, limit: float) -> float:
-        """Seconds to sleep, at most ``limit``: until the nearest handler deadline, or the
-        time to record the outcomes waiting."""
-        deadlines = [d for _, _, d in self._running.values()]
-        if self._unrecorded:
-            deadlines.append(self._finished_at + RECORD_WITHIN)
-        if deadlines:
-            limit = min(limit, max(min(deadlines) - time.monotonic(), 0.0) + 0.001)
-        return limit
-
-    def _drain(self) -> int:
-        """Wait for every running handler (finished or timed out); how many were recorded."""
-        finished = 0
-        while (self._running or self._unrecorded) and not self._fast.is_set():
-            finished += self._guarded(self._reap) or 0
-            if self._running:
-                self._wait(self.poll)
-        return finished
-
-    def _held(self, tx: Transaction, statement: str, call: EffectCall, **values: Any) -> None:
-        """Write to the effect, if this worker still holds its claim (the fence is in the
-        store's statements, once)."""
-        tx.execute(statement, {"id_": call.id, "claimed_by_": self.name,
-                                   "attempts_": call.attempt, **values})
-        if tx.rowcount != 1:
-            raise LostClaim(call.idempotency_key)
-
-    def _mark(self, tx: Transaction, call: EffectCall, status: str, error: str | None) -> None:
-        """Record the effect's outcome, if this worker still holds its claim; a done effect
-        (or one given up on) passes its resource's queue head to the next (a failed one
-        keeps it: the effects behind it wait for ``retry``)."""
-        sql = self.store.sql
-        self._held(tx, sql.finish_effect, call, new_status=status,
-                   now=self.store.time_param(self.engine.clock.now()), error=error)
-        if status in (DONE, GAVE_UP):
-            if sql.lock_resource_of_effect is not None:
-                tx.execute(sql.lock_resource_of_effect, {"id_": call.id})
-            tx.execute(sql.pass_head, {"id_": call.id})
-
-    def _on_failure(self, call: EffectCall) -> str | None:
-        with self.store.read() as db:
-            return effect_rows.on_failure(db, call.id)
-
-    def _save_progress(self, call: EffectCall) -> None:
-        store = self.store
-        with store.write(held=False) as tx:  # from a handler's thread: no connection kept
-            self._held(tx, store.sql.save_progress, call,
-                       progress=store.json_param(dict(call.progress)))
-
-    def _give_back(self, calls: list[EffectCall], *, refund: bool = True) -> None:
-        """Return claimed effects to the queue at once, instead of waiting for their leases
-        to expire (a handler abandoned on a fast shutdown dies with the process). ``refund``:
-        their handlers never ran, so their attempts are returned; else each counts as an
-        attempt that did not finish."""
-        if not calls:
-            return
-        ids = [call.id for call in calls]
-        self._let_go(ids)
-        try:
-            self._unclaim(ids=ids, refund=refund)
-        except Exception as exc:  # the leases will expire instead
-            log.warning("worker %s: could not give back %d effects (%s); they are claimed "
-                        "again when their leases expire", self.name, len(ids), exc)
-
-    def _unclaim(self, *, ids: list[int] | None = None, except_ids: list[int] | None = None,
-                 refund: bool = True) -> int:
-        """Put the effects this worker holds (of ``ids``, or all but ``except_ids``) back in
-        the queue; with ``refund`` (their handlers never ran) the attempt their claim counted
-        is returned; how many."""
-        with self.store.begin() as db:
-            return effect_rows.unclaim(db, self.name, ids=ids, except_ids=except_ids,
-                                       refund=refund)
-
-    # -- timers ----------------------------------------------------------------------
-
-    def _fire_due_timers(self) -> int:
-        self._timers_seen = time.monotonic()
-        now = self.engine.clock.now()
-        with self.store.read() as db:
-            due = timer_rows.due(db, now, self.batch)
-        fired = 0
-        for timer_id, trigger, machine, key in due:
-            if self._stop.is_set():
-                break
-            try:
-                result = self.engine.fire_timer(timer_id, f"{machine}:{key}", trigger)
-            except UnknownResource:
-                continue
-            if result is None:
-                self.stats.timers_stale += 1
-                continue
-            fired += 1
-            if result.fired:
-                self.stats.timers_fired += 1
-            else:
-                self.stats.timers_refused += 1
-        return fired
-
-
-@dataclass(slots=True)
-class _Fired:
-    """An outcome recorded in the transaction of a trigger it fires: a follow-up (done),
-    or the ``on_failure`` of an effect that failed for good with ``message``."""
-
-    call: EffectCall
-    trigger: str
-    payload: dict[str, Any]
-    within: Within
-    message: str | None = None
-
-
-class _WritesFailed(EffectError):
-    """A handler's writes (``FollowUp.writes``) raised: the cause is the handler's failure."""
-
-
-@dataclass(slots=True)
-class _Plain:
-    """An outcome that fires no trigger, written in a batch: done, to be tried again
-    (``PENDING``, after ``delay`` seconds) or failed, with ``message``."""
-
-    call: EffectCall
-    status: str
-    message: str = ""
-    delay: float = 0.0
-
-
-class _Outcome(Within):
-    """Records an effect's outcome (and the handler's own writes) in the transaction of the
-    trigger it fires, if the worker still holds the effect's claim."""
-
-    def __init__(self, worker: Worker, call: EffectCall, status: str, error: str | None,
-                 writes: Callable[[Any], None] | None) -> None:
-        self.worker, self.call, self.status, self.error = worker, call, status, error
-        self.writes = writes
-
-    def before(self, tx: Transaction, resource_id: int) -> str | None:
-        self.worker._mark(tx, self.call, self.status, self.error)
-        if self.writes is not None:
-            try:
-                self.writes(tx)
-            except LifecycleError:
-                raise
-            except Exception as exc:  # the fire is made again without it
-                raise _WritesFailed(f"{type(exc).__name__}: {exc}") from exc
-        return None
-
-
-class _GivingUp(Within):
-    """Records an effect that failed for good in the transaction of its ``on_failure``
-    trigger, once that is decided: given up on, its queue going on, if the transition fired
-    and asked for effects (the machine went another way); failed, holding its resource's
-    queue until retried, if it asked for none (the state records where it stopped) or was
-    refused."""
-
-    def __init__(self, worker: Worker, call: EffectCall, error: str) -> None:
-        self.worker, self.call, self.error = worker, call, error
-
-    def after(self, tx: Transaction, result: FireResult) -> None:
-        status = GAVE_UP if result.fired and result.effects else FAILED
-        self.worker._mark(tx, self.call, status, self.error)
-
-
-# -- the worker's statements, built once (building them per call cost more than running them)
 
 
 __all__ = ["BATCH", "DEFAULT_LEASE", "IDLE_THREAD_SECONDS", "TIMER_LOOK", "HeldClaims", "Worker",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -69,3 +70,26 @@ def worker_of(engine: Any, **options: Any) -> Any:
 
 def closing(engine: Any) -> Callable[[], None]:
     return engine.close if isinstance(engine, Blocking) else (lambda: None)
+
+
+DRIVERS = {"sync": Worker, "async": AsyncWorker}
+"""The worker's two drivers of one core, by kind: the same arguments, the same outbox."""
+
+
+def until_idle(worker: Worker | AsyncWorker) -> Any:
+    """``worker.run_until_idle()``, on an event loop of its own for an ``AsyncWorker``."""
+    if isinstance(worker, AsyncWorker):
+        return asyncio.run(worker.run_until_idle())
+    return worker.run_until_idle()
+
+
+def running(worker: Worker | AsyncWorker) -> threading.Thread:
+    """A started thread that runs ``worker.run()`` (on an event loop of that thread's own
+    for an ``AsyncWorker``) until ``worker.stop()``."""
+    if isinstance(worker, AsyncWorker):
+        aio = worker
+        thread = threading.Thread(target=lambda: asyncio.run(aio.run()))
+    else:
+        thread = threading.Thread(target=worker.run)
+    thread.start()
+    return thread

@@ -327,7 +327,7 @@ def test_an_expired_lease_is_claimed_again(engine: Engine, clock: SimulatedClock
     engine.create("chain", "r1")
     engine.fire("r1", "go")
     dead = worker_of(engine, lease=60, name="dead-worker")
-    [claimed] = dead._claim(1, [])
+    [claimed] = dead.core.claim(1, [])
     assert effect_records(engine)[0].status == "running"
     alive = worker_of(engine, name="alive-worker")
     alive.run_until_idle()
@@ -337,8 +337,8 @@ def test_an_expired_lease_is_claimed_again(engine: Engine, clock: SimulatedClock
     assert [c[0] for c in recorder.calls] == ["a", "b", "c"]
     assert recorder.calls[0][2] == 2  # the second attempt
     # the dead worker's late answer is refused: it no longer holds the claim
-    dead._finished(claimed, "ok", FollowUp("a_done"))
-    dead._record()
+    dead.core.outcome(claimed, "ok", FollowUp("a_done"))
+    dead.core.record()
     assert engine.get("r1").state == "third"
     assert [e.trigger for e in engine.history("r1")].count("a_done") == 1
 
@@ -561,10 +561,10 @@ def test_an_effect_asked_for_while_its_predecessor_is_recorded_done_can_run(
     engine.fire("t1", "tock")
     [(first, _)] = _heads(store)
     worker = worker_of(engine)
-    [call] = worker._claim(1, [])
+    [call] = worker.core.claim(1, [])
     other = threading.Thread(target=engine.fire, args=("t1", "tock"))
     with store.write() as cursor:
-        worker._mark(cursor, call, "done", None)  # recorded, not committed yet
+        worker.core.mark(cursor, call, "done", None)  # recorded, not committed yet
         other.start()
         other.join(1.0)  # it waits for the lock (were there none, it would commit now)
     other.join(60)

@@ -110,8 +110,8 @@ def test_four_workers_share_postgres_without_running_anything_twice(
     assert len({c.worker for c in calls}) == 4, "the work was not shared"
 
 
-def _start_slow_worker(db_url: str, tmp_path: Path) -> tuple[subprocess.Popen[str], Engine,
-                                                              Path]:
+def _start_slow_worker(db_url: str, tmp_path: Path, kind: str = "sync"
+                       ) -> tuple[subprocess.Popen[str], Engine, Path]:
     """A worker process whose handler has started and waits until the test removes its
     gate file."""
     marker = tmp_path / "done"
@@ -120,7 +120,8 @@ def _start_slow_worker(db_url: str, tmp_path: Path) -> tuple[subprocess.Popen[st
     engine.store.upgrade()
     engine.create("slow", "s1")
     engine.fire("s1", "go")
-    process = subprocess.Popen([*RUN, "slow", db_url, str(marker)],
+    process = subprocess.Popen([*RUN, "slow" if kind == "sync" else "slow-async", db_url,
+                                str(marker)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert process.stdout is not None and process.stdout.readline().strip() == "ready"
     deadline = time.monotonic() + 120
@@ -143,10 +144,13 @@ def _stderr_until(process: subprocess.Popen[str], text: str) -> str:
     raise AssertionError(f"the worker ended without saying {text!r}: {''.join(seen)}")
 
 
-def test_sigterm_finishes_the_running_handler(sqlite_url: str, tmp_path: Path) -> None:
-    """SIGTERM: the worker stops claiming and waits for its running handler, however long."""
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_sigterm_finishes_the_running_handler(sqlite_url: str, tmp_path: Path,
+                                              kind: str) -> None:
+    """SIGTERM: the worker stops claiming and waits for its running handler, however long
+    (either driver)."""
     Store(sqlite_url, upgrade=True).dispose()
-    process, engine, marker = _start_slow_worker(sqlite_url, tmp_path)
+    process, engine, marker = _start_slow_worker(sqlite_url, tmp_path, kind)
     process.send_signal(signal.SIGTERM)
     _stderr_until(process, "finishing 1 running handlers")
     assert process.poll() is None  # still waiting for the handler, which waits for its gate

@@ -22,7 +22,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("pieces", ("fresh", "compiled", "effects", "files", "registry", "queries", "verify",
                 "processes", "peek", "transaction")),
     ("engine", ("engine", "engine.*")),
-    ("tools", ("worker", "aio", "outbox", "scenario", "render", "story")),
+    ("tools", ("worker_core", "worker", "aio", "outbox", "scenario", "render", "story")),
     ("api", ("__init__",)),
     ("adapters", ("adapters.*",)),
     ("machines", ("machines.*",)),
@@ -217,3 +217,58 @@ def test_the_rules_see_what_they_check() -> None:
     store_imports = [node for node in ast.walk(ast.parse(MODULES["store"].read_text()))
                      if isinstance(node, ast.ImportFrom) and node.module == "sqlalchemy"]
     assert store_imports
+
+
+OTHERS_PRIVATE_NAMES = {
+    ("store.database", "Writing", "held._connection"),
+    ("store.database", "Writing", "held._discard"),
+}
+"""(module, class, expression) allowed to use another object's private name: a transaction
+reaching into the held connections it was made by, in their own module."""
+
+
+def private_uses(tree: ast.AST) -> Iterator[tuple[str | None, int, str]]:
+    """(class, line, expression) of every ``obj._name`` whose ``obj`` is not ``self`` or
+    ``cls`` (``__dunder__`` names aside): one object using another's private state. The
+    class is the innermost one around it (None outside any)."""
+
+    def visit(node: ast.AST, cls: str | None) -> Iterator[tuple[str | None, int, str]]:
+        for child in ast.iter_child_nodes(node):
+            inner = child.name if isinstance(child, ast.ClassDef) else cls
+            if (isinstance(child, ast.Attribute) and child.attr.startswith("_")
+                    and not child.attr.startswith("__")
+                    and not (isinstance(child.value, ast.Name)
+                             and child.value.id in ("self", "cls"))):
+                yield inner, child.lineno, ast.unparse(child)
+            yield from visit(child, inner)
+
+    return visit(tree, None)
+
+
+def test_no_class_uses_another_class_private_names() -> None:
+    """A class's private names are its own: no other class (nor a subclass through
+    ``super()``) reads or calls them, so changing one class's internals cannot silently
+    change another (the worker's two drivers share its core through public steps)."""
+    used, allowed = [], set()
+    for name, path in MODULES.items():
+        for cls, line, expression in private_uses(ast.parse(path.read_text(), str(path))):
+            if (name, cls, expression) in OTHERS_PRIVATE_NAMES:
+                allowed.add((name, cls, expression))
+            else:
+                used.append(f"lifecycle/{path.relative_to(PACKAGE)}:{line}: {expression} "
+                            f"(in {cls or 'no class'})")
+    assert not used, "another object's private names used:\n" + "\n".join(used)
+    assert allowed == OTHERS_PRIVATE_NAMES, ("exceptions no longer needed: "
+                                             f"{OTHERS_PRIVATE_NAMES - allowed}")
+
+
+def test_the_class_rule_sees_a_violation() -> None:
+    source = ("class Driver:\n"
+              "    def go(self, core):\n"
+              "        self._mine = cls_ = core._queue\n"
+              "        return super()._settle(self._x, cls_.__dict__)\n"
+              "def helper(worker):\n"
+              "    return worker._running\n")
+    assert [(cls, line, e) for cls, line, e in private_uses(ast.parse(source))] == [
+        ("Driver", 3, "core._queue"), ("Driver", 4, "super()._settle"),
+        (None, 6, "worker._running")]

@@ -220,8 +220,7 @@ def test_a_cancelled_async_worker_gives_its_claims_back(db_url: str) -> None:
     try:
         asyncio.run(main())
         _given_back(engine, started)
-        heart = worker._heartbeat_thread
-        assert heart is None or not heart.is_alive(), "the heartbeat still renews leases"
+        assert not worker.core.heartbeat_alive(), "the heartbeat still renews leases"
         assert _each_runs_once_more(db_url) == dict.fromkeys(sorted(f"w{i}" for i in range(6)),
                                                               1)
     finally:
@@ -246,9 +245,7 @@ def test_an_async_worker_whose_loop_was_closed_gives_its_claims_back(db_url: str
     try:
         loop.run_until_complete(two_started())
         loop.close()
-        heart = worker._heartbeat_thread
-        assert heart is not None
-        until(lambda: not heart.is_alive(), "the heartbeat to see the loop closed")
+        until(lambda: not worker.core.heartbeat_alive(), "the heartbeat to see the loop closed")
         _given_back(engine, started)
         assert _each_runs_once_more(db_url) == dict.fromkeys(sorted(f"w{i}" for i in range(6)),
                                                               1)

@@ -20,6 +20,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from asyncio_kinds import DRIVERS, KINDS, running, until_idle
 from procs import gated
 from sqlalchemy import select, text, update
 from waiting import until
@@ -193,7 +194,8 @@ def test_a_claim_of_a_live_process_is_never_taken_over(gated_engine: Engine,
 # -- a handler slower than the lease ------------------------------------------------------------
 
 
-def test_a_handler_slower_than_its_lease_runs_once(store: Store) -> None:
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_handler_slower_than_its_lease_runs_once(store: Store, kind: str) -> None:
     """The heartbeat renews the claim while the handler runs: a second worker polling all
     along never takes it, though the first lease ran out many times over."""
     release = threading.Event()
@@ -211,10 +213,9 @@ def test_a_handler_slower_than_its_lease_runs_once(store: Store) -> None:
     engine.create("gated", "s1")
     engine.fire("s1", "go")
     lease = 0.6
-    first, second = (Worker(engine, lease=lease, poll=0.02, name=n) for n in ("one", "two"))
-    threads = [threading.Thread(target=w.run) for w in (first, second)]
-    for thread in threads:
-        thread.start()
+    first, second = (DRIVERS[kind](engine, lease=lease, poll=0.02, name=n)
+                     for n in ("one", "two"))
+    threads = [running(w) for w in (first, second)]
     try:
         assert started.wait(60), "the handler never started"
         [(_, holder, lease_until)] = _running(engine)
@@ -238,13 +239,14 @@ def test_a_handler_slower_than_its_lease_runs_once(store: Store) -> None:
     assert [(r.status, r.attempts) for r in effect_records(engine)] == [("done", 1)]
 
 
-def test_a_lease_shorter_than_two_heartbeats_is_refused(store: Store) -> None:
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_lease_shorter_than_two_heartbeats_is_refused(store: Store, kind: str) -> None:
     engine = Engine(store, [])
     with pytest.raises(ValueError, match="must span at least two heartbeats"):
-        Worker(engine, lease=10, heartbeat=6)
+        DRIVERS[kind](engine, lease=10, heartbeat=6)
     for bad in (0.0, -1.0, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="lease must be a positive number"):
-            Worker(engine, lease=bad)
+            DRIVERS[kind](engine, lease=bad)
 
 
 # -- lost connections ---------------------------------------------------------------------------
@@ -349,7 +351,9 @@ def test_a_connection_known_lost_is_not_logged_by_the_pool_as_an_error(
     assert errors == [], [r.getMessage() for r in errors]
 
 
-def test_a_handlers_error_is_stored_without_the_passwords_it_names(store: Store) -> None:
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_handlers_error_is_stored_without_the_passwords_it_names(store: Store,
+                                                                   kind: str) -> None:
     def leaky(call: EffectCall) -> None:
         raise ConnectionError("cannot reach postgresql://app:s3cr/et@db.example.org/prod")
 
@@ -357,7 +361,7 @@ def test_a_handlers_error_is_stored_without_the_passwords_it_names(store: Store)
                     effects={"work": Effect(leaky, Retry(max_attempts=1))})
     engine.create("gated", "leak")
     engine.fire("leak", "go")
-    Worker(engine).run_until_idle()
+    until_idle(DRIVERS[kind](engine))
     [record] = effect_records(engine)
     assert record.status == "failed" and record.last_error is not None
     assert "s3cr" not in record.last_error and "db.example.org/prod" in record.last_error

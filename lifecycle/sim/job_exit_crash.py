@@ -42,10 +42,11 @@ from ..adapters.job_queue import (
 from ..clock import SimulatedClock
 from ..effects import Effect, EffectCall, FollowUp
 from ..engine import Engine
+from ..fresh import run_to_end
 from ..machines import job_exit
 from ..outbox import retry_failed
 from ..store import Store
-from ..worker import Worker
+from ..worker_core import Pause, Start, Wait, WorkerCore, Working
 from .loop import EventLoop, Progress
 from .simulation import Option, Simulation
 
@@ -156,17 +157,38 @@ class SimMailer:
         self.sent.append((str(message["Subject"]), str(message["Message-ID"])))
 
 
-class _DyingWorker(Worker):
-    """A worker whose process dies when a handler says so: its claims stay behind."""
+class _DyingWorker:
+    """A worker process that dies when a handler says so: its claims stay behind and its
+    heartbeat stops. It drives the worker's core on this thread, one handler at a time."""
 
-    dead = False
+    def __init__(self, engine: Engine, *, lease: float, seed: int) -> None:
+        self.core = WorkerCore(engine, lease=lease, seed=seed)
+        self.dead = False
 
-    def _settle(self, call: EffectCall, kind: str, value: Any) -> Any:
-        if kind == "error" and isinstance(value, _Death):
-            self.dead = True
-            self.stop(fast=True)
-            return None
-        return super()._settle(call, kind, value)
+    def run_until_idle(self) -> None:
+        working = self.core.working(until_idle=True)
+        for need in working:
+            if isinstance(need, Start):
+                call = need.call
+                outcome: tuple[str, Any]
+                try:
+                    outcome = ("ok", run_to_end(self.core.engine.handlers[call.name]
+                                                .handler(call)))
+                except _Death:
+                    self._die(working)
+                    return
+                except Exception as exc:  # the handler's failure is recorded
+                    outcome = ("error", exc)
+                self.core.handler_ended(call, *outcome)
+            elif isinstance(need, Wait | Pause):
+                time.sleep(need.seconds)
+
+    def _die(self, working: Working) -> None:
+        """The process is gone: nothing more is recorded, given back or renewed."""
+        self.dead = True
+        self.core.stop(fast=True)
+        working.close()
+        self.core.heartbeat_stopped()
 
 
 def after(plan: Plan, loop: EventLoop, clock: SimulatedClock, directory: Path,

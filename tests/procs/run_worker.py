@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 import time
 from pathlib import Path
 
-from lifecycle import Worker, outbox_counts
+from lifecycle import AsyncWorker, Worker, outbox_counts
 
 # tests/ on the path, as pytest puts it there: `procs` is this folder (a package named
 # `tests`, which some installed distributions ship, cannot shadow it)
@@ -43,12 +44,16 @@ def main() -> None:
                 break
             if worker.stats.done == before:
                 time.sleep(0.005)
-    elif kind == "slow":
+    elif kind in ("slow", "slow-async"):  # the thread driver, or the asyncio one
         marker = Path(sys.argv[3])
         engine = machines.slow_engine(url, marker)
         logging.getLogger("lifecycle").setLevel(logging.INFO)  # the tests read its log
         print("ready", flush=True)
-        Worker(engine, poll=0.05, name="slow-worker").run(handle_signals=True)
+        if kind == "slow":
+            Worker(engine, poll=0.05, name="slow-worker").run(handle_signals=True)
+        else:
+            aio = AsyncWorker(engine, poll=0.05, name="slow-worker")
+            asyncio.run(aio.run(handle_signals=True))
     else:
         raise SystemExit(f"unknown worker kind {kind!r}")
 

@@ -117,12 +117,14 @@ class EffectStatements(Compiling):
 
 
 def claim(dialect: Dialect, names: list[str]) -> tuple[tuple[str, dict[str, Any]],
-                                                        tuple[str, dict[str, Any]]]:
-    """A worker's claim as two statements compiled for ``dialect`` (the names of its handlers
-    are part of them), each with the values of its constants: an UPDATE of the effects it
-    picks, RETURNING their ids (parameters ``now``, ``limit``, ``claimed_by``, ``claimant``,
-    ``lease_until``), then what the handlers need of them (``claimed_by``, ``low``,
-    ``high``)."""
+                                                        tuple[str, dict[str, Any]] | None]:
+    """A worker's claim compiled for ``dialect`` (the names of its handlers are part of it),
+    each statement with the values of its constants: an UPDATE of the effects it picks
+    (parameters ``now``, ``limit``, ``claimed_by``, ``claimant``, ``lease_until``). On
+    PostgreSQL it is the only statement: joined to their resources and journal rows, it
+    RETURNS what the handlers need (in any order). SQLite's RETURNING cannot name the tables
+    of an UPDATE's FROM: there it RETURNS the ids, and a second statement reads what the
+    handlers need of them (``claimed_by``, ``low``, ``high``), in id order."""
     e = outbox.alias("e")
     now: Any = bindparam("now")
     # effects of one resource run in order: only the head of its queue may run, and the
@@ -138,15 +140,21 @@ def claim(dialect: Dialect, names: list[str]) -> tuple[tuple[str, dict[str, Any]
     if dialect.name == "postgresql":
         picked = picked.with_for_update(skip_locked=True, of=e)
     t = outbox.c
+    needed = (t.id, t.name, t.args, t.idempotency_key, t.fence, t.attempts, t.seq, t.progress,
+              resources.c.machine, resources.c.key, resources.c.data, journal.c.trigger,
+              journal.c.payload)
     taking = (update(outbox).where(t.id.in_(picked))
               .values(status=RUNNING, claimed_by=bindparam("claimed_by"),
                       claimant=bindparam("claimant"), lease_until=bindparam("lease_until"),
-                      attempts=t.attempts + 1)
-              .returning(t.id))
+                      attempts=t.attempts + 1))
+    if dialect.name == "postgresql":
+        one = (taking.where(resources.c.id == t.resource_id,
+                            journal.c.resource_id == t.resource_id, journal.c.seq == t.seq)
+               .returning(*needed).compile(dialect=dialect))
+        return (str(one), dict(one.params)), None
+    taking = taking.returning(t.id)
     taken = (
-        select(t.id, t.name, t.args, t.idempotency_key, t.fence, t.attempts, t.seq, t.progress,
-               resources.c.machine, resources.c.key, resources.c.data, journal.c.trigger,
-               journal.c.payload)
+        select(*needed)
         .join(resources, resources.c.id == t.resource_id)
         .join(journal, and_(journal.c.resource_id == t.resource_id, journal.c.seq == t.seq))
         .where(t.claimed_by == bindparam("claimed_by"), t.status == RUNNING,
