@@ -36,6 +36,16 @@ class Builtin:
     command line gives each module named in $LIFECYCLE_PLUGINS to every machine it loads.
     Raises :class:`~lifecycle.errors.SetupError` on settings it cannot use."""
 
+    migrations: str | None = None
+    """The directory of the machine's migration branch, where it keeps tables of its own
+    (job_exit's job queue): revision files whose base has ``branch_labels = ("NAME",)``.
+    The command line gives every loaded machine's to the store; an application gives them
+    itself: ``Store(url, branches=[b.migrations for b in machines if b.migrations])``."""
+    commands: tuple[str, ...] = ()
+    """Modules (dotted names) whose ``COMMANDS`` (click commands) the command line adds
+    when it loads this machine: ``lifecycle tardis``, ``lifecycle queue``. Named, not
+    imported, so a machine's module does not import click."""
+
     def configured(self, settings: Any) -> Wiring:
         """The effects and probes ``settings`` give this machine (none, if they say
         nothing about it)."""
