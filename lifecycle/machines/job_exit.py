@@ -702,7 +702,6 @@ def make(*, queue: JobQueue | None = None, mailer: smtp.Mailer | None = None,
                      "send_job_notification")}
     return Builtin(
         spec=SPEC, guards=GUARDS, effects=effects, migrations=MIGRATIONS,
-        commands=("lifecycle.machines.job_exit_commands",),
         summary="HTCondor local-universe job exit: user log, output ad, job queue, email, "
                 "each exactly once across failures and crashes")
 
