@@ -51,7 +51,7 @@ def make_engine(db_url: str | None, *, upgrade: bool = False,
         guards.update(getattr(provider, "guards", None) or {})
         effects.update(getattr(provider, "effects", None) or {})
         probes.update(getattr(provider, "probes", None) or {})
-    for machine in chosen:  # what the plugins' settings give a machine (the drones' site)
+    for machine in chosen:  # what the plugins' settings give a machine (Builtin.configure)
         for module in modules:
             try:
                 wired_effects, wired_probes = machine.configured(module)
@@ -59,7 +59,7 @@ def make_engine(db_url: str | None, *, upgrade: bool = False,
                 raise SetupError(f"{PLUGINS_VARIABLE}: {exc}") from None
             effects.update(wired_effects)
             probes.update(wired_probes)
-    # not strict: a built-in drone is recorded, observed and moved without a site's adapters;
+    # not strict: a built-in machine is recorded, observed and moved without its adapters;
     # its effects wait for a worker that has them, a risky edge without its probe is refused
     # upgrading (`lifecycle demo`) applies the chosen machines' branches with the core's
     branches = [m.migrations for m in chosen if m.migrations] if upgrade else []

@@ -13,7 +13,6 @@ from .common import db_option as db_option
 from .common import err as err
 from .common import json_option as json_option
 from .common import out as out
-from .common import print_heartbeat as print_heartbeat
 
 if TYPE_CHECKING:
     from collections.abc import Iterable

@@ -1,5 +1,4 @@
-"""``replay``, ``simulate``, ``reconcile`` and ``demo``: scenarios, the incidents' races,
-and a drone pool's heartbeat."""
+"""``replay``, ``simulate`` and ``demo``: scenarios and the incidents' races."""
 
 from __future__ import annotations
 
@@ -57,9 +56,6 @@ def replay(files: tuple[str, ...], as_json: bool) -> None:
         out.print(f"{plural(len(results), 'scenario')}, {plural(steps, 'step')}, {verdict}")
     if failed:
         sys.exit(1)
-
-
-# -- drones --------------------------------------------------------------------------------
 
 
 # -- simulations ---------------------------------------------------------------------------

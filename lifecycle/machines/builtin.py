@@ -93,7 +93,3 @@ class CommandLine(Protocol):
     def plugins(self) -> list[Any]:
         """The modules $LIFECYCLE_PLUGINS names."""
         ...
-
-    def print_heartbeat(self, report: dict[str, Any], as_json: bool) -> None:
-        """A drone pool's heartbeat report: JSON, or one line."""
-        ...

@@ -103,7 +103,7 @@ async def _heartbeats(cli: CommandLine, engine: AsyncEngine, sites: Any, batch: 
         report = await drone.reconcile_async(engine, sites, batch, machine=machine,
                                              only=only)
         await worker.run_until_idle()
-        cli.print_heartbeat(report, as_json)
+        print_heartbeat(cli, report, as_json)
         if every is None or stop.is_set():
             return
         try:
@@ -111,6 +111,26 @@ async def _heartbeats(cli: CommandLine, engine: AsyncEngine, sites: Any, batch: 
             return
         except TimeoutError:
             continue
+
+
+def print_heartbeat(cli: CommandLine, report: dict[str, Any], as_json: bool) -> None:
+    """A drone pool's heartbeat report (``reconcile``, ``tardis``): JSON, or one line."""
+    from rich.markup import escape as _escape
+
+    from ..story import plural
+
+    if as_json:
+        print(json.dumps(report), flush=True)
+    elif report["site_error"]:
+        cli.out.print(f"[yellow]site unreachable[/]: {_escape(report['site_error'])}; "
+                  f"{plural(report['drones'], 'drone')} keep their state")
+    else:
+        moved = ", ".join(f"{n} {m}" for m, n in sorted(report["moved"].items()))
+        cli.out.print(f"{plural(report['drones'], 'drone')}: {moved or 'none moved'}"
+                  + (f"; {plural(report['refused'], 'risky edge')} refused"
+                     if report["refused"] else "")
+                  + (f"; {plural(report['errors'], 'drone')} not observed or stepped "
+                     "(see the log)" if report.get("errors") else ""))
 
 
 def reconcile(cli: CommandLine) -> click.Command:
@@ -165,7 +185,7 @@ def _reconcile(cli: CommandLine, machine: str, every: float | None, db_url: str 
 
             report = drone.reconcile(engine, site, batch, machine=machine, progress=advance)
         worker.run_until_idle()
-        cli.print_heartbeat(report, as_json)
+        print_heartbeat(cli, report, as_json)
         if every is None or stop:
             return
         try:
