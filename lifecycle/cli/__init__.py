@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import sys
 
 import click
 
@@ -102,10 +103,16 @@ GROUP = "lifecycle.commands"
 is the command's, its value a function ``(lifecycle.cli.kit) -> click.Command``."""
 
 
-@functools.cache
 def machine_commands() -> dict[str, str]:
     """Every machine's command (``module:function``) by name, from the installed packages'
-    entry points (read once per process; a core command's name wins)."""
+    entry points (read once per process and module search path; a core command's name
+    wins)."""
+    return _machine_commands(tuple(sys.path))
+
+
+@functools.lru_cache(maxsize=8)
+def _machine_commands(search_path: tuple[str, ...]) -> dict[str, str]:
+    """(``search_path``, the modules' search path, is the key of what was read.)"""
     from importlib import metadata
 
     found: dict[str, str] = {}

@@ -35,7 +35,7 @@ from ..revisions import head_revision as head_revision
 from ..revisions import migrations_dir as migrations_dir
 from ..revisions import revisions as revisions
 
-_LABEL = re.compile(r'^branch_labels: .*?= \(?"([^"]+)"', re.MULTILINE)
+_LABEL = re.compile(r'^branch_labels(?::[^=\n]*)? = [(\[]?\s*"([^"]+)"', re.MULTILINE)
 
 
 @functools.cache
