@@ -108,4 +108,5 @@ def shipped() -> dict[str, tuple[str, tuple[str, ...]]]:
     return {name: (version, handlers) for name, (_, version, handlers) in known.items()}
 
 
-__all__ = ["GROUP", "Builtin", "CommandLine", "builtin", "builtins", "entry_points", "load", "shipped"]
+__all__ = ["GROUP", "Builtin", "CommandLine", "builtin", "builtins", "entry_points", "load",
+           "shipped"]
