@@ -117,6 +117,13 @@ def known(revision: str, branches: Sequence[str] = ()) -> str:
     """``revision`` if it names one of lifecycle's revisions (``head``, ``base``, a
     revision or a unique prefix of one, a relative step, a branch's ``LABEL@head``);
     :class:`DatabaseError` naming them otherwise."""
+    step = re.fullmatch(r"(head-|base\+)([0-9]+)", revision)
+    if step and branches:  # the core's own (with branches, Alembic finds several heads)
+        chain_ = [r for r, _, _ in revisions()]
+        at = len(chain_) - 1 - int(step[2]) if step[1] == "head-" else int(step[2]) - 1
+        if not 0 <= at < len(chain_):
+            raise DatabaseError(f"schema revision {revision} is beyond lifecycle's revisions")
+        return chain_[at]
     if revision in ("head", "heads", "base") or re.fullmatch(r"(?:head|base)?[+-][0-9]+",
                                                              revision):
         return revision  # a relative step (head-1, -1) is checked by Alembic
