@@ -228,3 +228,28 @@ def test_many_processes_upgrade_a_fresh_postgresql_database_at_once(
         assert differences(store) == []
     finally:
         store.dispose()
+
+
+def test_the_dashboard_and_show_read_the_core_revision_beside_a_branch(
+        empty_db_url: str) -> None:
+    """The version table's row of job_exit's branch is not the core's revision: the
+    dashboard's read-only store and `lifecycle show`'s read on the bare driver take the
+    database for current, and one at another core revision for another."""
+    from lifecycle import peek
+    from lifecycle.store.readonly import ReadOnlyDatabase, Unavailable
+
+    store = Store(empty_db_url, upgrade=True, branches=[MIGRATIONS])
+    Engine(store, [TOGGLE]).create("toggle", "x")
+    dashboard = ReadOnlyDatabase(empty_db_url)
+    try:
+        with dashboard.read():
+            pass
+        assert peek.peek(empty_db_url, "x", ["pending"], ["pending"]).resource.machine == "toggle"
+        store.downgrade("head-1")
+        with pytest.raises(Unavailable, match="not " + migrate.head_revision()), \
+                dashboard.read():
+            pass
+        with pytest.raises(peek.Unsure):
+            peek.peek(empty_db_url, "x", ["pending"], ["pending"])
+    finally:
+        dashboard.dispose()
