@@ -28,6 +28,21 @@ def head_revision() -> str:
     return revisions()[-1][0]
 
 
+CORE_REVISION = re.compile(r"[0-9]{4}_")
+"""How the core's revision ids begin; a machine's branch's (``job_exit_0001_...``) never do,
+so that the core's row of the version table is told apart from the branches' rows (one per
+branch) without knowing the branches."""
+
+
+def core_revision(rows: list[str]) -> str | None:
+    """The core's revision among the version table's rows (None: the core has none)."""
+    found = [row for row in rows if CORE_REVISION.match(row)]
+    if len(found) > 1:
+        raise DatabaseError(f"the database is at several schema revisions at once: "
+                            f"{', '.join(sorted(found))}")
+    return found[0] if found else None
+
+
 _REVISION = re.compile(r'^revision: str = "([^"]+)"$', re.MULTILINE)
 _DOWN = re.compile(r'^down_revision: str \| None = (?:None|"([^"]+)")$', re.MULTILINE)
 _DOC = re.compile(r'\A\s*"""(.*?)(?:\n\s*\n|""")', re.DOTALL)
@@ -37,13 +52,14 @@ def revisions() -> list[tuple[str, str | None, str]]:
     """(revision, down revision, message) from base to head, read from the revision files'
     own lines (each declares ``revision: str = "..."`` and ``down_revision: str | None =
     ...``; a test checks that Alembic reads the same)."""
-    return list(_revisions(migrations_dir()))
+    return list(chain(os.path.join(migrations_dir(), "versions")))
 
 
 @functools.cache
-def _revisions(directory: str) -> tuple[tuple[str, str | None, str], ...]:
+def chain(versions: str) -> tuple[tuple[str, str | None, str], ...]:
+    """(revision, down revision, message) of the revision files in directory ``versions``,
+    from base to head (the core's, or one machine's branch)."""
     found: dict[str | None, tuple[str, str | None, str]] = {}
-    versions = os.path.join(directory, "versions")
     for name in sorted(n for n in os.listdir(versions) if n.endswith(".py")):
         with open(os.path.join(versions, name), encoding="utf-8") as file:
             source = file.read()
@@ -60,7 +76,7 @@ def _revisions(directory: str) -> tuple[tuple[str, str | None, str], ...]:
         chain.append(found.pop(below))
         below = chain[-1][0]
     if found or not chain:
-        raise DatabaseError(f"lifecycle's migrations do not form one chain (left over: "
+        raise DatabaseError(f"the migrations in {versions} do not form one chain (left over: "
                             f"{sorted(r for r, _, _ in found.values())})")
     return tuple(chain)
 

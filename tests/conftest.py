@@ -45,6 +45,26 @@ def empty_postgres_url(templates: Templates) -> Iterator[str]:
         yield url
 
 
+_CACHE: list[str] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The machines' index (lifecycle/machines/index.py) is a cache file in
+    $XDG_CACHE_HOME: the tests, in process and the commands they start, write theirs in a
+    directory of this session's (of each xdist worker's), never in the user's ~/.cache."""
+    import tempfile
+
+    _CACHE.append(tempfile.mkdtemp(prefix="lifecycle-test-cache-"))
+    os.environ["XDG_CACHE_HOME"] = _CACHE[-1]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    import shutil
+
+    while _CACHE:
+        shutil.rmtree(_CACHE.pop(), ignore_errors=True)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--slow", action="store_true", default=os.environ.get("LIFECYCLE_TEST_SLOW") == "1",

@@ -320,7 +320,8 @@ def test_unknown_revisions_and_a_newer_database(tmp_path: Path) -> None:
         assert "unknown schema revision 'nosuch'" in ran.stderr
     assert_clean(cli("db", "upgrade", db=str(path)), 0)
     with sqlite3.connect(path) as connection:
-        connection.execute(f"UPDATE {migrate.VERSION_TABLE} SET version_num = '0099_future'")
+        connection.execute(f"UPDATE {migrate.VERSION_TABLE} SET version_num = '0099_future' "
+                           f"WHERE version_num = '{migrate.head_revision()}'")
     ran = cli("db", "current", db=str(path))
     assert_clean(ran, 1)
     assert "newer than this lifecycle" in ran.stdout and "db upgrade" not in ran.stdout

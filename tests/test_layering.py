@@ -25,7 +25,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("tools", ("worker_core", "worker", "aio", "outbox", "scenario", "render", "story")),
     ("api", ("__init__",)),
     ("adapters", ("adapters.*",)),
-    ("machines", ("machines.*",)),
+    # a machine's own commands (machines/NAME_commands.py) are here, below the command line:
+    # a function each that cli/kit.py is given to, so they never import cli/
+    ("machines", ("machines.*", "machines.drone_commands", "machines.job_exit_commands")),
     ("simulations", ("sim.*", "demo")),
     ("check", ("check", "check.*")),
     ("dashboard", ("dashboard", "dashboard.*")),

@@ -2,8 +2,10 @@
 not lifecycle ships one the way lifecycle ships its own: a module and one entry-point line.
 Here a toy package, installed as a ``.dist-info`` directory on the path (what pip writes),
 is listed, created, configured from a plugin module's settings and shown by the command line
-without a line of lifecycle changed; the index that ``show`` reads is the machines' and goes
-stale when a file they come from changes."""
+without a line of lifecycle changed; it carries a command of its own (an entry point of
+``lifecycle.commands``) and a table on a migration branch of its own (``Builtin.migrations``),
+which ``lifecycle db upgrade`` applies; the index that ``show`` reads is the machines' and
+goes stale when a file they come from changes."""
 
 from __future__ import annotations
 
@@ -26,6 +28,10 @@ from lifecycle.machines import index
 
 PACKAGE = "toy_kettle_machines"
 TOY = '''
+import os
+
+import click
+
 from lifecycle import MachineSpec
 from lifecycle.machines import Builtin
 
@@ -48,9 +54,49 @@ def configure(settings):
     return {}, {"loud": lambda request: {"volume": volume}}
 
 
+def command(cli):
+    """The kettle's own command: how many whistles its table holds."""
+
+    @click.command()
+    @cli.db_option
+    def kettle(db_url):
+        """Count the kettles' whistles."""
+        from sqlalchemy import text
+
+        store = cli.open_store(db_url)
+        with store.read() as db:
+            count = db.execute(text("SELECT count(*) FROM toy_kettle_whistles")).scalar_one()
+        cli.out.print(f"{count} whistles")
+
+    return kettle
+
+
 KETTLE = Builtin(spec=SPEC, effects={"whistle": whistle}, summary="a toy kettle",
-                 configure=configure)
+                 configure=configure,
+                 migrations=os.path.join(os.path.dirname(__file__), "migrations"))
 NOT_A_MACHINE = 42
+'''
+
+BRANCH = '''"""kettle: the whistles table
+
+Revision ID: kettle_0001_whistles
+"""
+
+import sqlalchemy as sa
+from alembic import op
+
+revision: str = "kettle_0001_whistles"
+down_revision: str | None = None
+branch_labels = ("kettle",)
+depends_on = None
+
+
+def upgrade() -> None:
+    op.create_table("toy_kettle_whistles", sa.Column("id", sa.Integer(), primary_key=True))
+
+
+def downgrade() -> None:
+    op.drop_table("toy_kettle_whistles")
 '''
 
 
@@ -60,11 +106,14 @@ def toy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     site = tmp_path / "site"
     (site / PACKAGE).mkdir(parents=True)
     (site / PACKAGE / "__init__.py").write_text(TOY)
+    (site / PACKAGE / "migrations").mkdir()
+    (site / PACKAGE / "migrations" / "kettle_0001_whistles.py").write_text(BRANCH)
     info = site / f"{PACKAGE}-1.0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {PACKAGE}\nVersion: 1.0\n")
     (info / "entry_points.txt").write_text(f"[lifecycle.machines]\nkettle = {PACKAGE}:KETTLE\n"
-                                           f"[lifecycle.worlds]\nkettle = {PACKAGE}:KETTLE\n")
+                                           f"[lifecycle.worlds]\nkettle = {PACKAGE}:KETTLE\n"
+                                           f"[lifecycle.commands]\nkettle = {PACKAGE}:command\n")
     monkeypatch.syspath_prepend(str(site))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.delenv("LIFECYCLE_PLUGINS", raising=False)
@@ -101,6 +150,26 @@ def test_the_command_line_lists_creates_and_configures_it(toy: Path, sqlite_url:
     assert engine.probes["loud"](None) == {"volume": 11}
     assert "whistle" in engine.handlers
     sys.modules.pop("kettle_settings", None)
+
+
+def test_it_carries_a_command_and_a_migration_branch(toy: Path, sqlite_url: str) -> None:
+    """The toy's table is on a branch of its own, which `lifecycle db upgrade` applies with
+    job_exit's (the database was at the core's head); its command is the command line's."""
+    runner = CliRunner()
+
+    def run(*args: str) -> str:
+        result = runner.invoke(main, [*args, "--db", sqlite_url], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    assert "kettle" in CliRunner().invoke(main, ["--help"]).output
+    upgraded = run("db", "upgrade")
+    assert "branch kettle: empty -> kettle_0001_whistles" in upgraded
+    assert "branch job_exit: empty -> job_exit_0001_queue" in upgraded
+    assert "branch kettle: kettle_0001_whistles (up to date)" in run("db", "current")
+    assert run("kettle") == "0 whistles\n"
+    history = CliRunner().invoke(main, ["db", "history"]).output
+    assert "base -> kettle_0001_whistles: kettle: the whistles table" in history
 
 
 def test_show_knows_it_from_the_index_without_importing_it(toy: Path, tmp_path: Path,

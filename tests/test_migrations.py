@@ -10,9 +10,10 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect
 
-import lifecycle.adapters.job_queue  # noqa: F401  (its table is in the metadata, migrated too)
-from lifecycle import Engine, SchemaOutOfDate, Store
+from lifecycle import DatabaseError, Engine, SchemaOutOfDate, Store
+from lifecycle.machines.job_exit import MIGRATIONS
 from lifecycle.store import metadata, migrate
+from lifecycle.store.statements import job_queue
 
 TOGGLE = {"name": "toggle", "initial": "a", "states": ["a", "b"],
           "transitions": [{"trigger": "flip", "source": "a", "dest": "b"},
@@ -23,7 +24,8 @@ def differences(store: Store) -> list[object]:
     with store.engine.connect() as connection:
         context = MigrationContext.configure(
             connection, opts={"version_table": migrate.VERSION_TABLE, "compare_type": True})
-        return list(compare_metadata(context, metadata))
+        # the core's tables and job_exit's (core 0004 made its queue; its branch adopts it)
+        return list(compare_metadata(context, [metadata, job_queue.metadata]))  # type: ignore[arg-type]
 
 
 def lifecycle_tables(store: Store) -> set[str]:
@@ -32,8 +34,76 @@ def lifecycle_tables(store: Store) -> set[str]:
 
 
 def test_models_and_migrations_agree(empty_db_url: str) -> None:
-    store = Store(empty_db_url, upgrade=True)
+    store = Store(empty_db_url, upgrade=True, branches=[MIGRATIONS])
     assert differences(store) == []
+    assert sorted(store.revisions()) == [migrate.head_revision(), "job_exit_0001_queue"]
+
+
+def test_the_core_metadata_holds_no_machine_table() -> None:
+    """What the core's ``metadata`` holds does not depend on which machines were imported."""
+    assert "lifecycle_job_queue" not in metadata.tables
+    assert set(job_queue.metadata.tables) == {"lifecycle_job_queue"}
+
+
+def queue_row(store: Store) -> list[tuple[int, int]]:
+    from sqlalchemy import text
+
+    with store.read() as db:
+        return [tuple(r) for r in db.execute(text(
+            "SELECT cluster, proc FROM lifecycle_job_queue ORDER BY cluster"))]
+
+
+@pytest.mark.parametrize("written_at", ["0004_job_queue", "0010_effect_gave_up"])
+def test_a_queue_made_before_the_branch_is_adopted_with_its_rows(
+        empty_db_url: str, written_at: str) -> None:
+    """A database the code before job_exit's branch upgraded through 0004 (to 0004, or to
+    that code's head) has the queue with rows: the branch takes the table over, keeps every
+    row, and a job_exit store then opens it; downgrading the branch leaves the queue to 0004."""
+    from sqlalchemy import text
+
+    old = Store(empty_db_url, check=False)
+    old.upgrade(written_at)
+    with old.begin() as db:
+        db.execute(text("INSERT INTO lifecycle_job_queue (cluster, proc, ad, job_status, "
+                        "updates, submitted_at) VALUES (7, 0, '{}', 2, 0, "
+                        "'2026-01-01 00:00:00')"))
+    with pytest.raises(SchemaOutOfDate):
+        Store(empty_db_url, branches=[MIGRATIONS])  # the branch is to apply: refused
+    store = Store(empty_db_url, upgrade=True, branches=[MIGRATIONS])
+    assert sorted(store.revisions()) == [migrate.head_revision(), "job_exit_0001_queue"]
+    assert queue_row(store) == [(7, 0)]
+    assert differences(store) == []
+    Store(empty_db_url).dispose()  # a store without the branch opens it too
+    store.downgrade("job_exit@base")
+    assert store.revisions() == [migrate.head_revision()]
+    assert queue_row(store) == [(7, 0)]
+    store.upgrade()
+    assert store.branch_revision(MIGRATIONS) == "job_exit_0001_queue"
+    assert queue_row(store) == [(7, 0)]
+
+
+def test_a_database_before_0004_gets_the_queue_and_the_branch(empty_db_url: str) -> None:
+    store = Store(empty_db_url, check=False, branches=[MIGRATIONS])
+    store.upgrade("0003_effects_timers")
+    store.upgrade()
+    assert sorted(store.revisions()) == [migrate.head_revision(), "job_exit_0001_queue"]
+    assert queue_row(store) == []
+    store.downgrade("base")
+    assert lifecycle_tables(store) <= {migrate.VERSION_TABLE}
+
+
+def test_a_branch_this_process_was_not_given_is_named_not_broken(empty_db_url: str) -> None:
+    """A store without job_exit's branch, upgrading a database that has it, says which
+    branch it lacks instead of Alembic's "can't locate revision"."""
+    store = Store(empty_db_url, upgrade=True, branches=[MIGRATIONS])
+    store.downgrade("head-1")  # the core's head-1 (Alembic sees two heads): the branch stays
+    assert store.current_revision() == [r for r, _, _ in migrate.revisions()][-2]
+    assert store.branch_revision(MIGRATIONS) == "job_exit_0001_queue"
+    with pytest.raises(DatabaseError, match="job_exit_0001_queue, which this process was "
+                                            "not given"):
+        Store(empty_db_url, upgrade=True)
+    assert Store(empty_db_url, upgrade=True, branches=[MIGRATIONS]).current_revision() == \
+        migrate.head_revision()
 
 
 def test_upgrade_downgrade_upgrade(empty_db_url: str) -> None:
@@ -92,11 +162,11 @@ def test_database_behind_the_code_is_refused(empty_db_url: str) -> None:
 def test_a_revision_this_code_does_not_know_is_refused(empty_db_url: str) -> None:
     from sqlalchemy import text
 
-    from lifecycle import DatabaseError
 
-    store = Store(empty_db_url, upgrade=True)
-    with store.begin() as db:
-        db.execute(text(f"UPDATE {migrate.VERSION_TABLE} SET version_num = '9999_future'"))
+    store = Store(empty_db_url, upgrade=True, branches=[MIGRATIONS])
+    with store.begin() as db:  # (the core's row; the branch's stays)
+        db.execute(text(f"UPDATE {migrate.VERSION_TABLE} SET version_num = '9999_future' "
+                        f"WHERE version_num = '{migrate.head_revision()}'"))
     with pytest.raises(DatabaseError, match="9999_future, which this version of lifecycle "
                                             "does not know"):
         Store(empty_db_url)
@@ -158,3 +228,28 @@ def test_many_processes_upgrade_a_fresh_postgresql_database_at_once(
         assert differences(store) == []
     finally:
         store.dispose()
+
+
+def test_the_dashboard_and_show_read_the_core_revision_beside_a_branch(
+        empty_db_url: str) -> None:
+    """The version table's row of job_exit's branch is not the core's revision: the
+    dashboard's read-only store and `lifecycle show`'s read on the bare driver take the
+    database for current, and one at another core revision for another."""
+    from lifecycle import peek
+    from lifecycle.store.readonly import ReadOnlyDatabase, Unavailable
+
+    store = Store(empty_db_url, upgrade=True, branches=[MIGRATIONS])
+    Engine(store, [TOGGLE]).create("toggle", "x")
+    dashboard = ReadOnlyDatabase(empty_db_url)
+    try:
+        with dashboard.read():
+            pass
+        assert peek.peek(empty_db_url, "x", ["pending"], ["pending"]).resource.machine == "toggle"
+        store.downgrade("head-1")
+        with pytest.raises(Unavailable, match="not " + migrate.head_revision()), \
+                dashboard.read():
+            pass
+        with pytest.raises(peek.Unsure):
+            peek.peek(empty_db_url, "x", ["pending"], ["pending"])
+    finally:
+        dashboard.dispose()

@@ -14,6 +14,7 @@ import pytest
 from sqlalchemy import JSON, DateTime, bindparam, inspect, text
 
 from lifecycle import Engine, SimulatedClock, Store, Worker, effect_records, timer_records
+from lifecycle.machines.job_exit import MIGRATIONS
 from lifecycle.store import migrate
 from lifecycle.store.schema import UtcDateTime
 
@@ -87,8 +88,9 @@ def test_a_database_written_at_0001_verifies_after_upgrade_and_a_fire(
 # add up the same); the spec documents and versions are copied from its lifecycle_specs.
 
 EARLIER = [revision for revision, _, _ in migrate.revisions()][:-1]
-OBSERVATIONS, OUTBOX, CLAIMANTS, HEADS = 2, 3, 6, 7
-"""The revisions that brought observations, effects and timers, claimants, queue heads."""
+OBSERVATIONS, OUTBOX, QUEUE, CLAIMANTS, HEADS = 2, 3, 4, 6, 7
+"""The revisions that brought observations, effects and timers, job_exit's job queue
+(before it had a branch of its own), claimants, queue heads."""
 
 SINCE = {  # columns of the tables below that a revision after 0001 added
     ("lifecycle_resources", "observation_id"): OBSERVATIONS,
@@ -198,6 +200,11 @@ def _written_at(url: str, revision: str) -> set[str]:
         store.upgrade(revision)
         with store.engine.begin() as db:
             rows = _Writer(db, n)
+            if n >= QUEUE:  # a job the job_exit machine of then entered and completed
+                db.execute(text("INSERT INTO lifecycle_job_queue (cluster, proc, ad, "
+                                "job_status, updates, submitted_at, updated_at, updated_by) "
+                                "VALUES (7, 0, '{}', 4, 1, :at, :at, 'job_exit:7.0:c')"),
+                           {"at": AT})
             rows.insert("lifecycle_specs", machine="old", version=version, spec=spec,
                         created_at=at(0))
             rows.insert("lifecycle_machines", name="old", spec_version=version,
@@ -264,6 +271,7 @@ KEPT = {  # what an upgrade must keep of each table, as columns to compare
     "lifecycle_observations": "id, resource_id, source",
     "lifecycle_effects": "resource_id, seq, name, idempotency_key",
     "lifecycle_timers": "resource_id, seq, state, trigger",
+    "lifecycle_job_queue": "cluster, proc, job_status, updates, updated_by",
 }
 
 
@@ -293,13 +301,17 @@ def test_a_database_written_at_each_earlier_revision_upgrades_fires_and_verifies
         empty_db_url: str, revision: str) -> None:
     n = era(revision)
     done_before = _written_at(empty_db_url, revision)
-    store = Store(empty_db_url, check=False)
+    # upgraded as `lifecycle db upgrade` does: with the branch of job_exit, absent until now
+    store = Store(empty_db_url, check=False, branches=[MIGRATIONS])
     try:
         before = _kept(store)
+        assert ("lifecycle_job_queue" in before) == (n >= QUEUE)
         store.upgrade()
         after_upgrade = _kept(store)
         for table, rows in before.items():
             assert after_upgrade[table] == rows, f"{table} changed in the upgrade"
+        assert store.branch_revision(MIGRATIONS) == migrate.branch_head(MIGRATIONS)
+        assert "lifecycle_job_queue" in after_upgrade
         ran: list[str] = []
 
         def status(request: Any) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import click
 import pytest
 
 from lifecycle import revisions
-from lifecycle.cli import COMMANDS, main
+from lifecycle.cli import COMMANDS, machine_commands, main
 from lifecycle.store import migrate
 
 
@@ -28,7 +28,12 @@ def test_the_table_of_commands_says_what_the_commands_say() -> None:
         assert command.get_short_help_str(limit=10**6) == short, name
     context = click.Context(main)
     assert main.get_command(context, "no-such-command") is None
-    assert sorted(main.list_commands(context)) == sorted(COMMANDS)
+    # the machines' own commands come from their packages' entry points
+    assert {"tardis", "reconcile", "hook", "queue"} <= set(machine_commands())
+    assert sorted(main.list_commands(context)) == sorted({*COMMANDS, *machine_commands()})
+    for name in machine_commands():
+        command = main.get_command(context, name)
+        assert isinstance(command, click.Command) and command.name == name
 
 
 def test_one_machine_is_loaded_alone() -> None:

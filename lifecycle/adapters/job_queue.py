@@ -2,8 +2,9 @@
 
 :class:`JobQueue` is what the ``job_exit`` machine talks to. The default,
 :class:`DatabaseJobQueue`, is a table in lifecycle's own database (``lifecycle_job_queue``,
-one row per job holding its ad): its update is written in the very transaction that marks the
-effect done, so it commits exactly once, with the effect. A deployment points step (c) at
+one row per job holding its ad; the machine's own, on its migration branch ``job_exit``): its
+update is written in the very transaction that marks the effect done, so it commits exactly
+once, with the effect. A deployment points step (c) at
 another queue (a schedd) with its own :class:`JobQueue`, whose ``complete`` does the update
 at once and idempotently (only on a job that is not Completed yet, as ``condor_qedit
 -constraint 'JobStatus != 4'`` would).

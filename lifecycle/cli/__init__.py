@@ -6,15 +6,19 @@
 | ``show`` | show (read on the database's own driver where it can) |
 | ``machines`` | machines, describe, diagram, diagrams |
 | ``outbox`` | worker, stuck, retry |
-| ``sim`` | replay, simulate, reconcile, demo |
+| ``sim`` | replay, simulate, demo |
 | ``check`` | check (every interleaving of a machine with its world, within bounds) |
-| ``tardis`` | tardis (a drone pool on asyncio, from a TARDIS configuration) |
 | ``db`` | db upgrade, downgrade, current, history |
-| ``queue`` | queue show, list (the job queue of ``job_exit``) |
 | ``serve`` | serve (the read-only web dashboard) |
 
 ``common`` holds what they share (consoles, options, errors as one line); ``context`` makes
 the engine and resolves a machine named on the command line.
+
+A machine's own commands are its package's (``tardis``, ``reconcile`` and ``hook`` in
+``lifecycle/machines/drone_commands.py``, ``queue`` in ``job_exit_commands.py``): each is an
+entry point of the group ``lifecycle.commands``, a function that makes the command from
+:mod:`.kit` (what the command line gives a machine's commands). The command line names none
+of them; a core command's name wins over a machine's.
 
 A command's module is imported when the command runs, not before: ``lifecycle --help``
 reads the one-line help of each from :data:`COMMANDS` (a test checks it against the
@@ -23,10 +27,13 @@ commands' own), and ``lifecycle show`` never loads Alembic or the simulations.
 
 from __future__ import annotations
 
+import functools
 import importlib
+import sys
 
 import click
 
+from ..errors import SetupError
 from .common import OneLineErrors
 
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -80,51 +87,83 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     'simulate': ('sim', 'simulate',
              "Run simulation NAME: the incident's race as it happened and with lifecycle's "
              'machine, on temporary databases.'),
-    'reconcile': ('sim', 'reconcile',
-             "Run a drone pool's heartbeat: the site's and the pool's status of every live "
-             'drone in one call each, recorded as observations, then one step of every drone.'),
     'demo': ('sim', 'demo',
              "Run each built-in machine's incident, as it happened and with lifecycle's "
              'machine, on the embedded database (or --db), and show what each race cost.'),
-    'tardis': ('tardis', 'tardis',
-             "Run the drones of a TARDIS site CONFIGURATION (YAML: `Sites`, each site's "
-             '`MachineTypes` and settings, `BatchSystem`) on asyncio, through TARDIS\'s own '
-             'site and batch-system adapters: the worker\'s effects (deploy, integrate, drain, '
-             'stop, terminate) as tasks, then each site\'s status of every live drone, recorded '
-             'as observations, then one step of every drone at once.'),
     'db': ('db', 'db',
              'Create and migrate the database schema (Alembic).'),
-    'queue': ('queue', 'queue',
-             'The job queue the job_exit machine updates.'),
     'serve': ('serve', 'serve',
              'Serve a read-only web dashboard of the database, and /metrics for Prometheus.'),
-    'hook': ('hook', 'hook',
-             "Programs HTCondor runs as hooks: `prepare-job` for a drone's startd."),
 }
 """Each command: its module, the function that is it, and its one-line help."""
 
 
+GROUP = "lifecycle.commands"
+"""The entry-point group a package names its machines' commands in: the entry point's name
+is the command's, its value a function ``(lifecycle.cli.kit) -> click.Command``."""
+
+
+def machine_commands() -> dict[str, str]:
+    """Every machine's command (``module:function``) by name, from the installed packages'
+    entry points (read once per process and module search path; a core command's name
+    wins)."""
+    return _machine_commands(tuple(sys.path))
+
+
+@functools.lru_cache(maxsize=8)
+def _machine_commands(search_path: tuple[str, ...]) -> dict[str, str]:
+    """(``search_path``, the modules' search path, is the key of what was read.)"""
+    from importlib import metadata
+
+    found: dict[str, str] = {}
+    for point in metadata.entry_points(group=GROUP):
+        if point.name not in COMMANDS:
+            found.setdefault(point.name, point.value)
+    return found
+
+
+def machine_command(name: str, target: str) -> click.Command:
+    """The command a machine's package makes with :mod:`.kit`."""
+    from . import kit
+
+    module, _, attribute = target.partition(":")
+    command = getattr(importlib.import_module(module), attribute)(kit)
+    if not isinstance(command, click.Command):
+        raise SetupError(f"command {name!r}: its entry point {target!r} made a "
+                         f"{type(command).__name__}, not a click command")
+    return command
+
+
 class Commands(OneLineErrors):
-    """The commands of :data:`COMMANDS`, each imported on first use."""
+    """The commands of :data:`COMMANDS`, and the machines' own, each imported on first use."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(COMMANDS)
+        return sorted({*COMMANDS, *machine_commands()})
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name not in self.commands and cmd_name in COMMANDS:
             module, attribute, _help = COMMANDS[cmd_name]
             command = getattr(importlib.import_module(f".{module}", __package__), attribute)
             self.add_command(command, cmd_name)
+        elif cmd_name not in self.commands and cmd_name in machine_commands():
+            self.add_command(machine_command(cmd_name, machine_commands()[cmd_name]), cmd_name)
         return self.commands.get(cmd_name)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        """As click lists them, from :data:`COMMANDS` (no module imported)."""
+        """As click lists them, from :data:`COMMANDS` (no module imported) and the machines'
+        commands (made from their modules, which import no more than click until run)."""
         names = self.list_commands(ctx)
         limit = formatter.width - 6 - max(len(name) for name in names)
-        rows = [(name, click.Command(name, help=COMMANDS[name][2]).get_short_help_str(limit))
+        rows = [(name, click.Command(name, help=COMMANDS[name][2]).get_short_help_str(limit)
+                 if name in COMMANDS else self._short_help(ctx, name, limit))
                 for name in names]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
+
+
+    def _short_help(self, ctx: click.Context, name: str, limit: int) -> str:
+        command = self.get_command(ctx, name)
+        return command.get_short_help_str(limit) if command is not None else ""
 
 
 @click.group(cls=Commands)
@@ -137,4 +176,4 @@ def main() -> None:
     lifecycle's machine; `lifecycle machines` lists the machines."""
 
 
-__all__ = ["COMMANDS", "main"]
+__all__ = ["COMMANDS", "GROUP", "machine_command", "machine_commands", "main"]

@@ -21,7 +21,6 @@ markup where a command interpolates it without :func:`escape`: pass data through
 from __future__ import annotations
 
 import io
-import json
 import math
 import os
 import re
@@ -36,7 +35,6 @@ from rich.text import Text
 from .. import redact
 from ..documents import DocumentError, load_json
 from ..errors import LifecycleError, SpecError
-from ..story import plural
 from ..values import string_problem
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -340,19 +338,3 @@ def json_arg(value: str | None, option: str) -> dict[str, Any]:
         raise click.BadParameter(f"must be a JSON object, not {type(parsed).__name__}",
                                  param_hint=option)
     return parsed
-
-
-def print_heartbeat(report: dict[str, Any], as_json: bool) -> None:
-    """A drone pool's heartbeat report (``reconcile``, ``tardis``): JSON, or one line."""
-    if as_json:
-        print(json.dumps(report), flush=True)
-    elif report["site_error"]:
-        out.print(f"[yellow]site unreachable[/]: {escape(report['site_error'])}; "
-                  f"{plural(report['drones'], 'drone')} keep their state")
-    else:
-        moved = ", ".join(f"{n} {m}" for m, n in sorted(report["moved"].items()))
-        out.print(f"{plural(report['drones'], 'drone')}: {moved or 'none moved'}"
-                  + (f"; {plural(report['refused'], 'risky edge')} refused"
-                     if report["refused"] else "")
-                  + (f"; {plural(report['errors'], 'drone')} not observed or stepped "
-                     "(see the log)" if report.get("errors") else ""))

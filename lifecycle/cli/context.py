@@ -24,9 +24,11 @@ from .common import PLUGINS_VARIABLE, plugin_names
 SPEC_SUFFIXES = (".yaml", ".yml", ".json")
 
 
-def open_store(db_url: str | None, *, upgrade: bool = False, check: bool = True) -> Store:
-    """The command's database; its connections close when the command ends."""
-    store = Store(db_url, upgrade=upgrade, check=check)
+def open_store(db_url: str | None, *, upgrade: bool = False, check: bool = True,
+               branches: Iterable[str] = ()) -> Store:
+    """The command's database (with the migration ``branches`` of the machines it loads);
+    its connections close when the command ends."""
+    store = Store(db_url, upgrade=upgrade, check=check, branches=list(branches))
     context = click.get_current_context(silent=True)
     if context is not None:
         context.call_on_close(store.dispose)
@@ -49,7 +51,7 @@ def make_engine(db_url: str | None, *, upgrade: bool = False,
         guards.update(getattr(provider, "guards", None) or {})
         effects.update(getattr(provider, "effects", None) or {})
         probes.update(getattr(provider, "probes", None) or {})
-    for machine in chosen:  # what the plugins' settings give a machine (the drones' site)
+    for machine in chosen:  # what the plugins' settings give a machine (Builtin.configure)
         for module in modules:
             try:
                 wired_effects, wired_probes = machine.configured(module)
@@ -57,9 +59,11 @@ def make_engine(db_url: str | None, *, upgrade: bool = False,
                 raise SetupError(f"{PLUGINS_VARIABLE}: {exc}") from None
             effects.update(wired_effects)
             probes.update(wired_probes)
-    # not strict: a built-in drone is recorded, observed and moved without a site's adapters;
+    # not strict: a built-in machine is recorded, observed and moved without its adapters;
     # its effects wait for a worker that has them, a risky edge without its probe is refused
-    return Engine(store or open_store(db_url, upgrade=upgrade), guards=guards,
+    # upgrading (`lifecycle demo`) applies the chosen machines' branches with the core's
+    branches = [m.migrations for m in chosen if m.migrations] if upgrade else []
+    return Engine(store or open_store(db_url, upgrade=upgrade, branches=branches), guards=guards,
                   effects=effects, probes=probes, spec_for=CommandSpecs(), strict=False)
 
 

@@ -139,7 +139,7 @@ def print_result(result: FireResult, as_json: bool) -> None:
                   f"{escape(why)}")
         if "is not registered with this engine" in why:
             out.print(f"hint: a module named in {PLUGINS_VARIABLE} provides probes "
-                      "(`probes`, or `drone_site` and `drone_batch_system` for drones); "
+                      "(`probes`, or the settings its machine's configure reads); "
                       "or record a fresh status with `lifecycle observe` first")
     if not result.fired:
         sys.exit(3)

@@ -1,12 +1,9 @@
-"""``replay``, ``simulate``, ``reconcile`` and ``demo``: scenarios, the incidents' races,
-and a drone pool's heartbeat."""
+"""``replay``, ``simulate`` and ``demo``: scenarios and the incidents' races."""
 
 from __future__ import annotations
 
 import json
-import signal as signals
 import sys
-import time as timing
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +14,12 @@ from rich.text import Text
 
 from ..demo import run_demo
 from ..errors import LifecycleError
-from ..machines import builtins, drone
+from ..machines import builtins
 from ..scenario import SCENARIO_SUFFIXES
 from ..scenario import replay as replay_one
 from ..sim import simulations
 from ..sim.simulation import RANGES
 from ..story import plural
-from ..worker import Worker
 from . import layout
 from .common import (
     db_option,
@@ -31,9 +27,8 @@ from .common import (
     escape,
     json_option,
     out,
-    print_heartbeat,
 )
-from .context import make_engine, plugins
+from .context import make_engine
 
 
 @click.command()
@@ -61,58 +56,6 @@ def replay(files: tuple[str, ...], as_json: bool) -> None:
         out.print(f"{plural(len(results), 'scenario')}, {plural(steps, 'step')}, {verdict}")
     if failed:
         sys.exit(1)
-
-
-# -- drones --------------------------------------------------------------------------------
-
-
-@click.command()
-@click.argument("machine", default="drone", type=click.Choice(["drone", "drone_tardis"]))
-@click.option("--every", type=click.FloatRange(min=1), metavar="SECONDS",
-              help="Repeat every SECONDS (the heartbeat) until SIGTERM or Ctrl-C; without it, "
-                   "one round.")
-@db_option
-@json_option
-def reconcile(machine: str, every: float | None, db_url: str | None, as_json: bool) -> None:
-    """Run a drone pool's heartbeat: the site's and the pool's status of every live drone in
-    one call each, recorded as observations, then one step of every drone. The site and the
-    pool come from a LIFECYCLE_PLUGINS module defining `drone_site` and
-    `drone_batch_system`."""
-
-    provided = [p for p in plugins() if hasattr(p, "drone_site")]
-    if not provided:
-        raise LifecycleError(
-            "no drone site is configured: name a module in LIFECYCLE_PLUGINS that defines "
-            "`drone_site` and `drone_batch_system` (for example "
-            "lifecycle.adapters.slurm.SlurmSite(...))")
-    site = provided[0].drone_site
-    batch = provided[0].drone_batch_system
-    engine = make_engine(db_url)
-    engine.register(drone.drone_spec(race_guard=machine == "drone"))
-    stop = []
-    if every is not None:
-        signals.signal(signals.SIGTERM, lambda *_: stop.append(True))
-    worker = Worker(engine)
-    while True:
-        worker.run_until_idle()  # effects of the last round (a deploy) before the statuses
-        with Bar(console=err, transient=True, disable=not err.is_terminal) as bar:
-            task = bar.add_task("stepping drones", total=None)
-            def advance(done: int, total: int, task: Any = task) -> None:
-                bar.update(task, completed=done, total=total)
-
-            report = drone.reconcile(engine, site, batch, machine=machine, progress=advance)
-        worker.run_until_idle()
-        print_heartbeat(report, as_json)
-        if every is None or stop:
-            return
-        try:
-            deadline = timing.monotonic() + every
-            while timing.monotonic() < deadline and not stop:
-                timing.sleep(min(0.2, every))
-        except KeyboardInterrupt:
-            return
-        if stop:
-            return
 
 
 # -- simulations ---------------------------------------------------------------------------

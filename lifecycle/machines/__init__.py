@@ -19,7 +19,7 @@ import sys
 
 from ..errors import SetupError
 from . import index
-from .builtin import Builtin
+from .builtin import Builtin, CommandLine
 
 GROUP = "lifecycle.machines"
 """The entry-point group a package names its machines in."""
@@ -108,4 +108,5 @@ def shipped() -> dict[str, tuple[str, tuple[str, ...]]]:
     return {name: (version, handlers) for name, (_, version, handlers) in known.items()}
 
 
-__all__ = ["GROUP", "Builtin", "builtin", "builtins", "entry_points", "load", "shipped"]
+__all__ = ["GROUP", "Builtin", "CommandLine", "builtin", "builtins", "entry_points", "load",
+           "shipped"]

@@ -61,6 +61,9 @@ from ..logs import logger
 from ..spec import MachineSpec
 from .builtin import Builtin
 
+MIGRATIONS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_migrations", "job_exit")
+"""The machine's migration branch ``job_exit``: its job queue (``lifecycle_job_queue``)."""
+
 log = logger(__name__)
 
 MAX_RETRIES_VARIABLE = "LIFECYCLE_JOB_EXIT_MAX_RETRIES"
@@ -698,7 +701,7 @@ def make(*, queue: JobQueue | None = None, mailer: smtp.Mailer | None = None,
         for name in ("write_terminated_event", "write_output_ad", "update_job_queue",
                      "send_job_notification")}
     return Builtin(
-        spec=SPEC, guards=GUARDS, effects=effects,
+        spec=SPEC, guards=GUARDS, effects=effects, migrations=MIGRATIONS,
         summary="HTCondor local-universe job exit: user log, output ad, job queue, email, "
                 "each exactly once across failures and crashes")
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
@@ -43,10 +44,16 @@ class Store:
     """One database: SQLite by default, PostgreSQL when many processes and hosts share it.
 
     Opening checks that the schema is at the code's revision and refuses otherwise (or
-    upgrades, when ``upgrade=True``); it never creates tables behind Alembic's back."""
+    upgrades, when ``upgrade=True``); it never creates tables behind Alembic's back.
 
-    def __init__(self, url: str | None = None, *, upgrade: bool = False, check: bool = True):
+    ``branches`` are the directories of the migration branches of the machines the
+    application runs that keep tables of their own (``Builtin.migrations``: job_exit's job
+    queue): checked and upgraded with the core's. A branch not given is left alone."""
+
+    def __init__(self, url: str | None = None, *, upgrade: bool = False, check: bool = True,
+                 branches: Sequence[str | os.PathLike[str]] = ()):
         self.url = resolve_url(url)
+        self.branches: tuple[str, ...] = tuple(dict.fromkeys(os.fspath(b) for b in branches))
         self.display_url = display_url(self.url)
         self._sqlite_file = sqlite_file(parse_url(self.url))  # DatabaseError if unusable
         if check and not upgrade and self._sqlite_file and not self._sqlite_file.exists():
@@ -80,10 +87,21 @@ class Store:
         with self.read() as connection:
             return migrate.current_revision(connection)
 
+    def revisions(self) -> list[str]:
+        """Every row of the version table: the core's revision and each branch's."""
+        with self.read() as connection:
+            return migrate.revision_rows(connection)
+
+    def branch_revision(self, directory: str) -> str | None:
+        """The revision of the branch in ``directory`` the database is at (None: absent)."""
+        with self.read() as connection:
+            return migrate.branch_revision(connection, directory)
+
     def check_schema(self, *, upgrade: bool = False) -> None:
         head = migrate.head_revision()
         current = self.current_revision()
         if current == head:
+            self._check_branches(upgrade=upgrade)
             return
         known = [r for r, _, _ in migrate.revisions()]
         if current is not None and current not in known:
@@ -95,11 +113,23 @@ class Store:
             raise SchemaOutOfDate(self.display_url, current, head)
         self.upgrade()
 
+    def _check_branches(self, *, upgrade: bool) -> None:
+        for branch in self.branches:
+            current, head = self.branch_revision(branch), migrate.branch_head(branch)
+            if current != head:
+                if not upgrade:
+                    raise SchemaOutOfDate(
+                        self.display_url, current or f"(no {migrate.branch_label(branch)} "
+                        "branch)", head)
+                self.upgrade()
+                return
+
     def upgrade(self, revision: str = "head") -> None:
-        migrate.upgrade(self.engine, revision)
+        """Upgrade the core and this store's branches (``head``: each to its newest)."""
+        migrate.upgrade(self.engine, revision, self.branches)
 
     def downgrade(self, revision: str) -> None:
-        migrate.downgrade(self.engine, revision)
+        migrate.downgrade(self.engine, revision, self.branches)
 
     # -- connections -------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError, ProgrammingError
 from sqlalchemy.pool import QueuePool
 
 from ..errors import DatabaseError
+from ..revisions import core_revision
 from ..urls import display_url, resolve_url
 from . import migrate
 from .database import SQLITE_BUSY_TIMEOUT_MS, parse_url, sqlite_file
@@ -99,13 +100,13 @@ def _revision(connection: Connection) -> str | None:
     asking Alembic costs more than a whole page)."""
     try:
         with connection.begin_nested():  # PostgreSQL: a failed statement spoils no more
-            found = connection.exec_driver_sql(
-                f"SELECT version_num FROM {migrate.VERSION_TABLE}").scalar()
+            rows = connection.exec_driver_sql(
+                f"SELECT version_num FROM {migrate.VERSION_TABLE}").scalars().all()
     except (OperationalError, ProgrammingError) as exc:
         if "no such table" in str(exc.orig) or "does not exist" in str(exc.orig):
             return None
         raise
-    return None if found is None else str(found)
+    return core_revision([str(row) for row in rows])  # (machines' branches' rows aside)
 
 
 def _sqlite_engine(path: Path) -> SAEngine:

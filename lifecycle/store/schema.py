@@ -41,14 +41,17 @@ from ..records import (
 
 UTC = dt.UTC
 
-metadata = MetaData(
-    naming_convention={
-        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
-        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
-        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
-        "pk": "pk_%(table_name)s",
-    }
-)
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+"""How constraints and indexes are named, on the core's tables and a machine's alike."""
+
+metadata = MetaData(naming_convention=NAMING)
+"""The core's tables, and only those: a machine's own tables are on a MetaData of their own
+(job_exit's job queue: :mod:`lifecycle.store.statements.job_queue`), migrated by its branch."""
 
 
 def sqlite_time(value: dt.datetime) -> str:
@@ -236,30 +239,6 @@ timers = Table(
     Index(None, "resource_id", "status"),
     comment="timeouts of states: fired only while the resource is in the visit that set them",
 )
-
-# The job_exit machine's database job queue (lifecycle.adapters.job_queue, its statements in
-# statements/job_queue.py). It is defined here, on the one `metadata`, whatever is imported:
-# what `metadata` holds, and so what `create_all` makes and what the migration tests compare,
-# never depends on whether the machine was loaded. Migration 0004 creates it. It belongs to
-# the machine; ARCHITECTURE.md ("A machine's own tables") says how it moves to a branch of
-# its own without breaking a database written before.
-job_queue = Table(
-    "lifecycle_job_queue",
-    metadata,
-    Column("cluster", Integer, nullable=False),
-    Column("proc", Integer, nullable=False),
-    Column("ad", Document(), nullable=False, comment="the job's ClassAd: attribute -> value"),
-    Column("job_status", Integer, nullable=False,
-           comment="JobStatus: 1 Idle, 2 Running, 3 Removed, 4 Completed, 5 Held, ..."),
-    Column("updates", Integer, nullable=False,
-           comment="how many times the job's completion was recorded"),
-    Column("submitted_at", UtcDateTime(), nullable=False),
-    Column("updated_at", UtcDateTime()),
-    Column("updated_by", String(400), comment="idempotency key of the effect that recorded it"),
-    PrimaryKeyConstraint("cluster", "proc"),
-    comment="the job queue the job_exit machine updates (step c): one row per job",
-)
-
 
 state_counts = Table(
     "lifecycle_state_counts",

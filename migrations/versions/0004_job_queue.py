@@ -1,5 +1,10 @@
 """job queue: the table the job_exit machine's queue update writes
 
+The table is the job_exit machine's, and later revisions of it are that machine's branch
+(``lifecycle/machines/_migrations/job_exit/``), whose base adopts the table this revision
+made. This revision keeps its id and its upgrade: a database already past it never runs it
+again, and a database upgraded without the machine's branch keeps a job queue.
+
 Revision ID: 0004_job_queue
 Revises: 0003_effects_timers
 Create Date: 2026-12-02
@@ -39,4 +44,5 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    op.drop_table("lifecycle_job_queue")
+    if sa.inspect(op.get_bind()).has_table("lifecycle_job_queue"):
+        op.drop_table("lifecycle_job_queue")

@@ -1,17 +1,56 @@
 """Statements of ``lifecycle_job_queue``, the ``job_exit`` machine's database job queue (one
 row per job, holding its ad): step (c) of a job exit, written in the transaction that marks
-the effect done, and the reads and entries of ``lifecycle queue``."""
+the effect done, and the reads and entries of ``lifecycle queue``.
+
+The table is the machine's, not the core's: it is on a MetaData of its own (:data:`metadata`),
+and its revisions are the machine's migration branch ``job_exit``
+(``lifecycle/machines/_migrations/job_exit/``, ``Builtin.migrations``). Core revision 0004
+made it before the branch existed, and still does (a database upgraded without the machine
+keeps a queue); the branch's base revision adopts it."""
 
 from __future__ import annotations
 
 import datetime as dt
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, insert, literal_column, select, update
+from sqlalchemy import (
+    Column,
+    Connection,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    String,
+    Table,
+    bindparam,
+    insert,
+    literal_column,
+    select,
+    update,
+)
 
-from ..schema import job_queue
+from ..schema import NAMING, Document, UtcDateTime
 from ..transaction import Transaction
 from .compiling import Compiling
+
+metadata = MetaData(naming_convention=NAMING)
+"""The job_exit machine's tables (the migration tests compare it with its branch's schema)."""
+
+job_queue = Table(
+    "lifecycle_job_queue",
+    metadata,
+    Column("cluster", Integer, nullable=False),
+    Column("proc", Integer, nullable=False),
+    Column("ad", Document(), nullable=False, comment="the job's ClassAd: attribute -> value"),
+    Column("job_status", Integer, nullable=False,
+           comment="JobStatus: 1 Idle, 2 Running, 3 Removed, 4 Completed, 5 Held, ..."),
+    Column("updates", Integer, nullable=False,
+           comment="how many times the job's completion was recorded"),
+    Column("submitted_at", UtcDateTime(), nullable=False),
+    Column("updated_at", UtcDateTime()),
+    Column("updated_by", String(400), comment="idempotency key of the effect that recorded it"),
+    PrimaryKeyConstraint("cluster", "proc"),
+    comment="the job queue the job_exit machine updates (step c): one row per job",
+)
 
 COMPLETED = 4
 """HTCondor's ``JobStatus`` of a completed job."""
@@ -63,4 +102,4 @@ def job(db: Connection, cluster: int, proc: int) -> Any:
     return db.execute(select(job_queue).where(q.cluster == cluster, q.proc == proc)).first()
 
 
-__all__ = ["JobQueueStatements", "enter", "job", "statements"]
+__all__ = ["JobQueueStatements", "enter", "job", "job_queue", "metadata", "statements"]

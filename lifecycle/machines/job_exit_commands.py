@@ -1,46 +1,50 @@
 """``lifecycle queue``: the job queue in lifecycle's database, which the ``job_exit`` machine
-updates (step c)."""
+updates (step c). A command of the machine's own, named in the entry-point group
+``lifecycle.commands``; the command line calls :func:`queue` with what it gives a machine's
+commands (:class:`~lifecycle.machines.builtin.CommandLine`)."""
 
 from __future__ import annotations
 
 import json
 
 import click
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
-from ..adapters.htcondor import JOB_STATUS_NAMES, JobId, literal
-from ..adapters.job_queue import queue_ad
-from ..errors import LifecycleError
-from ..store import Store
-
-out = Console(highlight=False, soft_wrap=True)
+from .builtin import CommandLine
 
 
-@click.group()
-def queue() -> None:
-    """The job queue the job_exit machine updates."""
+def queue(cli: CommandLine) -> click.Command:
+    """The ``queue`` group of commands."""
+
+    @click.group()
+    def queue() -> None:
+        """The job queue the job_exit machine updates."""
+
+    @queue.command()
+    @click.argument("job")
+    @cli.db_option
+    @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+    def show(job: str, db_url: str | None, as_json: bool) -> None:
+        """Show job JOB (CLUSTER.PROC): its ad in the queue, and how many times its
+        completion was recorded."""
+        _show(cli, job, db_url, as_json)
+
+    return queue
 
 
-@queue.command()
-@click.argument("job")
-@click.option("--db", "db_url", metavar="URL",
-              help="Database URL, or a SQLite file path. Default: $LIFECYCLE_DATABASE_URL, "
-                   "else ./lifecycle.db")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def show(job: str, db_url: str | None, as_json: bool) -> None:
-    """Show job JOB (CLUSTER.PROC): its ad in the queue, and how many times its completion
-    was recorded."""
+def _show(cli: CommandLine, job: str, db_url: str | None, as_json: bool) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from ..adapters.htcondor import JOB_STATUS_NAMES, JobId, literal
+    from ..adapters.job_queue import queue_ad
+    from ..errors import LifecycleError
+
     try:
         job_id = JobId.parse(job)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="JOB") from None
-    store = Store(db_url)
-    try:
-        found = queue_ad(store, job_id)
-    finally:
-        store.dispose()
+    store = cli.open_store(db_url)
+    found = queue_ad(store, job_id)
     if found is None:
         raise LifecycleError(f"job {job_id} is not in the job queue of {store.display_url}")
     if as_json:
@@ -55,11 +59,11 @@ def show(job: str, db_url: str | None, as_json: bool) -> None:
     if found.updated_at is not None:
         summary.add_row("updated", f"{found.updated_at.isoformat()} by "
                                    f"{escape(found.updated_by or '?')}")
-    out.print(summary)
+    cli.out.print(summary)
     ad = Table("attribute", "value", title="ad", title_justify="left")
     for name in sorted(found.ad, key=str.lower):
         value = found.ad[name]
         shown = literal(value) if isinstance(value, bool | int | float | str) else json.dumps(
             value)
         ad.add_row(escape(name), escape(shown))
-    out.print(ad)
+    cli.out.print(ad)
