@@ -36,6 +36,7 @@ from lifecycle.check import (
     text,
     write_scenario,
 )
+from lifecycle.check.explore import STUTTER
 from lifecycle.check.memory import CheckError
 from lifecycle.check.state import EMPTY
 from lifecycle.check.worlds import drone, job_exit, slurm_dispatch, world_model
@@ -362,7 +363,7 @@ def test_the_command_names_what_it_cannot_check() -> None:
 # -- liveness: what must stay possible -----------------------------------------------------------
 
 
-def _trap_model(jam: bool) -> Model:
+def _trap_model(jam: bool, fair: bool = True) -> Model:
     spec = MachineSpec.model_validate({
         "name": "trap", "initial": "a", "states": ["a", "b", "trap"],
         "transitions": [{"trigger": "flip", "source": "a", "dest": "b"},
@@ -370,8 +371,8 @@ def _trap_model(jam: bool) -> Model:
                         {"trigger": "jam", "source": "b", "dest": "trap"}]})
 
     def actions(view: View) -> list[Action]:
-        out = [Action("flip", (Fire("t1", "flip"),))] if view.machine_state("t1") != "trap" \
-            else []
+        out = [Action("flip", (Fire("t1", "flip"),), fair=fair)] \
+            if view.machine_state("t1") != "trap" else []
         if jam and view.machine_state("t1") == "b":
             out.append(Action("jam", (Fire("t1", "jam"),)))
         return out
@@ -400,6 +401,63 @@ def test_a_job_exit_that_gave_up_finishes_only_after_the_operators_retry() -> No
 
     stuck = check(dataclasses.replace(model, actions=without_retry), bounds).stuck["finishes"]
     assert stuck.hops[-1].state.resources[0].state == "stuck_queue"
+
+    def unfair_retry(view: View) -> list[Action]:
+        return [dataclasses.replace(a, fair=False) for a in model.actions(view)]
+
+    # an operator who need not ever retry: the run that stops in stuck_queue is fair
+    report = check(dataclasses.replace(model, actions=unfair_retry),
+                   dataclasses.replace(bounds, crashes=False))
+    assert "finishes" not in report.stuck  # the retry can still finish it ...
+    loop = report.loops["finishes"]  # ... but nothing makes it
+    assert loop.loop == 1 and loop.hops[-1].label == STUTTER
+    assert loop.hops[-1].state.resources[0].state == "stuck_queue"
+
+
+# -- liveness under weak fairness: a loop that never meets it -------------------------------------
+
+
+def test_a_loop_in_which_the_property_never_holds_is_found_when_it_is_fair() -> None:
+    """Stuck for good in ``trap``: nothing is enabled, so the run that stays there is fair.
+    Flipping between a and b is a loop too, but a fair flip, enabled all along it, must be
+    taken, and it leads back to a: only when the flip is not fair may the world stop at b."""
+    jammed = check(_trap_model(jam=True), Bounds(depth=6)).loops["back"]
+    assert [h.label for h in jammed.hops] == ["flip", "jam", STUTTER] and jammed.loop == 1
+    assert check(_trap_model(jam=False), Bounds(depth=6)).passed
+    idle = check(_trap_model(jam=False, fair=False), Bounds(depth=6))
+    assert not idle.stuck and [h.label for h in idle.loops["back"].hops] == ["flip", STUTTER]
+    assert "NEVER (fair loop) back" in text(idle)
+
+
+def test_a_drone_that_waits_for_the_heartbeat_stays_booting_on_a_fair_run() -> None:
+    """``drone`` leaves booting on its own steps, asking its site when what it holds is
+    stale; without the probe it waits for a heartbeat that need not come. Every state can
+    still reach the release (the heartbeat may report), so only the fair loop shows it."""
+    broken = check(world_model("drone_without_probe"), DRONE_WHOLE)
+    assert not broken.violations and not broken.stuck
+    loop = broken.loops["released"]
+    assert loop.loop == 1 and [h.label for h in loop.hops][-1] == "step d1"
+    stale = loop.hops[-1].state.resources[0]
+    assert stale.state == "booting" and stale.data == loop.hops[-2].state.resources[0].data
+    assert loop.hops[-1].state == loop.hops[-2].state  # the step is refused, again and again
+    assert "step d1" in loop.message  # (the fixed drone passes: the first test above)
+    # a heartbeat bound to report again releases it
+    model = world_model("drone_without_probe")
+
+    def heartbeat(view: View) -> list[Action]:
+        return [dataclasses.replace(a, fair="heartbeat") if a.label.startswith("the heartbeat")
+                else a for a in model.actions(view)]
+
+    assert check(dataclasses.replace(model, actions=heartbeat), DRONE_WHOLE).passed
+
+
+def test_the_command_prints_and_reports_a_fair_loop() -> None:
+    result = CliRunner().invoke(main, ["check", "drone_without_probe", "--depth", "40",
+                                       "--horizon", "80", "--json"])
+    assert result.exit_code == 1, result.output
+    figures = json.loads(result.output)
+    assert figures["loops"]["released"]["loop"] == 1
+    assert figures["loops"]["released"]["timeline"][-1]["move"] == "step d1"
 
 
 # -- a world declared in the spec file -----------------------------------------------------------

@@ -144,6 +144,11 @@ class View:
     start: dt.datetime
     previous: View | None = None
     """The state before the move, when a scenario's last expectation is written."""
+    behind: bool = False
+    """After a move of the clock: the engine or the worker had a move that would have
+    changed the state, and the clock moved first (they lagged). A bound on how long
+    something takes counts the time the machine had nothing to do at once, not a worker's
+    lag."""
 
     @property
     def now(self) -> float:

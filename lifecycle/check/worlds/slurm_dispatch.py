@@ -67,14 +67,16 @@ def actions(view: View) -> Iterator[Action]:
     if state == "running":
         yield Action("the container finishes", (
             SetWorld(JOB, {**world, "container": "Complete"}), Fire(JOB, "container_done")))
-    if world.get("in_squeue"):
-        yield Action("the job leaves squeue", (SetWorld(JOB, {**world, "in_squeue": False}),))
+    if world.get("in_squeue"):  # fair once scancelled: Slurm ends a job it was told to
+        yield Action("the job leaves squeue", (SetWorld(JOB, {**world, "in_squeue": False}),),
+                     fair=view.extra("last_scancel") is not None)
     if state == "gone":
         return
     now = _squeue(world)
     seen = view.resource(JOB).seen
     if seen is None or seen.at < view.now or view.believed(JOB) != now:
-        yield Action("squeue is polled", (Observe(JOB, now, source="squeue"),))
+        # fair: the dispatcher's own loop polls squeue every few seconds
+        yield Action("squeue is polled", (Observe(JOB, now, source="squeue"),), fair=True)
     asked = view.extra("asked")
     if asked is None:
         yield Action("squeue is asked; its answer is late",
