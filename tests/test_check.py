@@ -183,13 +183,15 @@ before recording it, and runs it again."""
 
 def _dispatchers() -> dict[str, Playable]:
     return {**builtins(), "slurm_dispatch": slurm_dispatch.limited(),
-            "slurm_dispatch_arvados": slurm_dispatch.arvados()}
+            "slurm_dispatch_arvados": slurm_dispatch.arvados(),
+            "slurm_dispatch_never_cancels": slurm_dispatch.never_cancels()}
 
 
 def test_the_dispatcher_never_scancels_on_an_old_squeue_nor_faster_than_its_limit() -> None:
     report = check(world_model("slurm_dispatch"), SLURM)
     assert report.passed, text(report)
-    assert report.invariants == ["stale", "rate"] and report.eventually == ["leaves"]
+    assert report.invariants == ["stale", "rate", "linger"]
+    assert report.eventually == ["leaves"]
     assert report.depth == SLURM.depth
 
 
@@ -203,8 +205,16 @@ def test_the_dispatchers_rate_limit_is_met_within_the_bounds() -> None:
     assert "held" in check(model, SLURM).violations
 
 
+def _only(model: Model | None, *names: str) -> Model:
+    """``model`` checking only the invariants named (so that it stops at their
+    counterexamples, not at the bounds)."""
+    assert model is not None
+    return dataclasses.replace(model, invariants=[i for i in model.invariants
+                                                  if i.name in names])
+
+
 def test_arvados_policy_scancels_again_on_the_old_squeue(tmp_path: Path) -> None:
-    report = check(world_model("slurm_dispatch_arvados"), SLURM)
+    report = check(_only(world_model("slurm_dispatch_arvados"), "stale", "rate"), SLURM)
     example = report.violations["stale"]
     assert len(example) == SLURM_INCIDENT
     assert sum(a[0] == "scancel" for h in example.hops for a in h.actions) >= 1
@@ -220,7 +230,7 @@ def test_arvados_policy_scancels_again_on_the_old_squeue(tmp_path: Path) -> None
 
 
 def test_arvados_policy_scancels_twice_within_a_second(tmp_path: Path) -> None:
-    report = check(world_model("slurm_dispatch_arvados"), SLURM)
+    report = check(_only(world_model("slurm_dispatch_arvados"), "rate"), SLURM)
     example = report.violations["rate"]
     assert len(example) == SLURM_BURST
     assert "2 scancels started within one second" in example.message
@@ -237,7 +247,7 @@ def test_arvados_policy_scancels_twice_within_a_second(tmp_path: Path) -> None:
 def test_a_dispatcher_without_its_rate_limit_is_caught() -> None:
     """The fixed machine's spec (its freshness rule kept) run without the limiter."""
     unlimited = slurm_dispatch.model(BUILTIN_SLURM, slurm_dispatch.SHORT_DELAYS)
-    report = check(unlimited, SLURM)
+    report = check(_only(unlimited, "stale", "rate"), SLURM)
     assert len(report.violations["rate"]) == SLURM_BURST
     assert "stale" not in report.violations
 
@@ -245,10 +255,48 @@ def test_a_dispatcher_without_its_rate_limit_is_caught() -> None:
 def test_a_dispatcher_without_its_freshness_rule_is_caught_without_crashes() -> None:
     """Arvados' loop needs no fault: a scancel that matched nothing looks again at once, on
     the squeue it holds."""
-    report = check(world_model("slurm_dispatch_arvados"),
+    report = check(_only(world_model("slurm_dispatch_arvados"), "stale", "rate"),
                    dataclasses.replace(SLURM, crashes=False))
     assert len(report.violations["rate"]) == SLURM_INCIDENT
     assert len(report.violations["stale"]) == SLURM_INCIDENT
+
+
+SLURM_LINGER = 5
+"""Moves a job needs to linger past its bound when nothing scancels it: the container
+finishes, delay A (0) runs out, a second passes, squeue is polled (a fair move the run
+must not lag behind for the second to count), and another second passes."""
+
+
+def test_a_dispatcher_that_never_scancels_lets_the_job_linger_past_its_bound(
+        tmp_path: Path) -> None:
+    report = check(world_model("slurm_dispatch_never_cancels"), SLURM, until_all=False)
+    example = report.violations["linger"]
+    assert len(example) == SLURM_LINGER
+    assert "2 s of the dispatcher's own time" in example.message
+    assert [h.label for h in example.hops][-3:] == ["1 s pass", "squeue is polled", "1 s pass"]
+    assert not {"stale", "rate"} & set(report.violations)
+    assert "leaves" in report.loops  # and, fairly run, it never leaves
+    path = write_scenario(example, tmp_path / "linger.yaml")
+    result = replay(path, _dispatchers())
+    assert result.failure is not None and result.failure.kind == "expect_actions"
+    assert result.failure.step == len(yaml.safe_load(path.read_text())["steps"])
+    assert "scancel" not in result.failure.found
+    fewer = check(world_model("slurm_dispatch_never_cancels"),
+                  Bounds(depth=SLURM_LINGER - 1, horizon=3))
+    assert "linger" not in fewer.violations
+
+
+def test_a_lagging_worker_is_not_the_dispatchers_linger() -> None:
+    """The clock may pass while the worker has a scancel to run (the checker explores
+    that), but that second is the worker's lag, not the dispatcher's: the fixed dispatcher
+    keeps its bound (its check above) although some path's job stays listed longer."""
+    listed = Invariant("listed", "the job is scancelled within 1 s of its finish",
+                       lambda before, after, did: "late" if after.now >= 2
+                       and after.machine_state("c1") != "running"
+                       and not after.extra("scancelled") else None,
+                       lambda view, before, did: [])
+    model = dataclasses.replace(world_model("slurm_dispatch"), invariants=(listed,))
+    assert "listed" in check(model, SLURM).violations
 
 
 # -- faults: the worker dies between a handler's end and its outcome's record -------------------

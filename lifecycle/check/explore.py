@@ -235,9 +235,8 @@ def check(model: Model, bounds: Bounds | None = None, *,
                 report.moves += 1
                 clock = bool(moves) and all(isinstance(m, Advance) for m in moves)
                 hop, broken = _try(model, memory, state, label, moves, behind=clock and busy)
-                if not clock and hop.state != state and isinstance(
-                        moves[0], Step | RunEffect | FireTimers):
-                    busy = True  # the engine or the worker has something to do now
+                if not clock and fair is not None and hop.state != state:
+                    busy = True  # a fair move (the engine's, the worker's) would do something
                 after.add(hop.state)
                 edges.append((hop.state, fair, label, moves, clock and busy))
                 for invariant, message in broken:

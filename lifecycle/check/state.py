@@ -145,10 +145,10 @@ class View:
     previous: View | None = None
     """The state before the move, when a scenario's last expectation is written."""
     behind: bool = False
-    """After a move of the clock: the engine or the worker had a move that would have
-    changed the state, and the clock moved first (they lagged). A bound on how long
-    something takes counts the time the machine had nothing to do at once, not a worker's
-    lag."""
+    """After a move of the clock: a fair move (the engine's step, the worker's run, a due
+    timer, a fair action of the world's) would have changed the state, and the clock moved
+    first: the run lagged. A bound on how long something takes counts the time in which
+    nothing fair was left to do at once (the machine's own waiting), not a worker's lag."""
 
     @property
     def now(self) -> float:
