@@ -562,6 +562,31 @@ def test_a_declared_world_finds_the_race_and_its_scenario_replays_from_the_spec_
     assert check(declared(load_spec(spec_file)), Bounds(depth=2)).passed
 
 
+HEARD = """\
+check:
+  resources: [{key: vm1, world: {busy: false}}]
+  world: [{set: {busy: true}}, {set: {busy: false}}, {report: true}]
+  never: [{name: heard_busy, believed: {busy: true}}]
+"""
+
+
+def test_a_condition_on_what_the_controller_believes_writes_a_scenario_that_fails(
+        tmp_path: Path) -> None:
+    """Only the observation changes: the scenario's last step expects the one held before
+    the move (none here), which the replay does not find."""
+    spec_file = _write(tmp_path / "vm.yaml", VM + HEARD)
+    example = check(declared(load_spec(spec_file)), Bounds(depth=4)).violations["heard_busy"]
+    assert [h.label for h in example.hops] == ["the world says vm1 is busy=True",
+                                               "vm1 is reported busy=True as of now"]
+    path = write_scenario(example, tmp_path / "heard.yaml", "vm.yaml")
+    steps = yaml.safe_load(path.read_text())["steps"]
+    assert steps[-1] == {"expect_observed": {"key": "vm1", "status": None}}
+    result = replay(path)
+    assert result.failure is not None and result.failure.kind == "expect_observed"
+    assert result.failure.step == len(steps)
+    assert (result.failure.expected, result.failure.found) == (None, {"busy": True})
+
+
 def test_a_declared_world_that_keeps_its_rule_passes(tmp_path: Path) -> None:
     """Only a VM the monitor saw idle is deleted, and only an idle one is ever reported:
     but nothing moves it to gone, which the rule forbids while busy."""
