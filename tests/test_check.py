@@ -477,6 +477,37 @@ def test_a_loop_in_which_the_property_never_holds_is_found_when_it_is_fair() -> 
     assert "NEVER (fair loop) back" in text(idle)
 
 
+def _pacing(finish_fair: bool) -> Model:
+    spec = MachineSpec.model_validate({
+        "name": "pacer", "initial": "left", "final": ["done"],
+        "states": ["left", "right", "done"],
+        "transitions": [{"trigger": "go", "source": "left", "dest": "right"},
+                        {"trigger": "go", "source": "right", "dest": "left"},
+                        {"trigger": "finish", "source": "right", "dest": "done"}]})
+
+    def actions(view: View) -> list[Action]:
+        if view.machine_state("p1") == "done":
+            return []
+        out = [Action("go", (Fire("p1", "go"),), fair=True)]
+        if view.machine_state("p1") == "right":
+            out.append(Action("finish", (Fire("p1", "finish"),), fair=finish_fair))
+        return out
+
+    done = Eventually("done", "p1 is done", lambda v: True,
+                      lambda v: v.machine_state("p1") == "done")
+    return Model(Machine(spec), lambda n: [Create("p1")], actions, eventually=[done])
+
+
+def test_a_fair_loop_takes_each_fair_move_it_keeps_enabled_and_fairness_is_weak() -> None:
+    """Pacing left and right for ever takes ``go``, which is enabled all along, so the loop
+    must go both ways; ``finish``, enabled only on the right, may be neglected even when it
+    is fair: weak fairness asks a move to be taken only when it stays enabled."""
+    for finish_fair in (False, True):
+        loop = check(_pacing(finish_fair), Bounds(depth=6)).loops["done"]
+        assert loop.loop == 2 and [h.label for h in loop.hops] == ["go", "go"]
+        assert "(go)" in loop.message
+
+
 def test_a_drone_that_waits_for_the_heartbeat_stays_booting_on_a_fair_run() -> None:
     """``drone`` leaves booting on its own steps, asking its site when what it holds is
     stale; without the probe it waits for a heartbeat that need not come. Every state can
