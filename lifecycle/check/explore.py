@@ -349,11 +349,11 @@ def _witness(entry: State, members: set[State], inner: dict[State, list[Edge]],
     one of its states), walk on to the nearest move or state that settles one, then back.
     Each item: the state a move leaves and the move (None: it stays as it is)."""
     walked: list[tuple[State, Edge | None]] = []
-    here, always, taken = entry, set(fair[entry]), set()
+    here = entry
+    always: set[str | None] = set(fair[entry])
+    taken: set[str | None] = set()
     while always - taken:
-        need = always - taken
-        steps = _nearest(here, members, inner, lambda s, e: (
-            e is not None and e[1] in need) or bool(need - fair[s]))
+        steps = _nearest(here, members, inner, _settling(always - taken, fair))
         for state, edge in steps:
             walked.append((state, edge))
             always &= fair[state]
@@ -368,6 +368,15 @@ def _witness(entry: State, members: set[State], inner: dict[State, list[Edge]],
         if not walked:
             walked.append((entry, None))  # no fair move enabled: it may stay so for ever
     return walked
+
+
+def _settling(need: set[str | None], fair: dict[State, frozenset[str]]
+              ) -> Callable[[State, Edge | None], bool]:
+    """A goal for :func:`_nearest`: a move that takes one of ``need``, or a state in which
+    one of them is not enabled (so it is no longer enabled all along)."""
+    def goal(state: State, edge: Edge | None) -> bool:
+        return (edge is not None and edge[1] in need) or bool(need - fair[state])
+    return goal
 
 
 def _nearest(origin: State, members: set[State], inner: dict[State, list[Edge]],
