@@ -454,8 +454,7 @@ def test_a_job_exit_that_gave_up_finishes_only_after_the_operators_retry() -> No
         return [dataclasses.replace(a, fair=False) for a in model.actions(view)]
 
     # an operator who need not ever retry: the run that stops in stuck_queue is fair
-    report = check(dataclasses.replace(model, actions=unfair_retry),
-                   dataclasses.replace(bounds, crashes=False))
+    report = check(dataclasses.replace(model, actions=unfair_retry), bounds)
     assert "finishes" not in report.stuck  # the retry can still finish it ...
     loop = report.loops["finishes"]  # ... but nothing makes it
     assert loop.loop == 1 and loop.hops[-1].label == STUTTER

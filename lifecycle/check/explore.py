@@ -8,7 +8,10 @@ the clock moving by each of the model's ticks (up to the horizon). States are
 deduplicated by value (:mod:`lifecycle.check.state`), and every move is checked against the
 model's invariants, also when it leads to a state already seen: breadth first, the first
 violation of an invariant is a shortest one. A move that raises (invalid data, an unknown
-trigger) is a violation too: ``replay`` would stop there.
+trigger) is a violation too: ``replay`` would stop there. After the exploration, each
+liveness property (:class:`Eventually`) is checked on the explored graph: whether it can
+still be met from every state where it is owed, and whether a run fair to the fair moves
+(weak fairness) can loop for ever where it is owed and never met.
 """
 
 from __future__ import annotations
