@@ -17,6 +17,7 @@ steps:
   - run_effects: {}
   - expect_actions: {key: d1, actions: [deploy, terminate]}  # what simulated effects did
   - expect_world: {key: d1, status: {resource_status: Running}}  # what the world says (subset)
+  - expect_observed: {key: d1, status: {resource_status: Booting}}  # the newest observation
   - retry: d1                   # put a stuck resource's failed effects back in the queue
   - crash_effect: d1            # its queue head's handler runs; the worker dies unrecorded
   - run_effect: d1              # its queue head alone runs and is recorded (nothing else)
@@ -52,7 +53,7 @@ from .worker import Worker
 
 STEP_KINDS = ("create", "advance", "observe", "world", "update", "step", "fire", "expect",
               "expect_last", "run_effects", "expect_actions", "expect_world", "retry",
-              "crash_effect", "run_effect", "fire_timers")
+              "crash_effect", "run_effect", "fire_timers", "expect_observed")
 
 
 @dataclass(frozen=True, slots=True)
@@ -450,6 +451,18 @@ def _expect(step: Step, engine: Engine, world: World, last: dict[str, Any] | Non
         reason_ok = "reason" not in a or str(a["reason"]) in (last.get("reason") or "")
         if found != wanted or not reason_ok:
             raise _StepFailed(a, {k: last.get(k) for k in ("fired", "error", "dest", "reason")})
+    elif step.kind == "expect_observed":  # the newest observation's status (the keys given)
+        a = _args(step, ("key", "status"))
+        observation = engine.get(a["key"]).observation
+        if a["status"] is None:  # no observation at all
+            if observation is not None:
+                raise _StepFailed(None, observation.status)
+        elif observation is None:
+            raise _StepFailed(dict(a["status"]), None)
+        else:
+            held = {k: observation.status.get(k, "<missing>") for k in a["status"]}
+            if held != dict(a["status"]):
+                raise _StepFailed(dict(a["status"]), held)
     elif step.kind == "expect_world":
         a = _args(step, ("key", "status"))
         said = world.status.get(a["key"], {})

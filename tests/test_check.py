@@ -36,6 +36,7 @@ from lifecycle.check import (
     text,
     write_scenario,
 )
+from lifecycle.check.explore import STUTTER
 from lifecycle.check.memory import CheckError
 from lifecycle.check.state import EMPTY
 from lifecycle.check.worlds import drone, job_exit, slurm_dispatch, world_model
@@ -182,13 +183,15 @@ before recording it, and runs it again."""
 
 def _dispatchers() -> dict[str, Playable]:
     return {**builtins(), "slurm_dispatch": slurm_dispatch.limited(),
-            "slurm_dispatch_arvados": slurm_dispatch.arvados()}
+            "slurm_dispatch_arvados": slurm_dispatch.arvados(),
+            "slurm_dispatch_never_cancels": slurm_dispatch.never_cancels()}
 
 
 def test_the_dispatcher_never_scancels_on_an_old_squeue_nor_faster_than_its_limit() -> None:
     report = check(world_model("slurm_dispatch"), SLURM)
     assert report.passed, text(report)
-    assert report.invariants == ["stale", "rate"] and report.eventually == ["leaves"]
+    assert report.invariants == ["stale", "rate", "linger"]
+    assert report.eventually == ["leaves"]
     assert report.depth == SLURM.depth
 
 
@@ -202,8 +205,16 @@ def test_the_dispatchers_rate_limit_is_met_within_the_bounds() -> None:
     assert "held" in check(model, SLURM).violations
 
 
+def _only(model: Model | None, *names: str) -> Model:
+    """``model`` checking only the invariants named (so that it stops at their
+    counterexamples, not at the bounds)."""
+    assert model is not None
+    return dataclasses.replace(model, invariants=[i for i in model.invariants
+                                                  if i.name in names])
+
+
 def test_arvados_policy_scancels_again_on_the_old_squeue(tmp_path: Path) -> None:
-    report = check(world_model("slurm_dispatch_arvados"), SLURM)
+    report = check(_only(world_model("slurm_dispatch_arvados"), "stale", "rate"), SLURM)
     example = report.violations["stale"]
     assert len(example) == SLURM_INCIDENT
     assert sum(a[0] == "scancel" for h in example.hops for a in h.actions) >= 1
@@ -219,7 +230,7 @@ def test_arvados_policy_scancels_again_on_the_old_squeue(tmp_path: Path) -> None
 
 
 def test_arvados_policy_scancels_twice_within_a_second(tmp_path: Path) -> None:
-    report = check(world_model("slurm_dispatch_arvados"), SLURM)
+    report = check(_only(world_model("slurm_dispatch_arvados"), "rate"), SLURM)
     example = report.violations["rate"]
     assert len(example) == SLURM_BURST
     assert "2 scancels started within one second" in example.message
@@ -236,7 +247,7 @@ def test_arvados_policy_scancels_twice_within_a_second(tmp_path: Path) -> None:
 def test_a_dispatcher_without_its_rate_limit_is_caught() -> None:
     """The fixed machine's spec (its freshness rule kept) run without the limiter."""
     unlimited = slurm_dispatch.model(BUILTIN_SLURM, slurm_dispatch.SHORT_DELAYS)
-    report = check(unlimited, SLURM)
+    report = check(_only(unlimited, "stale", "rate"), SLURM)
     assert len(report.violations["rate"]) == SLURM_BURST
     assert "stale" not in report.violations
 
@@ -244,10 +255,48 @@ def test_a_dispatcher_without_its_rate_limit_is_caught() -> None:
 def test_a_dispatcher_without_its_freshness_rule_is_caught_without_crashes() -> None:
     """Arvados' loop needs no fault: a scancel that matched nothing looks again at once, on
     the squeue it holds."""
-    report = check(world_model("slurm_dispatch_arvados"),
+    report = check(_only(world_model("slurm_dispatch_arvados"), "stale", "rate"),
                    dataclasses.replace(SLURM, crashes=False))
     assert len(report.violations["rate"]) == SLURM_INCIDENT
     assert len(report.violations["stale"]) == SLURM_INCIDENT
+
+
+SLURM_LINGER = 5
+"""Moves a job needs to linger past its bound when nothing scancels it: the container
+finishes, delay A (0) runs out, a second passes, squeue is polled (a fair move the run
+must not lag behind for the second to count), and another second passes."""
+
+
+def test_a_dispatcher_that_never_scancels_lets_the_job_linger_past_its_bound(
+        tmp_path: Path) -> None:
+    report = check(world_model("slurm_dispatch_never_cancels"), SLURM, until_all=False)
+    example = report.violations["linger"]
+    assert len(example) == SLURM_LINGER
+    assert "2 s of the dispatcher's own time" in example.message
+    assert [h.label for h in example.hops][-3:] == ["1 s pass", "squeue is polled", "1 s pass"]
+    assert not {"stale", "rate"} & set(report.violations)
+    assert "leaves" in report.loops  # and, fairly run, it never leaves
+    path = write_scenario(example, tmp_path / "linger.yaml")
+    result = replay(path, _dispatchers())
+    assert result.failure is not None and result.failure.kind == "expect_actions"
+    assert result.failure.step == len(yaml.safe_load(path.read_text())["steps"])
+    assert "scancel" not in result.failure.found
+    fewer = check(world_model("slurm_dispatch_never_cancels"),
+                  Bounds(depth=SLURM_LINGER - 1, horizon=3))
+    assert "linger" not in fewer.violations
+
+
+def test_a_lagging_worker_is_not_the_dispatchers_linger() -> None:
+    """The clock may pass while the worker has a scancel to run (the checker explores
+    that), but that second is the worker's lag, not the dispatcher's: the fixed dispatcher
+    keeps its bound (its check above) although some path's job stays listed longer."""
+    listed = Invariant("listed", "the job is scancelled within 1 s of its finish",
+                       lambda before, after, did: "late" if after.now >= 2
+                       and after.machine_state("c1") != "running"
+                       and not after.extra("scancelled") else None,
+                       lambda view, before, did: [])
+    model = dataclasses.replace(world_model("slurm_dispatch"), invariants=(listed,))
+    assert "listed" in check(model, SLURM).violations
 
 
 # -- faults: the worker dies between a handler's end and its outcome's record -------------------
@@ -362,7 +411,7 @@ def test_the_command_names_what_it_cannot_check() -> None:
 # -- liveness: what must stay possible -----------------------------------------------------------
 
 
-def _trap_model(jam: bool) -> Model:
+def _trap_model(jam: bool, fair: bool = True) -> Model:
     spec = MachineSpec.model_validate({
         "name": "trap", "initial": "a", "states": ["a", "b", "trap"],
         "transitions": [{"trigger": "flip", "source": "a", "dest": "b"},
@@ -370,8 +419,8 @@ def _trap_model(jam: bool) -> Model:
                         {"trigger": "jam", "source": "b", "dest": "trap"}]})
 
     def actions(view: View) -> list[Action]:
-        out = [Action("flip", (Fire("t1", "flip"),))] if view.machine_state("t1") != "trap" \
-            else []
+        out = [Action("flip", (Fire("t1", "flip"),), fair=fair)] \
+            if view.machine_state("t1") != "trap" else []
         if jam and view.machine_state("t1") == "b":
             out.append(Action("jam", (Fire("t1", "jam"),)))
         return out
@@ -400,6 +449,93 @@ def test_a_job_exit_that_gave_up_finishes_only_after_the_operators_retry() -> No
 
     stuck = check(dataclasses.replace(model, actions=without_retry), bounds).stuck["finishes"]
     assert stuck.hops[-1].state.resources[0].state == "stuck_queue"
+
+    def unfair_retry(view: View) -> list[Action]:
+        return [dataclasses.replace(a, fair=False) for a in model.actions(view)]
+
+    # an operator who need not ever retry: the run that stops in stuck_queue is fair
+    report = check(dataclasses.replace(model, actions=unfair_retry), bounds)
+    assert "finishes" not in report.stuck  # the retry can still finish it ...
+    loop = report.loops["finishes"]  # ... but nothing makes it
+    assert loop.loop == 1 and loop.hops[-1].label == STUTTER
+    assert loop.hops[-1].state.resources[0].state == "stuck_queue"
+
+
+# -- liveness under weak fairness: a loop that never meets it -------------------------------------
+
+
+def test_a_loop_in_which_the_property_never_holds_is_found_when_it_is_fair() -> None:
+    """Stuck for good in ``trap``: nothing is enabled, so the run that stays there is fair.
+    Flipping between a and b is a loop too, but a fair flip, enabled all along it, must be
+    taken, and it leads back to a: only when the flip is not fair may the world stop at b."""
+    jammed = check(_trap_model(jam=True), Bounds(depth=6)).loops["back"]
+    assert [h.label for h in jammed.hops] == ["flip", "jam", STUTTER] and jammed.loop == 1
+    assert check(_trap_model(jam=False), Bounds(depth=6)).passed
+    idle = check(_trap_model(jam=False, fair=False), Bounds(depth=6))
+    assert not idle.stuck and [h.label for h in idle.loops["back"].hops] == ["flip", STUTTER]
+    assert "NEVER (fair loop) back" in text(idle)
+
+
+def _pacing(finish_fair: bool) -> Model:
+    spec = MachineSpec.model_validate({
+        "name": "pacer", "initial": "left", "final": ["done"],
+        "states": ["left", "right", "done"],
+        "transitions": [{"trigger": "go", "source": "left", "dest": "right"},
+                        {"trigger": "go", "source": "right", "dest": "left"},
+                        {"trigger": "finish", "source": "right", "dest": "done"}]})
+
+    def actions(view: View) -> list[Action]:
+        if view.machine_state("p1") == "done":
+            return []
+        out = [Action("go", (Fire("p1", "go"),), fair=True)]
+        if view.machine_state("p1") == "right":
+            out.append(Action("finish", (Fire("p1", "finish"),), fair=finish_fair))
+        return out
+
+    done = Eventually("done", "p1 is done", lambda v: True,
+                      lambda v: v.machine_state("p1") == "done")
+    return Model(Machine(spec), lambda n: [Create("p1")], actions, eventually=[done])
+
+
+def test_a_fair_loop_takes_each_fair_move_it_keeps_enabled_and_fairness_is_weak() -> None:
+    """Pacing left and right for ever takes ``go``, which is enabled all along, so the loop
+    must go both ways; ``finish``, enabled only on the right, may be neglected even when it
+    is fair: weak fairness asks a move to be taken only when it stays enabled."""
+    for finish_fair in (False, True):
+        loop = check(_pacing(finish_fair), Bounds(depth=6)).loops["done"]
+        assert loop.loop == 2 and [h.label for h in loop.hops] == ["go", "go"]
+        assert "(go)" in loop.message
+
+
+def test_a_drone_that_waits_for_the_heartbeat_stays_booting_on_a_fair_run() -> None:
+    """``drone`` leaves booting on its own steps, asking its site when what it holds is
+    stale; without the probe it waits for a heartbeat that need not come. Every state can
+    still reach the release (the heartbeat may report), so only the fair loop shows it."""
+    broken = check(world_model("drone_without_probe"), DRONE_WHOLE)
+    assert not broken.violations and not broken.stuck
+    loop = broken.loops["released"]
+    assert loop.loop == 1 and [h.label for h in loop.hops][-1] == "step d1"
+    stale = loop.hops[-1].state.resources[0]
+    assert stale.state == "booting" and stale.data == loop.hops[-2].state.resources[0].data
+    assert loop.hops[-1].state == loop.hops[-2].state  # the step is refused, again and again
+    assert "step d1" in loop.message  # (the fixed drone passes: the first test above)
+    # a heartbeat bound to report again releases it
+    model = world_model("drone_without_probe")
+
+    def heartbeat(view: View) -> list[Action]:
+        return [dataclasses.replace(a, fair="heartbeat") if a.label.startswith("the heartbeat")
+                else a for a in model.actions(view)]
+
+    assert check(dataclasses.replace(model, actions=heartbeat), DRONE_WHOLE).passed
+
+
+def test_the_command_prints_and_reports_a_fair_loop() -> None:
+    result = CliRunner().invoke(main, ["check", "drone_without_probe", "--depth", "40",
+                                       "--horizon", "80", "--json"])
+    assert result.exit_code == 1, result.output
+    figures = json.loads(result.output)
+    assert figures["loops"]["released"]["loop"] == 1
+    assert figures["loops"]["released"]["timeline"][-1]["move"] == "step d1"
 
 
 # -- a world declared in the spec file -----------------------------------------------------------
@@ -454,6 +590,31 @@ def test_a_declared_world_finds_the_race_and_its_scenario_replays_from_the_spec_
     assert result.failure.step == len(yaml.safe_load(world_alone.read_text())["steps"])
     assert (result.failure.expected, result.failure.found) == ({"busy": False}, {"busy": True})
     assert check(declared(load_spec(spec_file)), Bounds(depth=2)).passed
+
+
+HEARD = """\
+check:
+  resources: [{key: vm1, world: {busy: false}}]
+  world: [{set: {busy: true}}, {set: {busy: false}}, {report: true}]
+  never: [{name: heard_busy, believed: {busy: true}}]
+"""
+
+
+def test_a_condition_on_what_the_controller_believes_writes_a_scenario_that_fails(
+        tmp_path: Path) -> None:
+    """Only the observation changes: the scenario's last step expects the one held before
+    the move (none here), which the replay does not find."""
+    spec_file = _write(tmp_path / "vm.yaml", VM + HEARD)
+    example = check(declared(load_spec(spec_file)), Bounds(depth=4)).violations["heard_busy"]
+    assert [h.label for h in example.hops] == ["the world says vm1 is busy=True",
+                                               "vm1 is reported busy=True as of now"]
+    path = write_scenario(example, tmp_path / "heard.yaml", "vm.yaml")
+    steps = yaml.safe_load(path.read_text())["steps"]
+    assert steps[-1] == {"expect_observed": {"key": "vm1", "status": None}}
+    result = replay(path)
+    assert result.failure is not None and result.failure.kind == "expect_observed"
+    assert result.failure.step == len(steps)
+    assert (result.failure.expected, result.failure.found) == (None, {"busy": True})
 
 
 def test_a_declared_world_that_keeps_its_rule_passes(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ from lifecycle.check import (
     Action,
     Bounds,
     Create,
+    Eventually,
     Fire,
     Invariant,
     Model,
@@ -32,7 +33,8 @@ from lifecycle.check import (
     check,
     write_scenario,
 )
-from lifecycle.check.explore import Machine
+from lifecycle.check.explore import STUTTER, Machine, enabled
+from lifecycle.check.memory import Memory
 from lifecycle.effects import FollowUp
 from lifecycle.scenario import replay
 from lifecycle.spec import MachineSpec
@@ -110,7 +112,9 @@ def _distinct(transitions: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _world(machine: Machine) -> Model:
+def _world(machine: Machine, fair: frozenset[str] = frozenset()) -> Model:
+    """The world of a generated machine; ``fair``: the triggers it is bound to fire (and
+    "report": the report), the others it may never fire."""
     triggers = sorted(machine.spec.triggers - {"poked"})
 
     def setup(resources: int) -> list[Any]:
@@ -120,9 +124,10 @@ def _world(machine: Machine) -> Model:
         value = view.world("r1").get("v")
         out = [Action(f"the world's value becomes {v}", (SetWorld("r1", {"v": v}),))
                for v in VALUES if v != value]
-        out.append(Action(f"r1 is reported {value}", (Observe("r1", {"v": value}),)))
+        out.append(Action(f"r1 is reported {value}", (Observe("r1", {"v": value}),),
+                          fair="report" if "report" in fair else False))
         here = view.machine_state("r1")
-        out += [Action(f"fire {t}", (Fire("r1", t),)) for t in triggers
+        out += [Action(f"fire {t}", (Fire("r1", t),), fair=t in fair) for t in triggers
                 if any(e.trigger == t and here in e.sources for e in machine.spec.transitions)]
         return out
 
@@ -191,3 +196,47 @@ def test_a_chain_of_k_triggers_is_found_at_k(k: int) -> None:
     model = _world(Machine(spec, GUARDS, _simulation))
     assert len(check(model, Bounds(depth=k, horizon=0)).violations["never_bad"]) == k
     assert "never_bad" not in check(model, Bounds(depth=k - 1, horizon=0)).violations
+
+
+@settings(SETTINGS, max_examples=15)
+@given(machine=machines(), data=st.data())
+def test_every_fair_loop_reported_is_a_fair_loop_that_never_meets_it(
+        machine: Machine, data: st.DataObject) -> None:
+    """``r1`` must come to the chain's last state. Each loop reported ends where it began,
+    the property is not met on it, and every fair move enabled in all its states is taken
+    on it; a state from which the last state cannot be reached has such a loop after it."""
+    fair = frozenset(data.draw(st.sets(st.sampled_from(
+        ["report", *sorted(machine.spec.triggers - {"poked"})]))))
+    last = machine.spec.states[-1].name
+    reach = Eventually("reach", f"r1 comes to {last}", lambda view: True,
+                       lambda view: view.machine_state("r1") == last)
+    model = _world(machine, fair)
+    model = Model(model.machine, model.setup, model.actions, eventually=[reach],
+                  ticks=model.ticks)
+    bounds = Bounds(depth=8, horizon=15)
+    report = check(model, bounds)
+    if "reach" in report.stuck:
+        assert "reach" in report.loops
+    example = report.loops.get("reach")
+    if example is None:
+        return
+    hops = example.hops
+    cycle = hops[len(hops) - example.loop:]
+    entry = hops[len(hops) - example.loop - 1].state if len(hops) > example.loop \
+        else example.initial
+    assert cycle[-1].state == entry
+    memory = Memory(model.machine, model.start)
+    states = [entry, *(h.state for h in cycle)]
+    assert all(s.resources[0].state != last for s in states)
+    moves = {state: enabled(model, memory, state, bounds) for state in states}
+    taken = set()
+    for before, hop in zip(states, cycle, strict=False):
+        if hop.label == STUTTER:
+            assert not any(f for _, _, f in moves[before])  # only where nothing fair is
+            continue
+        names = {f for label, moved, f in moves[before] if (label, moved) == (hop.label,
+                                                                              hop.moves)}
+        assert names, hop.label  # a move enabled where it was taken
+        taken |= names
+    always = set.intersection(*({f for _, _, f in moves[s] if f is not None} for s in states))
+    assert always <= taken

@@ -169,6 +169,11 @@ def _never(spec: MachineSpec, rule: CheckNever, number: int) -> Invariant:
                 said = previous.world(key)
                 steps.append({"expect_world": {"key": key, "status": {
                     k: said.get(k, "<missing>") for k in rule.world}}})
+            if rule.believed:
+                held = previous.believed(key)
+                steps.append({"expect_observed": {"key": key, "status": None if held is None
+                                                  else {k: held.get(k, "<missing>")
+                                                        for k in rule.believed}}})
         return steps
 
     return Invariant(name, text, check, expect)

@@ -8,7 +8,10 @@ the clock moving by each of the model's ticks (up to the horizon). States are
 deduplicated by value (:mod:`lifecycle.check.state`), and every move is checked against the
 model's invariants, also when it leads to a state already seen: breadth first, the first
 violation of an invariant is a shortest one. A move that raises (invalid data, an unknown
-trigger) is a violation too: ``replay`` would stop there.
+trigger) is a violation too: ``replay`` would stop there. After the exploration, each
+liveness property (:class:`Eventually`) is checked on the explored graph: whether it can
+still be met from every state where it is owed, and whether a run fair to the fair moves
+(weak fairness) can loop for ever where it is owed and never met.
 """
 
 from __future__ import annotations
@@ -136,6 +139,9 @@ class Counterexample:
     """The machine's name, as a scenario names it."""
     model: str
     """The model's name, as ``lifecycle check`` names it."""
+    loop: int = 0
+    """For a liveness property's run that never meets it: how many of the last hops form the
+    loop it repeats for ever (they end in the state the hops before them reached)."""
 
     def __len__(self) -> int:
         return len(self.hops)
@@ -162,10 +168,13 @@ class Report:
     stuck: dict[str, Counterexample] = field(default_factory=dict)
     """For each liveness property that can stop being reachable, the shortest path to a
     state from which it never happens."""
+    loops: dict[str, Counterexample] = field(default_factory=dict)
+    """For each liveness property a fair run can miss for ever, that run: a path to a loop
+    in which it is owed and never met, and the loop (``Counterexample.loop`` hops)."""
 
     @property
     def passed(self) -> bool:
-        return not self.violations and not self.stuck
+        return not self.violations and not self.stuck and not self.loops
 
 
 @dataclass(frozen=True)
@@ -209,7 +218,7 @@ def check(model: Model, bounds: Bounds | None = None, *,
     report = Report(model.name, bounds, [i.name for i in model.invariants],
                     [e.name for e in model.eventually])
     parents: dict[State, tuple[State, Hop] | None] = {initial: None}
-    following: dict[State, set[State]] = {}
+    graph = _Graph()
     frontier: list[State] = [initial]
     partial: set[State] = set()
     """States whose future the horizon cut: something was due after it."""
@@ -218,13 +227,21 @@ def check(model: Model, bounds: Bounds | None = None, *,
         report.depth += 1
         reached: list[State] = []
         for state in frontier:
-            after = following.setdefault(state, set())
+            after = graph.following.setdefault(state, set())
+            edges = graph.edges.setdefault(state, [])
             if _waiting(state) and any(state.now + t > bounds.horizon for t in model.ticks):
                 partial.add(state)
-            for label, moves in enabled(model, memory, state, bounds):
+            moves_here = enabled(model, memory, state, bounds)
+            graph.fair[state] = frozenset(f for _, _, f in moves_here if f is not None)
+            busy = False
+            for label, moves, fair in moves_here:
                 report.moves += 1
-                hop, broken = _try(model, memory, state, label, moves)
+                clock = bool(moves) and all(isinstance(m, Advance) for m in moves)
+                hop, broken = _try(model, memory, state, label, moves, behind=clock and busy)
+                if not clock and fair is not None and hop.state != state:
+                    busy = True  # a fair move (the engine's, the worker's) would do something
                 after.add(hop.state)
+                edges.append((hop.state, fair, label, moves, clock and busy))
                 for invariant, message in broken:
                     if invariant.name not in report.violations:
                         report.violations[invariant.name] = _example(
@@ -243,19 +260,215 @@ def check(model: Model, bounds: Bounds | None = None, *,
     report.states = len(parents)
     report.exhausted = not frontier
     for property_ in model.eventually:
-        stuck = _never_reached(model, property_, parents, following, partial)
+        stuck = _never_reached(model, property_, parents, graph.following, partial)
         if stuck is not None:
             report.stuck[property_.name] = _example(
                 model, property_.as_invariant(), f"after this, {property_.text} can no "
                 "longer happen: no move of the machine or its world leads there",
                 setup, initial, tuple(_path(parents, stuck)))
+        loop = _fair_loop(model, memory, property_, parents, graph, partial)
+        if loop is not None:
+            entry, cycle, names = loop
+            fair = (f"; every fair move enabled all along it is taken in it ({names})"
+                    if names else "; no fair move is enabled all along it")
+            report.loops[property_.name] = _example(
+                model, property_.as_invariant(), f"{property_.text} never happens on a "
+                f"run that comes here and then repeats the last {len(cycle)} moves for "
+                f"ever{fair}", setup, initial, (*_path(parents, entry), *cycle),
+                loop=len(cycle))
     return report
 
 
+Edge = tuple[State, str | None, str, tuple[Move, ...], bool]
+"""An explored move: the state after it, its fairness name (None: not fair), its label and
+moves, and whether it was the clock moving while the engine or the worker lagged."""
+
+
+@dataclass
+class _Graph:
+    """The explored graph: each explored state's moves (the state after, the move's
+    fairness name, its label and moves, whether it was the clock moving while the engine or
+    the worker lagged) and the fairness names of the moves enabled in it."""
+
+    following: dict[State, set[State]] = field(default_factory=dict)
+    edges: dict[State, list[Edge]] = field(default_factory=dict)
+    fair: dict[State, frozenset[str]] = field(default_factory=dict)
+
+
+STUTTER = "nothing more happens"
+"""The label of a loop's move in which nothing happens: a run may stop doing anything where
+no fair move is enabled (the world is not bound to act)."""
+
+
+def _fair_loop(model: Model, memory: Memory, property_: Eventually,
+               parents: dict[State, tuple[State, Hop] | None], graph: _Graph,
+               partial: set[State]) -> tuple[State, list[Hop], str] | None:
+    """A run on which ``property_`` is owed and never met, fair to every fair move (weak
+    fairness: a fair move enabled all along the loop is taken in it): the loop's first
+    state (the earliest found, breadth first), its moves, and the fair moves it takes.
+
+    Only states whose moves were all explored count (not past the depth, the queue bound or
+    the horizon, with nothing due after it), so a loop found is a run of the machine and its
+    world, not of the bounds; each may also stay as it is (stutter), which is fair only
+    where no fair move is enabled. The loops are the strongly connected components of the
+    states where the property is owed and not met; a component is fair when every fair
+    move enabled in all its states is taken on one of its own moves."""
+    start = model.start
+    nodes = {s for s in graph.edges if s not in partial and property_.owed(View(s, start))
+             and not property_.met(View(s, start))}
+    if not nodes:
+        return None
+    order = {state: index for index, state in enumerate(parents)}
+    inner = {s: [e for e in graph.edges[s] if e[0] in nodes] for s in nodes}
+    best: tuple[int, list[State]] | None = None
+    for component in _components(nodes, inner):
+        members = set(component)
+        always = frozenset.intersection(*(graph.fair[s] for s in component))
+        taken = {e[1] for s in component for e in inner[s] if e[0] in members}
+        if always <= taken:
+            first = min(order[s] for s in component)
+            if best is None or first < best[0]:
+                best = (first, component)
+    if best is None:
+        return None
+    members = set(best[1])
+    entry = min(best[1], key=order.__getitem__)
+    path = _witness(entry, members, inner, graph.fair)
+    cycle: list[Hop] = []
+    for state, edge in path:
+        if edge is None:
+            cycle.append(Hop(STUTTER, (), [], None, state))
+        else:
+            hop, _ = _try(model, memory, state, edge[2], edge[3], behind=edge[4])
+            cycle.append(hop)
+    names = sorted({e[1] for _, e in path if e is not None and e[1] is not None})
+    return entry, cycle, ", ".join(names)
+
+
+def _witness(entry: State, members: set[State], inner: dict[State, list[Edge]],
+             fair: dict[State, frozenset[str]]) -> list[tuple[State, Edge | None]]:
+    """A loop from ``entry`` through ``members`` (a fair component) that is fair itself:
+    until every fair move enabled all along it so far is taken on it (or is not enabled in
+    one of its states), walk on to the nearest move or state that settles one, then back.
+    Each item: the state a move leaves and the move (None: it stays as it is)."""
+    walked: list[tuple[State, Edge | None]] = []
+    here = entry
+    always: set[str | None] = set(fair[entry])
+    taken: set[str | None] = set()
+    while always - taken:
+        steps = _nearest(here, members, inner, _settling(always - taken, fair))
+        for state, edge in steps:
+            walked.append((state, edge))
+            always &= fair[state]
+            if edge is not None:
+                always &= fair[edge[0]]
+                taken.add(edge[1])
+                here = edge[0]
+    if here != entry or not walked:
+        back = _nearest(here, members, inner, lambda s, e: e is not None and e[0] == entry) \
+            if here != entry else []
+        walked += back
+        if not walked:
+            walked.append((entry, None))  # no fair move enabled: it may stay so for ever
+    return walked
+
+
+def _settling(need: set[str | None], fair: dict[State, frozenset[str]]
+              ) -> Callable[[State, Edge | None], bool]:
+    """A goal for :func:`_nearest`: a move that takes one of ``need``, or a state in which
+    one of them is not enabled (so it is no longer enabled all along)."""
+    def goal(state: State, edge: Edge | None) -> bool:
+        return (edge is not None and edge[1] in need) or bool(need - fair[state])
+    return goal
+
+
+def _nearest(origin: State, members: set[State], inner: dict[State, list[Edge]],
+             goal: Callable[[State, Edge | None], bool]) -> list[tuple[State, Edge | None]]:
+    """The shortest walk within ``members`` from ``origin`` whose last move (or last state,
+    with no move) meets ``goal``."""
+    if goal(origin, None):
+        return []
+    came: dict[State, tuple[State, Edge] | None] = {origin: None}
+    todo = [origin]
+    while todo:
+        following: list[State] = []
+        for state in todo:
+            for edge in inner[state]:
+                if edge[0] not in members:
+                    continue
+                if goal(state, edge):
+                    walk: list[tuple[State, Edge | None]] = [(state, edge)]
+                    link = came[state]
+                    while link is not None:
+                        walk.append((link[0], link[1]))
+                        link = came[link[0]]
+                    return walk[::-1]
+                if edge[0] not in came:
+                    came[edge[0]] = (state, edge)
+                    following.append(edge[0])
+                    if goal(edge[0], None):
+                        walk = []
+                        link = came[edge[0]]
+                        while link is not None:
+                            walk.append((link[0], link[1]))
+                            link = came[link[0]]
+                        return walk[::-1]
+        todo = following
+    raise AssertionError("a strongly connected component reaches all its states")
+
+
+def _components(nodes: set[State], inner: dict[State, list[Edge]]) -> list[list[State]]:
+    """Tarjan's strongly connected components of ``nodes`` (iteratively: a graph may be
+    deeper than Python's stack)."""
+    index: dict[State, int] = {}
+    low: dict[State, int] = {}
+    stack: list[State] = []
+    on: set[State] = set()
+    out: list[list[State]] = []
+    counter = 0
+    for root in nodes:
+        if root in index:
+            continue
+        work = [(root, 0)]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            node, position = work[-1]
+            edges = inner[node]
+            if position < len(edges):
+                work[-1] = (node, position + 1)
+                successor = edges[position][0]
+                if successor not in index:
+                    index[successor] = low[successor] = counter
+                    counter += 1
+                    stack.append(successor)
+                    on.add(successor)
+                    work.append((successor, 0))
+                elif successor in on:
+                    low[node] = min(low[node], index[successor])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                out.append(component)
+    return out
+
+
 def _example(model: Model, invariant: Invariant, message: str, setup: tuple[Move, ...],
-             initial: State, hops: tuple[Hop, ...]) -> Counterexample:
+             initial: State, hops: tuple[Hop, ...], loop: int = 0) -> Counterexample:
     return Counterexample(invariant, message, setup, initial, hops, model.start,
-                          model.machine.spec.name, model.name)
+                          model.machine.spec.name, model.name, loop)
 
 
 def _never_reached(model: Model, property_: Eventually,
@@ -285,29 +498,37 @@ def _never_reached(model: Model, property_: Eventually,
     return None
 
 
+CLOCK = "the clock"
+"""The fairness name of the clock's moves: time does not stop."""
+
+
 def enabled(model: Model, memory: Memory, state: State,
-            bounds: Bounds) -> list[tuple[str, tuple[Move, ...]]]:
+            bounds: Bounds) -> list[tuple[str, tuple[Move, ...], str | None]]:
     """The moves enabled in ``state``: the world's actions, each resource's step, the
     worker's run (and crash) of each due queue head, each resource's due timers, the
-    clock's ticks within the horizon."""
+    clock's ticks within the horizon; each with the name weak fairness knows it by (None:
+    not fair). The engine's steps, the worker's runs, timers and the clock are fair; a
+    worker's death is not; the world's actions are as the model declares them."""
     view = View(state, model.start)
-    out = [(action.label, action.moves) for action in model.actions(view)]
+    out = [(action.label, action.moves, action.fairness) for action in model.actions(view)]
     compiled = memory.compiled
     final = set(compiled.spec.final)
     if model.steps:
-        out += [(f"step {r.key}", (Step(r.key),)) for r in state.resources
+        out += [(f"step {r.key}", (Step(r.key),), f"step {r.key}") for r in state.resources
                 if r.state not in final and compiled.candidates(r.state, EVENTLESS)]
     for r in state.resources:
         head = r.head()
         if head is not None and not head.failed and head.due <= state.now:
-            out.append((f"the worker runs {r.key}'s {head.name}", (RunEffect(r.key),)))
+            out.append((f"the worker runs {r.key}'s {head.name}", (RunEffect(r.key),),
+                        f"the worker runs {r.key}'s queue"))
             if bounds.crashes:
                 out.append((f"the worker runs {r.key}'s {head.name} and dies before "
-                            "recording it", (Crash(r.key),)))
+                            "recording it", (Crash(r.key),), None))
         due = [t.trigger for t in r.timers if t.due <= state.now]
         if due:
-            out.append((f"{r.key}'s timer fires ({', '.join(due)})", (FireTimers(r.key),)))
-    out += [(f"{tick:g} s pass", (Advance(tick),)) for tick in model.ticks
+            out.append((f"{r.key}'s timer fires ({', '.join(due)})", (FireTimers(r.key),),
+                        f"{r.key}'s timers"))
+    out += [(f"{tick:g} s pass", (Advance(tick),), CLOCK) for tick in model.ticks
             if state.now + tick <= bounds.horizon]
     return out
 
@@ -318,9 +539,10 @@ def _waiting(state: State) -> bool:
         e.due > state.now and not e.failed for r in state.resources for e in r.effects)
 
 
-def _try(model: Model, memory: Memory, state: State, label: str,
-         moves: tuple[Move, ...]) -> tuple[Hop, list[tuple[Invariant, str]]]:
-    """Do one hop's moves; the hop and the invariants it breaks (with what went wrong)."""
+def _try(model: Model, memory: Memory, state: State, label: str, moves: tuple[Move, ...],
+         behind: bool = False) -> tuple[Hop, list[tuple[Invariant, str]]]:
+    """Do one hop's moves; the hop and the invariants it breaks (with what went wrong).
+    ``behind``: the clock moves while the engine or the worker had a move to make."""
     after, actions, fired = state, [], None
     try:
         for move in moves:
@@ -330,11 +552,12 @@ def _try(model: Model, memory: Memory, state: State, label: str,
         hop = Hop(label, moves, actions, fired, state)
         return hop, [(RAISED, f"{label}: {type(exc).__name__}: {exc}")]
     if model.tally is not None:
-        counted = model.tally(View(after, model.start), actions)
+        counted = model.tally(View(after, model.start, behind=behind), actions)
         if counted:
             after = replace(after, extra=freeze({**thaw(after.extra), **counted}))
     hop = Hop(label, moves, actions, fired, after)
-    before_view, after_view = View(state, model.start), View(after, model.start)
+    before_view = View(state, model.start)
+    after_view = View(after, model.start, behind=behind)
     broken = []
     for invariant in model.invariants:
         message = invariant.check(before_view, after_view, actions)

@@ -214,10 +214,24 @@ class Note(Move):
 
 @dataclass(frozen=True)
 class Action:
-    """A world action: what it is called in a timeline, and its moves, in order."""
+    """A world action: what it is called in a timeline, and its moves, in order.
+
+    ``fair``: whether the world is bound to take it once it stays enabled (weak fairness:
+    the heartbeat keeps reporting, an operator retries what failed for good). A string
+    names the action across states whose labels differ (``"heartbeat d1"``); True names it
+    by its label. An action that is not fair (the default) may never be taken: the
+    liveness check looks for runs on which the world does nothing of it again."""
 
     label: str
     moves: tuple[Move, ...]
+    fair: bool | str = False
+
+    @property
+    def fairness(self) -> str | None:
+        """The name weak fairness knows it by, or None when it is not fair."""
+        if self.fair is True:
+            return self.label
+        return self.fair or None
 
 
 def _status(value: Mapping[str, Any]) -> str:

@@ -85,6 +85,13 @@ def text(report: Report) -> str:
         lines += ["", f"NEVER {name}: {example.invariant.text}", f"  {example.message}",
                   f"  shortest path there: {len(example)} moves", ""]
         lines += _table(timeline(example))
+    for name, example in report.loops.items():
+        first = len(example) - example.loop + 1
+        lines += ["", f"NEVER (fair loop) {name}: {example.invariant.text}",
+                  f"  {example.message}",
+                  f"  {first - 1} moves to the loop, then moves {first}-{len(example)} "
+                  "again and again", ""]
+        lines += _table(timeline(example))
     return "\n".join(lines)
 
 

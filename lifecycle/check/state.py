@@ -144,6 +144,11 @@ class View:
     start: dt.datetime
     previous: View | None = None
     """The state before the move, when a scenario's last expectation is written."""
+    behind: bool = False
+    """After a move of the clock: a fair move (the engine's step, the worker's run, a due
+    timer, a fair action of the world's) would have changed the state, and the clock moved
+    first: the run lagged. A bound on how long something takes counts the time in which
+    nothing fair was left to do at once (the machine's own waiting), not a worker's lag."""
 
     @property
     def now(self) -> float:

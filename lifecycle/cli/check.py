@@ -127,6 +127,8 @@ def _json(report: Report, seconds: float, written: dict[str, str]) -> dict[str, 
         "violations": {name: {**_example(example), "scenario": written.get(name)}
                        for name, example in report.violations.items()},
         "stuck": {name: _example(example) for name, example in report.stuck.items()},
+        "loops": {name: {**_example(example), "loop": example.loop}
+                  for name, example in report.loops.items()},
     }
 
 

@@ -103,6 +103,9 @@ FENCED = Invariant("fenced", "only fenced removals reach a job the site has", _u
                    _without(lambda details: details.get("expect") is None))
 
 
+# None of the world's actions is fair: the site need not start the job, nor the heartbeat
+# report again; a drone with demand 0 must leave booting on the engine's steps, the worker's
+# runs and the clock alone (asking its site when what it holds is stale).
 RELEASED = Eventually(
     "released", "a drone with demand 0 leaves booting",
     lambda view: any(view.machine_state(k) == "booting" and view.data(k).get("demand") == 0
@@ -127,6 +130,17 @@ def without_freshness() -> Playable:
     return variant(BUILTIN, "drone_without_freshness", edit)
 
 
+def without_probe() -> Playable:
+    """``drone`` whose booting drone, with demand 0 and a stale status, does not ask the site
+    but waits for the heartbeat's next report (its freshness rules keep their age, without
+    their probe): a drone the heartbeat stops reporting stays in ``booting`` for ever."""
+    def edit(document: dict[str, Any]) -> None:
+        for edge in document["eventless"]:
+            if edge["source"] == "booting" and edge.get("fresh"):
+                edge["fresh"] = {k: v for k, v in edge["fresh"].items() if k != "probe"}
+    return variant(BUILTIN, "drone_without_probe", edit)
+
+
 def without_fence() -> Playable:
     """``drone`` whose terminate does not pass the site the status it expects."""
     def edit(document: dict[str, Any]) -> None:
@@ -137,4 +151,5 @@ def without_fence() -> Playable:
     return variant(BUILTIN, "drone_without_fence", edit)
 
 
-MODELS = {"drone": lambda: model(BUILTIN), "drone_tardis": lambda: model(TARDIS_BUILTIN)}
+MODELS = {"drone": lambda: model(BUILTIN), "drone_tardis": lambda: model(TARDIS_BUILTIN),
+          "drone_without_probe": lambda: model(without_probe())}

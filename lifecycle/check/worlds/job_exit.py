@@ -43,7 +43,8 @@ def actions(view: View) -> Iterator[Action]:
     yield Action("the job queue comes back" if down else "the job queue goes down",
                  (SetWorld(JOB, {**world, "queue": "up" if down else "down"}),))
     if any(effect.failed for effect in view.resource(JOB).effects):
-        yield Action("the operator runs lifecycle retry", (Retry(JOB),))
+        # fair: an operator looks at a job stuck for good, sooner or later
+        yield Action("the operator runs lifecycle retry", (Retry(JOB),), fair=True)
     refusing = world.get("mail") == "refuse"
     yield Action("the mail server accepts again" if refusing else "the mail server refuses",
                  (SetWorld(JOB, {**world, "mail": "accept" if refusing else "refuse"}),))

@@ -9,8 +9,12 @@ clock moves a second at a time. The invariants are what the incident's loop brok
 dispatcher never decides another scancel of a job on an squeue picture from before its
 previous scancel (``stale``); it starts at most ``RATE`` scancels in any second (``rate``:
 the dispatcher runs with ``scancels_per_second = RATE``, its limiter's state kept in the
-world, so that each explored state has its own); and a finished container's job can always
-still leave (``leaves``, under fairness). Arvados' cancel policy (no delay A, a scancel
+world, so that each explored state has its own); a finished container's job is scancelled
+within ``LINGER`` seconds of the time the dispatcher had nothing to do at once (``linger``:
+the time a worker lags is not the machine's); and a finished container's job leaves on
+every fair run (``leaves``: the dispatcher's squeue poll is fair, and so is Slurm's removal
+of a job it was told to cancel). ``never_cancels()`` is a dispatcher that waits for the job
+to leave by itself. Arvados' cancel policy (no delay A, a scancel
 every second while the job is listed in whatever squeue the dispatcher holds, no backoff,
 no rate limit) is ``arvados()``.
 
@@ -67,14 +71,16 @@ def actions(view: View) -> Iterator[Action]:
     if state == "running":
         yield Action("the container finishes", (
             SetWorld(JOB, {**world, "container": "Complete"}), Fire(JOB, "container_done")))
-    if world.get("in_squeue"):
-        yield Action("the job leaves squeue", (SetWorld(JOB, {**world, "in_squeue": False}),))
+    if world.get("in_squeue"):  # fair once scancelled: Slurm ends a job it was told to
+        yield Action("the job leaves squeue", (SetWorld(JOB, {**world, "in_squeue": False}),),
+                     fair=view.extra("last_scancel") is not None)
     if state == "gone":
         return
     now = _squeue(world)
     seen = view.resource(JOB).seen
     if seen is None or seen.at < view.now or view.believed(JOB) != now:
-        yield Action("squeue is polled", (Observe(JOB, now, source="squeue"),))
+        # fair: the dispatcher's own loop polls squeue every few seconds
+        yield Action("squeue is polled", (Observe(JOB, now, source="squeue"),), fair=True)
     asked = view.extra("asked")
     if asked is None:
         yield Action("squeue is asked; its answer is late",
@@ -143,6 +149,51 @@ def _count(view: View, before: Actions, hop: Actions) -> list[dict[str, Any]]:
     return [{"expect_actions": {"key": JOB, "actions": names[:last] + names[last + 1:]}}]
 
 
+LINGER = 1.0
+"""Seconds a finished container's job may stay in squeue unscancelled while nothing fair is
+left to do at once (delay A is 0 here; the rate limit may hold a scancel back a second)."""
+
+
+def _lingers(view: View, actions: Actions) -> dict[str, Any]:
+    """How long the finished container's job has lingered: the seconds, since it finished,
+    that passed while it was listed, no scancel of it had gone through, scancel worked, and
+    the run did not lag (``View.behind``: the clock moved before a fair move that had
+    something to do, a step, the worker, a due timer, a poll)."""
+    if view.machine_state(JOB) == "running":
+        return {}
+    world = view.world(JOB)
+    counted: dict[str, Any] = {"at": view.now}
+    if any(a[0] == "scancel" and a[2].get("exit") == 0 for a in actions):
+        counted["scancelled"] = True
+    if counted.get("scancelled") or view.extra("scancelled") or not world.get("in_squeue"):
+        counted["lingered"] = 0.0  # over for good: paths that lingered differently are one
+    elif world.get("scancel_exit", 0) == 0 and not view.behind:
+        counted["lingered"] = view.extra("lingered", 0.0) + view.now - view.extra(
+            "at", view.now)
+    return counted
+
+
+def _tally(view: View, actions: Actions) -> dict[str, Any]:
+    return {**_scancels(view, actions), **_lingers(view, actions)}
+
+
+def _lingered(before: View, after: View, actions: Actions) -> str | None:
+    if after.extra("lingered", 0.0) > LINGER >= before.extra("lingered", 0.0):
+        return (f"{JOB}'s container finished, and its job is still in squeue, unscancelled, "
+                f"{after.extra('lingered'):g} s of the dispatcher's own time later (at "
+                f"{after.now:g} s)")
+    return None
+
+
+def _scancelled(view: View, before: Actions, hop: Actions) -> list[dict[str, Any]]:
+    """What the world saw of the job, and a scancel: replayed, it has none."""
+    names = [name for name, key, _ in [*before, *hop] if key == JOB]
+    return [{"expect_actions": {"key": JOB, "actions": [*names, "scancel"]}}]
+
+
+LINGERS = Invariant("linger", f"a finished container's job is scancelled (or gone) within "
+                    f"{LINGER:g} s of the time the dispatcher has nothing else to do",
+                    _lingered, _scancelled)
 FAST = Invariant("rate", f"starts at most {RATE:g} scancel a second", _too_fast, _count)
 LEAVES = Eventually("leaves", "a finished container's job leaves squeue and the dispatcher "
                     "sees it go (gone)",
@@ -206,11 +257,22 @@ def arvados() -> Playable:
     return variant(BUILTIN, "slurm_dispatch_arvados", edit)
 
 
+def never_cancels() -> Playable:
+    """The dispatcher, rate-limited, that never decides a scancel: ``cancelling.due`` waits
+    for the job to leave squeue by itself."""
+    def edit(document: dict[str, Any]) -> None:
+        document["eventless"] = [e for e in document["eventless"]
+                                 if e["dest"] != "cancelling.scancelling"]
+    edited = variant(BUILTIN, "slurm_dispatch_never_cancels", edit)
+    return Machine(edited.spec, GUARDS, limited().simulation)
+
+
 def model(machine: Playable, delays: dict[str, float] | None = None,
           label: str | None = None) -> Model:
-    return Model(machine, _setup(delays or {}), actions, (STALE, FAST), ticks=(1.0,),
-                 label=label, tally=_scancels, eventually=(LEAVES,))
+    return Model(machine, _setup(delays or {}), actions, (STALE, FAST, LINGERS),
+                 ticks=(1.0,), label=label, tally=_tally, eventually=(LEAVES,))
 
 
 MODELS = {"slurm_dispatch": lambda: model(limited(), SHORT_DELAYS),
-          "slurm_dispatch_arvados": lambda: model(arvados(), SHORT_DELAYS)}
+          "slurm_dispatch_arvados": lambda: model(arvados(), SHORT_DELAYS),
+          "slurm_dispatch_never_cancels": lambda: model(never_cancels(), SHORT_DELAYS)}
