@@ -17,15 +17,15 @@ PUBLIC: dict[str, tuple[str, ...]] = {
         "Timeout", "TransitionSpec", "load_spec"),
     "engine": ("Engine", "Guard", "OnStale", "SpecFor"),
     "store": ("Store",),
-    "records": ("EffectRecord", "FireResult", "JournalEntry", "Mismatch", "Observation",
+    "results": ("EffectRecord", "FireResult", "JournalEntry", "Mismatch", "Observation",
         "Resource", "TimerRecord"),
     "compiled": ("GuardContext",),
-    "fresh": ("Probe", "ProbeRequest"),
+    "freshness": ("Probe", "ProbeRequest"),
     "effects": ("Effect", "EffectCall", "FollowUp", "Handler", "Retry"),
-    "transaction": ("Within",),
+    "within": ("Within",),
     "worker": ("Worker", "WorkerStats"),
     "aio": ("AsyncEngine", "AsyncWorker"),
-    "outbox": ("effect_records", "outbox_counts", "retry_failed", "timer_records"),
+    "outbox_admin": ("effect_records", "outbox_counts", "retry_failed", "timer_records"),
     "clock": ("Clock", "SimulatedClock", "SystemClock"),
     "errors": ("AmbiguousKey", "ConcurrencyError", "Conflict", "DatabaseError", "EffectError",
         "GuardError", "InvalidData", "InvalidInput", "LifecycleError", "LostClaim", "NotFound",
@@ -155,39 +155,39 @@ if TYPE_CHECKING:  # what a type checker sees (explicit re-exports): the names o
     from .errors import (
         UnknownTrigger as UnknownTrigger,
     )
-    from .fresh import Probe as Probe
-    from .fresh import ProbeRequest as ProbeRequest
-    from .outbox import (
+    from .freshness import Probe as Probe
+    from .freshness import ProbeRequest as ProbeRequest
+    from .outbox_admin import (
         effect_records as effect_records,
     )
-    from .outbox import (
+    from .outbox_admin import (
         outbox_counts as outbox_counts,
     )
-    from .outbox import (
+    from .outbox_admin import (
         retry_failed as retry_failed,
     )
-    from .outbox import (
+    from .outbox_admin import (
         timer_records as timer_records,
     )
-    from .records import (
+    from .results import (
         EffectRecord as EffectRecord,
     )
-    from .records import (
+    from .results import (
         FireResult as FireResult,
     )
-    from .records import (
+    from .results import (
         JournalEntry as JournalEntry,
     )
-    from .records import (
+    from .results import (
         Mismatch as Mismatch,
     )
-    from .records import (
+    from .results import (
         Observation as Observation,
     )
-    from .records import (
+    from .results import (
         Resource as Resource,
     )
-    from .records import (
+    from .results import (
         TimerRecord as TimerRecord,
     )
     from .spec import (
@@ -218,7 +218,7 @@ if TYPE_CHECKING:  # what a type checker sees (explicit re-exports): the names o
         load_spec as load_spec,
     )
     from .store import Store as Store
-    from .transaction import Within as Within
+    from .within import Within as Within
     from .worker import Worker as Worker
     from .worker import WorkerStats as WorkerStats
 

@@ -35,12 +35,12 @@ from .clock import Clock
 from .effects import Effect, EffectCall, Handler
 from .engine import Deciding, Engine, Guard, OnStale, SpecFor
 from .errors import LifecycleError, RetryableError
-from .fresh import Probe, ProbeCall, ProbeOutcome, await_probe, is_async
+from .freshness import Probe, ProbeCall, ProbeOutcome, await_probe, is_async
 from .logs import logger
-from .records import FireResult, JournalEntry, Mismatch, Observation, Resource
+from .results import FireResult, JournalEntry, Mismatch, Observation, Resource
 from .spec import MachineSpec, SpecSource
 from .store import Store
-from .transaction import Within
+from .within import Within
 from .worker_core import (
     DEFAULT_LEASE,
     Abandon,

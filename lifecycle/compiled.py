@@ -22,9 +22,9 @@ from transitions.core import Condition
 from transitions.extensions.nesting import HierarchicalMachine, NestedState
 
 from .errors import GuardError
-from .fresh import staleness
+from .freshness import staleness
 from .graph import ANY, EVENTLESS, SEPARATOR, Candidates
-from .records import Observation
+from .results import Observation
 from .spec import Edge, MachineSpec, StateSpec
 
 

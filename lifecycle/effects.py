@@ -5,7 +5,7 @@ outbox; a :class:`~lifecycle.worker.Worker` claims them after the commit and run
 handlers outside any transaction. This module holds only the definitions: a handler, its
 retry policy and timeout (:class:`Effect`, :class:`Retry`), what it is called with
 (:class:`EffectCall`) and what it may answer (:class:`FollowUp`). The worker is in
-``lifecycle.worker``, the outbox's listings and repairs in ``lifecycle.outbox``.
+``lifecycle.worker``, the outbox's listings and repairs in ``lifecycle.outbox_admin``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .records import DONE, FAILED, GAVE_UP, PENDING, RUNNING
+from .results import DONE, FAILED, GAVE_UP, PENDING, RUNNING
 
 if TYPE_CHECKING:
     from .store import Transaction

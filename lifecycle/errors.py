@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .records import FireResult
+    from .results import FireResult
 
 
 class LifecycleError(Exception):

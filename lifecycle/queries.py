@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import values
+from . import storable
 from .errors import AmbiguousKey, LifecycleError, UnknownResource
 from .graph import SEPARATOR
-from .records import JournalEntry, Observation, Resource, shown_resource
+from .results import JournalEntry, Observation, Resource, shown_resource
 from .store import Store
 from .store.statements import journal as journal_rows
 from .store.statements import resources as resource_rows
-from .values import LONGEST_KEY, split_key
+from .storable import LONGEST_KEY, split_key
 
 
 def _observation(row: Any, prefix: str = "o_") -> Observation | None:
@@ -30,7 +30,7 @@ def _resource(r: Any) -> Resource:
 
 def get(store: Store, key: str) -> Resource:
     """The resource with its newest observation, read on the raw path (``Store.reading``)."""
-    machine, plain = values.asked_key(key)
+    machine, plain = storable.asked_key(key)
     sql = store.sql
     with store.reading() as tx:
         if machine is not None:
@@ -48,7 +48,7 @@ def get(store: Store, key: str) -> Resource:
 def resource_id(db: Any, key: str) -> tuple[int, Resource]:
     """The resource's row id (for joins), read in the same query as the resource, on a
     connection of ``Store.read()``/``Store.begin()``."""
-    machine, plain = values.asked_key(key)
+    machine, plain = storable.asked_key(key)
     row = resource_rows.find(db, machine, plain)
     return int(row.id), _resource(row)
 
@@ -73,7 +73,7 @@ def observations_of(store: Store, key: str) -> list[Observation]:
 def position(after: str, machine: str | None) -> tuple[str, str]:
     """The (machine, key) a page starts after: ``MACHINE:KEY``, or a plain key of
     ``machine``. It need not name a resource that exists (one deleted since is fine)."""
-    problem = values.text_problem(after, LONGEST_KEY)
+    problem = storable.text_problem(after, LONGEST_KEY)
     if problem is not None:
         raise LifecycleError(f"invalid position {after!r}: it {problem}")
     owner, key = split_key(after)

@@ -1,6 +1,6 @@
 """The schema's revisions, read from the revision files' own lines, and the table that says
 which one a database is at: the one source of the code's head revision, for the store (which
-migrates with Alembic) and for a read on the bare driver (:mod:`lifecycle.peek`), neither of
+migrates with Alembic) and for a read on the bare driver (:mod:`lifecycle.bare_read`), neither of
 which imports Alembic or SQLAlchemy to know it."""
 
 from __future__ import annotations

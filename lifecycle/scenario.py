@@ -39,12 +39,12 @@ from typing import Any, Protocol
 import yaml
 
 from .clock import SimulatedClock
-from .documents import DocumentError, compose_yaml, load_yaml, read_text
+from .user_documents import DocumentError, compose_yaml, load_yaml, read_text
 from .effects import EffectCall
 from .engine import Engine
 from .errors import LifecycleError, ScenarioError
-from .fresh import run_to_end
-from .outbox import retry_failed
+from .freshness import run_to_end
+from .outbox_admin import retry_failed
 from .spec import MachineSpec, load_spec, suggest
 from .store import Store
 from .store.statements import effects as effect_rows

@@ -20,8 +20,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from . import values
-from .documents import DocumentError, load_json, load_yaml, read_text
+from . import storable
+from .user_documents import DocumentError, load_json, load_yaml, read_text
 from .errors import Problem, SpecError
 from .graph import ANY, EVENTLESS, SEPARATOR, StateGraph, sources
 from .graph import NAME as _NAME
@@ -446,7 +446,7 @@ def _check_effects(spec: MachineSpec, edges: list[_Located]) -> Iterator[Problem
 
 def _check_values(spec: MachineSpec) -> Iterator[Problem]:
     """What the spec holds as free values (effect args, fences, the data schema, texts) is
-    what the database keeps as it is (see :mod:`lifecycle.values`): no NaN, no NUL."""
+    what the database keeps as it is (see :mod:`lifecycle.storable`): no NaN, no NUL."""
     free: list[tuple[str, Any]] = [("description", spec.description),
                                    ("data_schema", spec.data_schema)]
     for kind, listed in (("transitions", spec.transitions), ("eventless", spec.eventless)):
@@ -463,7 +463,7 @@ def _check_values(spec: MachineSpec) -> Iterator[Problem]:
         states += [(f"{where}.states[{i}]", child) for i, child in enumerate(state.states)]
     for where, value in free:
         if value is not None:
-            yield from (Problem(p.path, p.reason) for p in values.problems(value, where))
+            yield from (Problem(p.path, p.reason) for p in storable.problems(value, where))
 
 
 def _check_timeouts(spec: MachineSpec, edges: list[_Located]) -> Iterator[Problem]:

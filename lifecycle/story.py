@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .records import DONE, FAILED, GAVE_UP, PENDING, JournalEntry, Observation
+from .results import DONE, FAILED, GAVE_UP, PENDING, JournalEntry, Observation
 
 STYLES = ("plain", "bold", "dim", "refused", "observed", "fence", "done", "failed", "waiting")
 """The styles of a span: the row's name (``bold``), a refusal (``refused``), an observation

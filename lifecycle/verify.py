@@ -14,7 +14,7 @@ from itertools import chain, groupby
 from operator import itemgetter
 from typing import Any
 
-from .records import Mismatch
+from .results import Mismatch
 from .spec import MachineSpec
 from .store import Store, Transaction
 

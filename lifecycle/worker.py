@@ -20,7 +20,7 @@ from typing import Any
 
 from .effects import EffectCall
 from .engine import Engine
-from .fresh import run_to_end
+from .freshness import run_to_end
 from .logs import logger
 from .worker_core import (
     BATCH,

@@ -59,11 +59,11 @@ from .errors import (
 )
 from .logs import logger
 from .processes import host_prefix, is_gone, this_process
-from .records import FireResult
+from .results import FireResult
 from .store import Transaction
 from .store.statements import effects as effect_rows
 from .store.statements import timers as timer_rows
-from .transaction import Within
+from .within import Within
 
 log = logger(__name__)
 

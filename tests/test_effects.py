@@ -27,7 +27,7 @@ from lifecycle import (
     retry_failed,
     timer_records,
 )
-from lifecycle.files import atomic_write, verified_append
+from lifecycle.file_writes import atomic_write, verified_append
 from lifecycle.store import outbox
 
 CHAIN: dict[str, Any] = {

@@ -21,7 +21,7 @@ from lifecycle import (
     Store,
     load_spec,
 )
-from lifecycle.fresh import HUNG_PER_PROBE
+from lifecycle.freshness import HUNG_PER_PROBE
 
 START = "2026-03-01T12:00:00Z"
 

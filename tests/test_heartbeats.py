@@ -25,7 +25,7 @@ from lifecycle import (
     Store,
     UnknownResource,
 )
-from lifecycle.fresh import ProbeRequest
+from lifecycle.freshness import ProbeRequest
 from lifecycle.machines import drone
 from lifecycle.machines.drone_sim import ScenarioBatch, ScenarioSite
 from lifecycle.scenario import World

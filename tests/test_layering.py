@@ -16,13 +16,13 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "lifecycle"
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("foundation", ("records", "errors", "clock", "documents", "values", "redact", "logs")),
+    ("foundation", ("results", "errors", "clock", "user_documents", "storable", "redact", "logs")),
     ("spec", ("graph", "spec")),
     ("store", ("store", "store.*", "revisions", "urls")),
-    ("pieces", ("fresh", "compiled", "effects", "files", "registry", "queries", "verify",
-                "processes", "peek", "transaction")),
+    ("pieces", ("freshness", "compiled", "effects", "file_writes", "registry", "queries", "verify",
+                "processes", "bare_read", "within")),
     ("engine", ("engine", "engine.*")),
-    ("tools", ("worker_core", "worker", "aio", "outbox", "scenario", "render", "story")),
+    ("tools", ("worker_core", "worker", "aio", "outbox_admin", "scenario", "render", "story")),
     ("api", ("__init__",)),
     ("adapters", ("adapters.*",)),
     # a machine's own commands (machines/NAME_commands.py) are here, below the command line:

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from lifecycle import MachineSpec
 from lifecycle.compiled import CompiledMachine, GuardContext, hierarchical
 from lifecycle.machines import builtins
-from lifecycle.records import Observation
+from lifecycle.results import Observation
 from lifecycle.spec import EVENTLESS
 
 SETTINGS = settings(max_examples=25, deadline=None, database=None, derandomize=True,

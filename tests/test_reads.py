@@ -24,7 +24,7 @@ from lifecycle import (
 )
 from lifecycle import verify as verify_module
 from lifecycle.cli import main
-from lifecycle.records import FireResult
+from lifecycle.results import FireResult
 from lifecycle.store import Transaction, resources
 
 TOGGLE: dict[str, Any] = {

@@ -1,4 +1,4 @@
-"""``lifecycle show`` reads on the database's own driver (``lifecycle.peek``) and takes the
+"""``lifecycle show`` reads on the database's own driver (``lifecycle.bare_read``) and takes the
 triggers from the stored spec (``lifecycle.graph.stored_triggers``); these tests hold it to
 what the engine says: the same triggers from every state of every built-in machine and of
 generated nested machines, the same output (text and --json) on the same resources on both

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from lifecycle.records import JournalEntry, Observation
+from lifecycle.results import JournalEntry, Observation
 from lifecycle.story import tell, text
 
 AT = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)

@@ -46,7 +46,7 @@ from lifecycle.adapters.tardis import (
 from lifecycle.machines import drone
 from lifecycle.machines.drone_sim import ScenarioBatch
 from lifecycle.queries import resource_id
-from lifecycle.records import DONE
+from lifecycle.results import DONE
 from lifecycle.scenario import World
 from lifecycle.store.statements import effects as effect_rows
 

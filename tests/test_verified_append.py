@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from lifecycle.files import verified_append
+from lifecycle.file_writes import verified_append
 
 RECORD = b"005 (001.000.000) 2026-05-01T00:00:00 Job terminated.\n\t(1) Normal termination\n...\n"
 OTHER = b"000 (002.000.000) 2026-05-01T00:00:01 Job submitted from host: <x>\n...\n"

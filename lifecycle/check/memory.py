@@ -26,9 +26,9 @@ from ..compiled import CompiledMachine, Decision, GuardContext
 from ..effects import Effect, EffectCall, FollowUp, as_effect
 from ..engine import fence_for, validated_data
 from ..errors import LifecycleError, PermanentError, ProbeFailed
-from ..fresh import ProbeRequest, checked_answer, run_to_end
+from ..freshness import ProbeRequest, checked_answer, run_to_end
 from ..graph import EVENTLESS
-from ..records import Observation
+from ..results import Observation
 from ..scenario import Playable, World
 from ..spec import EffectSpec
 from .moves import (

@@ -5,7 +5,7 @@
 | ``resources`` | create, fire, observe, step, update, list, history, verify |
 | ``show`` | show (read on the database's own driver where it can) |
 | ``machines`` | machines, describe, diagram, diagrams |
-| ``outbox`` | worker, stuck, retry |
+| ``effects`` | worker, stuck, retry |
 | ``sim`` | replay, simulate, demo |
 | ``check`` | check (every interleaving of a machine with its world, within bounds) |
 | ``db`` | db upgrade, downgrade, current, history |
@@ -70,12 +70,12 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     'diagrams': ('machines', 'diagrams',
              'Write diagrams/<machine>.mmd, .dot and .svg for every built-in machine, and '
              'diagrams/README.md showing each Mermaid diagram.'),
-    'worker': ('outbox', 'worker',
+    'worker': ('effects', 'worker',
              'Carry out the effects of committed transitions, and fire due timers.'),
-    'stuck': ('outbox', 'stuck',
+    'stuck': ('effects', 'stuck',
              'List the resources whose effects failed for good; `lifecycle retry KEY` resumes '
              'one.'),
-    'retry': ('outbox', 'retry',
+    'retry': ('effects', 'retry',
              "Put KEY's failed effects back in the queue, due now, with fresh attempts."),
     'replay': ('sim', 'replay',
              'Replay scenario FILES (or every *.yaml/*.yml/*.json in a directory), each on a '

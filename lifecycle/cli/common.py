@@ -33,9 +33,9 @@ from rich.console import Console
 from rich.text import Text
 
 from .. import redact
-from ..documents import DocumentError, load_json
+from ..user_documents import DocumentError, load_json
 from ..errors import LifecycleError, SpecError
-from ..values import string_problem
+from ..storable import string_problem
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -15,7 +15,7 @@ from rich.text import Text
 
 from .. import story
 from ..queries import resource_id
-from ..records import FireResult
+from ..results import FireResult
 from ..store.statements import effects as effect_rows
 from ..story import plural, time_text
 from . import layout

@@ -1,11 +1,11 @@
 """``lifecycle show``: one resource, its triggers, timers and open effects.
 
-It is read on the database's own driver (:mod:`lifecycle.peek`), the triggers from the
+It is read on the database's own driver (:mod:`lifecycle.bare_read`), the triggers from the
 spec the database stores (:func:`lifecycle.graph.stored_triggers`): the command then
 imports neither SQLAlchemy nor pydantic nor ``transitions``. Where that read cannot answer
 as the engine would, the engine answers (its imports are made then):
 
-- the read is :class:`~lifecycle.peek.Unsure` (the database is missing, at another schema
+- the read is :class:`~lifecycle.bare_read.Unsure` (the database is missing, at another schema
   revision, cannot be opened read-only, or its URL is not one it reads);
 - $LIFECYCLE_PLUGINS names modules (their guards and handlers are known only by importing
   them);
@@ -27,8 +27,8 @@ from rich.text import Text
 
 from .. import machines
 from ..graph import stored_guards, stored_triggers
-from ..peek import Unsure, peek
-from ..records import FAILED, PENDING, RUNNING, EffectRecord, Resource, TimerRecord
+from ..bare_read import Unsure, peek
+from ..results import FAILED, PENDING, RUNNING, EffectRecord, Resource, TimerRecord
 from ..story import time_text
 from . import layout
 from .common import (
@@ -92,7 +92,7 @@ def peeked(db_url: str | None, key: str) -> Shown | None:
 def by_engine(db_url: str | None, key: str) -> Shown:
     """The resource as the engine reads it: its machine loaded (the built-in one's module
     alone, and the modules of $LIFECYCLE_PLUGINS)."""
-    from ..outbox import effect_records, timer_records
+    from ..outbox_admin import effect_records, timer_records
     from ..queries import get
     from .context import make_engine, open_store
 

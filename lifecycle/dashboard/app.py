@@ -37,7 +37,7 @@ from ..logs import logger
 from ..machines.drone import payload_verdict
 from ..store.readonly import Connection, ReadOnlyDatabase, Unavailable
 from ..store.statements import dashboard as reads
-from ..values import text_problem
+from ..storable import text_problem
 from .metrics import LifecycleCollector
 
 log = logger(__name__)

@@ -13,11 +13,11 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar, cast
 
 from ..errors import ConcurrencyError, LifecycleError, StaleObservation
-from ..fresh import ProbeBatch, ProbeCall
+from ..freshness import ProbeBatch, ProbeCall
 from ..graph import EVENTLESS
-from ..records import FireResult, Observation
+from ..results import FireResult, Observation
 from ..store import Transaction
-from ..transaction import Within
+from ..within import Within
 from .checks import key_document
 from .observing import Checked
 from .outcomes import MOVED, Again, OnStale, Row, Stale, Tries, Unsure

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .. import values
+from .. import storable
 from ..errors import InvalidData, LifecycleError
 from ..graph import EVENTLESS
 from ..spec import MachineSpec
@@ -20,13 +20,13 @@ NAME_MAX = 200  # the schema's Name columns (an observation's source)
 
 def argument(value: str | None, what: str) -> None:
     """A name to look up (a machine's, a state's) is text a database can be asked about."""
-    if value is not None and (problem := values.text_problem(value, 4 * KEY_MAX)):
+    if value is not None and (problem := storable.text_problem(value, 4 * KEY_MAX)):
         raise LifecycleError(f"invalid {what} {value!r}: it {problem}")
 
 
 def looked_up(key: str) -> str:
     """``key`` (or ``MACHINE:KEY``), if it is text a database can be asked about."""
-    problem = values.text_problem(key, 2 * KEY_MAX)
+    problem = storable.text_problem(key, 2 * KEY_MAX)
     if problem is not None:
         raise LifecycleError(f"invalid key {key!r}: it {problem}")
     return key
@@ -48,8 +48,8 @@ def new_key(key: str) -> None:
 def document(machine: str | None, key: str, given: Any, what: str,
              actor: str | None = None) -> dict[str, Any]:
     """``given`` (data, a payload, a status) as a dict, if it is a JSON object that both
-    databases keep as it is (see :mod:`lifecycle.values`); ``actor`` checked too."""
-    if actor is not None and (problem := values.text_problem(actor, KEY_MAX)) is not None:
+    databases keep as it is (see :mod:`lifecycle.storable`); ``actor`` checked too."""
+    if actor is not None and (problem := storable.text_problem(actor, KEY_MAX)) is not None:
         raise InvalidData(machine or "?", key, f"actor {problem}")
     if given is None:
         return {}
@@ -57,8 +57,8 @@ def document(machine: str | None, key: str, given: Any, what: str,
         raise InvalidData(machine or "?", key,
                           f"{what} must be a JSON object, not {type(given).__name__}")
     try:
-        values.check(given, what)
-    except values.ValueProblem as exc:
+        storable.check(given, what)
+    except storable.ValueProblem as exc:
         raise InvalidData(machine or "?", key, str(exc)) from None
     return dict(given)
 
@@ -68,7 +68,7 @@ def key_document(key: str, given: Any, what: str, actor: str | None = None) -> d
     if given is None and actor is None:  # a fire without a payload: the key alone
         looked_up(key)
         return {}
-    return document(values.split_key(looked_up(key))[0], key, given, what, actor)
+    return document(storable.split_key(looked_up(key))[0], key, given, what, actor)
 
 
 def in_range(moment: dt.datetime) -> bool:

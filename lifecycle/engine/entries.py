@@ -13,7 +13,7 @@ from ..compiled import CompiledMachine
 from ..effects import PENDING
 from ..errors import InvalidData
 from ..graph import EVENTLESS
-from ..records import Observation
+from ..results import Observation
 from ..spec import Edge
 from ..store import Store
 from .outcomes import Entry

@@ -13,7 +13,7 @@ from ..clock import Clock, SystemClock
 from ..compiled import CompiledMachine, GuardContext
 from ..effects import Effect, Handler, as_effect
 from ..errors import SpecError
-from ..fresh import Probe
+from ..freshness import Probe
 from ..spec import MachineSpec, SpecSource, load_spec
 from ..store import Store
 from .checks import argument

@@ -8,10 +8,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from .. import values
+from .. import storable
 from ..errors import InvalidData, LifecycleError
 from ..logs import logger
-from ..records import Observation
+from ..results import Observation
 from ..store import Transaction
 from .checks import NAME_MAX, in_range, key_document
 from .machines import MachineRegistry
@@ -53,7 +53,7 @@ class Observing(MachineRegistry):
                             observed_at: dt.datetime | None, source: str) -> Checked:
         """An observation as it is to be recorded, or :class:`InvalidData`."""
         document = key_document(key, status, "status")
-        problem = values.text_problem(source, NAME_MAX)
+        problem = storable.text_problem(source, NAME_MAX)
         if problem is not None:
             raise InvalidData("?", key, f"source {problem}")
         recorded_at = self.clock.now()

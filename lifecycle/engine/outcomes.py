@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ..fresh import ProbeRequest
-from ..records import FireResult, Observation
+from ..freshness import ProbeRequest
+from ..results import FireResult, Observation
 from ..spec import EffectSpec
 from ..store import Pending
 from .checks import shown

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from .. import queries
 from ..errors import LifecycleError
 from ..graph import stored_triggers
-from ..records import JournalEntry, Mismatch, Observation, Resource
+from ..results import JournalEntry, Mismatch, Observation, Resource
 from ..verify import verify
 from .bulk import BulkWrites
 from .checks import argument, looked_up

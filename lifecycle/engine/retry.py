@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar, cast
 
 from ..errors import ConcurrencyError, InvalidData, ProbeFailed, StaleObservation
-from ..fresh import ProbeBatch, ProbeCall, ProbeOutcome, ProbeRequest, call_probe
+from ..freshness import ProbeBatch, ProbeCall, ProbeOutcome, ProbeRequest, call_probe
 from ..logs import logger
 from ..store import Moved, Transaction
 from .observing import Observing
@@ -39,7 +39,7 @@ class RetryLoop(Observing):
 
     def drive(self, deciding: Deciding[T]) -> T:
         """Run a sans-IO decision to its end, answering each probe call it yields by calling
-        the probe (:func:`~lifecycle.fresh.call_probe`: a thread, with ``probe_timeout``;
+        the probe (:func:`~lifecycle.freshness.call_probe`: a thread, with ``probe_timeout``;
         a batch's calls ``at_once`` at a time)."""
         outcome: Any = None
         try:

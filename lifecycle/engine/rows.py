@@ -5,16 +5,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import values
+from .. import storable
 from ..errors import AmbiguousKey, LifecycleError, UnknownResource
-from ..records import Observation, json_value, time_value
+from ..results import Observation, json_value, time_value
 from ..store import Store, Transaction
 from .outcomes import Row
 
 
 def locate(store: Store, tx: Transaction, key: str) -> Row:
     """The resource ``key`` (``MACHINE:KEY`` or a plain key) read in ``tx``."""
-    machine, plain = values.split_key(key)
+    machine, plain = storable.split_key(key)
     if machine is not None:
         tx.execute(store.sql.resource_by_machine_key, {"machine": machine, "key": plain})
     else:
@@ -45,7 +45,7 @@ def read_rows(store: Store, tx: Transaction, keys: list[str], *,
     found: dict[str, Any] = {}
     by_machine: dict[str, dict[str, str]] = {}
     for key in dict.fromkeys(keys):
-        machine, plain = values.split_key(key)
+        machine, plain = storable.split_key(key)
         if machine is not None:
             by_machine.setdefault(machine, {})[plain] = key
             continue

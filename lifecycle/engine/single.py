@@ -21,9 +21,9 @@ from ..errors import (
     UnknownTrigger,
 )
 from ..graph import EVENTLESS
-from ..records import FireResult, Resource
+from ..results import FireResult, Resource
 from ..store import Transaction
-from ..transaction import Within
+from ..within import Within
 from .checks import document, key_document, new_key, shown, validated_data
 from .entries import entered, journal_row
 from .outcomes import MOVED, STALE_TIMER, Again, Entry, OnStale, Row, Tries, unsure_or

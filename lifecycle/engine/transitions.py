@@ -12,11 +12,11 @@ from typing import Any
 from ..clock import Clock
 from ..compiled import CompiledMachine, Decision, GuardContext
 from ..errors import InvalidData, UnknownTrigger
-from ..fresh import ProbeRequest, clock_time, rule_text
+from ..freshness import ProbeRequest, clock_time, rule_text
 from ..graph import EVENTLESS
-from ..records import FireResult
+from ..results import FireResult
 from ..store import Store, Transaction
-from ..transaction import Within
+from ..within import Within
 from .checks import shown, validated_data
 from .entries import entered, fence_for, journal_row
 from .outcomes import (

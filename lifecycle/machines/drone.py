@@ -53,7 +53,7 @@ from ..adapters.sites import (
 from ..compiled import GuardContext
 from ..effects import Effect, EffectCall, FollowUp, Retry
 from ..errors import LifecycleError, SetupError
-from ..fresh import ProbeRequest
+from ..freshness import ProbeRequest
 from ..spec import MachineSpec
 from .builtin import Builtin
 from .drone_sim import ScenarioBatch, ScenarioSite

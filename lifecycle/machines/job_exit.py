@@ -56,7 +56,7 @@ from ..clock import Clock, SystemClock
 from ..compiled import GuardContext
 from ..effects import Effect, EffectCall, FollowUp, Retry
 from ..errors import LifecycleError, PermanentError
-from ..files import verified_append
+from ..file_writes import verified_append
 from ..logs import logger
 from ..spec import MachineSpec
 from .builtin import Builtin

@@ -65,7 +65,7 @@ from ..compiled import GuardContext
 from ..effects import Effect, EffectCall, FollowUp, Retry
 from ..errors import LifecycleError
 from ..logs import logger
-from ..records import FireResult, Resource
+from ..results import FireResult, Resource
 from ..spec import MachineSpec
 from . import startd_policy as policy
 from .builtin import Builtin

@@ -42,9 +42,9 @@ from ..adapters.job_queue import (
 from ..clock import SimulatedClock
 from ..effects import Effect, EffectCall, FollowUp
 from ..engine import Engine
-from ..fresh import run_to_end
+from ..freshness import run_to_end
 from ..machines import job_exit
-from ..outbox import retry_failed
+from ..outbox_admin import retry_failed
 from ..store import Store
 from ..worker_core import Pause, Start, Wait, WorkerCore, Working
 from .loop import EventLoop, Progress

@@ -12,7 +12,7 @@ from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from ..errors import DatabaseError, SchemaOutOfDate
-from ..records import json_value, time_value
+from ..results import json_value, time_value
 from ..urls import display_url, resolve_url
 from . import migrate
 from .database import (

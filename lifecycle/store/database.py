@@ -20,7 +20,7 @@ from sqlalchemy.exc import ArgumentError
 from ..errors import DatabaseError
 from ..logs import logger
 from ..urls import display_url
-from ..values import text_problem
+from ..storable import text_problem
 from .transaction import Pipelined, Transaction, register_json_text
 
 if TYPE_CHECKING:

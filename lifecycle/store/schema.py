@@ -27,7 +27,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
-from ..records import (
+from ..results import (
     CANCELLED,
     DONE,
     FAILED,

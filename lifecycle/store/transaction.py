@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from contextlib import ExitStack, suppress
 from typing import TYPE_CHECKING, Any
 
-from ..records import json_value, time_value
+from ..results import json_value, time_value
 from .schema import sqlite_time
 
 if TYPE_CHECKING:

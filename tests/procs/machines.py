@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from lifecycle import Effect, EffectCall, Engine, FollowUp, Retry, Store
-from lifecycle.files import atomic_write, verified_append
+from lifecycle.file_writes import atomic_write, verified_append
 
 # three effects in a row, each a transition's: the shape of an HTCondor job exit
 EXIT: dict[str, Any] = {

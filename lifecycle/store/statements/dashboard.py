@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import Connection, and_, false, func, select, text
 
 from ...graph import SEPARATOR
-from ...records import FAILED, PENDING, RUNNING, JournalEntry, Observation
+from ...results import FAILED, PENDING, RUNNING, JournalEntry, Observation
 from ...spec import MachineSpec
 from ..schema import (
     FENCED_WHERE,

@@ -26,7 +26,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Dialect
 
-from ...records import FAILED, OPEN, PENDING, RUNNING
+from ...results import FAILED, OPEN, PENDING, RUNNING
 from ..schema import HEADS_WHERE, journal, outbox, resources, timers
 from .compiling import Compiling, constant
 

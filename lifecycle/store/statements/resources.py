@@ -22,7 +22,7 @@ from sqlalchemy import (
 )
 
 from ...errors import AmbiguousKey, UnknownResource
-from ...records import OBSERVATION_COLUMNS, SHOWN_COLUMNS
+from ...results import OBSERVATION_COLUMNS, SHOWN_COLUMNS
 from ..schema import observations, resources, state_counts
 from .compiling import Compiling
 

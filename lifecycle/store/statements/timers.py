@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy import Connection, bindparam, func, insert, select, update
 
-from ...records import CANCELLED, FIRED, PENDING, REFUSED
+from ...results import CANCELLED, FIRED, PENDING, REFUSED
 from ..schema import resources, timers
 from .compiling import Compiling, constant
 

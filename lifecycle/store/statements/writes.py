@@ -16,7 +16,7 @@ separate statements, :meth:`lifecycle.store.Transaction.write`: it has no round 
 
 from __future__ import annotations
 
-from ...records import CANCELLED, OPEN, PENDING
+from ...results import CANCELLED, OPEN, PENDING
 from ..schema import journal, observations, outbox, resources, timers
 from .compiling import Compiling
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .records import FireResult
+from .results import FireResult
 
 if TYPE_CHECKING:
     from .store import Transaction

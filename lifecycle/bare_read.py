@@ -7,7 +7,7 @@ The database is opened for reading only (SQLite: ``mode=ro`` through the standar
 snapshot: the schema revision (it must be the code's head, :mod:`lifecycle.revisions`), the
 resource with its newest observation, the spec its machine runs under now (as the database
 stores it), and its timers and effects of the statuses asked for. Rows become records
-through the same conversions as the store's reads (:mod:`lifecycle.records`).
+through the same conversions as the store's reads (:mod:`lifecycle.results`).
 
 Whatever this read cannot answer exactly as the store would (a URL it does not read itself,
 a database it cannot open read-only, one at another revision or missing, a driver's error)
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import AmbiguousKey, UnknownResource
-from .records import (
+from .results import (
     OBSERVATION_COLUMNS,
     SHOWN_COLUMNS,
     EffectRecord,
@@ -36,7 +36,7 @@ from .records import (
 )
 from .revisions import VERSION_TABLE, core_revision, head_revision
 from .urls import resolve_url
-from .values import asked_key
+from .storable import asked_key
 
 
 class Unsure(Exception):

@@ -1,6 +1,6 @@
 """What the engine hands back: resources, journal rows, observations, fire results, the
 outbox's effects and timers; and how the database's values become them (the same for the
-store's reads and for a read on the bare driver, :mod:`lifecycle.peek`)."""
+store's reads and for a read on the bare driver, :mod:`lifecycle.bare_read`)."""
 
 from __future__ import annotations
 

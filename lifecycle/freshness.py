@@ -23,7 +23,7 @@ from typing import Any, cast
 
 from .errors import ProbeFailed
 from .logs import logger
-from .records import Observation
+from .results import Observation
 from .spec import Freshness
 
 log = logger(__name__)

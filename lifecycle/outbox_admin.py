@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from .engine import Engine
 from .queries import resource_id
-from .records import EffectRecord, TimerRecord
+from .results import EffectRecord, TimerRecord
 from .store.statements import effects as effect_rows
 
 

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from ..effects import FAILED, PENDING, RUNNING
 from ..machines import builtins
-from ..outbox import effect_records, outbox_counts, retry_failed, unhandled
+from ..outbox_admin import effect_records, outbox_counts, retry_failed, unhandled
 from ..story import plural, time_text
 from ..worker import DEFAULT_LEASE, HeldClaims, Worker, WorkerStats
 from .common import (
