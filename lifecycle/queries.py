@@ -9,10 +9,10 @@ from . import storable
 from .errors import AmbiguousKey, LifecycleError, UnknownResource
 from .graph import SEPARATOR
 from .results import JournalEntry, Observation, Resource, shown_resource
+from .storable import LONGEST_KEY, split_key
 from .store import Store
 from .store.statements import journal as journal_rows
 from .store.statements import resources as resource_rows
-from .storable import LONGEST_KEY, split_key
 
 
 def _observation(row: Any, prefix: str = "o_") -> Observation | None:

@@ -17,8 +17,8 @@ from lifecycle import (
     SimulatedClock,
     SpecError,
     Store,
-    documents,
     load_spec,
+    user_documents,
 )
 from lifecycle.scenario import load as load_scenario
 
@@ -61,7 +61,7 @@ def test_states_named_on_and_off_are_strings(tmp_path: Path) -> None:
 
 def test_yaml_numbers_follow_yaml_1_2(tmp_path: Path) -> None:
     path = write(tmp_path, "a: 012\nb: 0o17\nc: 0x1f\nd: 1:20\ne: 1.5e3\nf: null\ng: True\n")
-    assert documents.load_yaml(path.read_text(), str(path)) == {
+    assert user_documents.load_yaml(path.read_text(), str(path)) == {
         "a": 12, "b": 15, "c": 31, "d": "1:20", "e": 1500.0, "f": None, "g": True}
 
 
@@ -86,7 +86,7 @@ def test_duplicate_json_keys_are_refused(tmp_path: Path) -> None:
     ("name: x\n".encode("utf-16"), "not UTF-8 text (byte 0xff at offset 0)"),
     (b"name: caf\xe9\n", "not UTF-8 text (byte 0xe9 at offset 9)"),
     (b"\x00\x01\x02binary", "contains NUL characters"),
-    (b"a: " + b"b" * (documents.MAX_BYTES + 10), "larger than 4 MiB"),
+    (b"a: " + b"b" * (user_documents.MAX_BYTES + 10), "larger than 4 MiB"),
 ])
 def test_files_that_are_not_small_utf8_text(tmp_path: Path, content: bytes,
                                              expected: str) -> None:
@@ -107,7 +107,7 @@ def test_a_utf8_byte_order_mark_is_fine(tmp_path: Path) -> None:
 def test_deep_nesting_is_refused(tmp_path: Path, name: str) -> None:
     depth = 100_000
     [problem] = problems(write(tmp_path, "[" * depth + "]" * depth, name))
-    assert f"nested deeper than {documents.MAX_DEPTH} levels" in problem
+    assert f"nested deeper than {user_documents.MAX_DEPTH} levels" in problem
 
 
 def test_an_alias_bomb_is_refused_quickly(tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ from lifecycle import (
     SpecError,
     Store,
     redact,
-    values,
+    storable,
 )
 from lifecycle.adapters.smtp import MailConfigError, SmtpMailer, SmtpServer, build_message
 from lifecycle.errors import DatabaseError, PermanentError, SchemaOutOfDate
@@ -53,24 +53,24 @@ BAD_VALUES = [
 @pytest.mark.parametrize(("document", "path", "reason"), BAD_VALUES)
 def test_a_value_the_store_cannot_keep_is_named_by_its_path(document: Any, path: str,
                                                             reason: str) -> None:
-    with pytest.raises(values.ValueProblem) as refused:
-        values.check(document, "data")
+    with pytest.raises(storable.ValueProblem) as refused:
+        storable.check(document, "data")
     assert refused.value.path == path
     assert reason in refused.value.reason
 
 
 def test_the_limits_are_where_the_documentation_says() -> None:
-    values.check({"a": [2**63 - 1, -(2**63), 1e308, -0.0, True, None, "é\n\t"]}, "data")
+    storable.check({"a": [2**63 - 1, -(2**63), 1e308, -0.0, True, None, "é\n\t"]}, "data")
     nested: Any = 1
-    for _ in range(values.MAX_DEPTH):
+    for _ in range(storable.MAX_DEPTH):
         nested = [nested]
-    values.check(nested, "data")  # 64 levels
-    with pytest.raises(values.ValueProblem, match="nested deeper than 64 levels"):
-        values.check([nested], "data")
-    with pytest.raises(values.ValueProblem, match="more than 100,000 values"):
-        values.check(list(range(values.MAX_VALUES)), "data")
-    with pytest.raises(values.ValueProblem, match="characters of text"):
-        values.check({"a": "x" * (values.MAX_TEXT + 1)}, "data")
+    storable.check(nested, "data")  # 64 levels
+    with pytest.raises(storable.ValueProblem, match="nested deeper than 64 levels"):
+        storable.check([nested], "data")
+    with pytest.raises(storable.ValueProblem, match="more than 100,000 values"):
+        storable.check(list(range(storable.MAX_VALUES)), "data")
+    with pytest.raises(storable.ValueProblem, match="characters of text"):
+        storable.check({"a": "x" * (storable.MAX_TEXT + 1)}, "data")
 
 
 # -- data, payloads, observations, probe answers, on both databases --------------------------

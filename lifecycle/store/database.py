@@ -19,8 +19,8 @@ from sqlalchemy.exc import ArgumentError
 
 from ..errors import DatabaseError
 from ..logs import logger
-from ..urls import display_url
 from ..storable import text_problem
+from ..urls import display_url
 from .transaction import Pipelined, Transaction, register_json_text
 
 if TYPE_CHECKING:
