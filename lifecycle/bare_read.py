@@ -35,8 +35,8 @@ from .results import (
     shown_resource,
 )
 from .revisions import VERSION_TABLE, core_revision, head_revision
-from .urls import resolve_url
 from .storable import asked_key
+from .urls import resolve_url
 
 
 class Unsure(Exception):

@@ -39,7 +39,6 @@ from typing import Any, Protocol
 import yaml
 
 from .clock import SimulatedClock
-from .user_documents import DocumentError, compose_yaml, load_yaml, read_text
 from .effects import EffectCall
 from .engine import Engine
 from .errors import LifecycleError, ScenarioError
@@ -49,6 +48,7 @@ from .spec import MachineSpec, load_spec, suggest
 from .store import Store
 from .store.statements import effects as effect_rows
 from .store.statements import timers as timer_rows
+from .user_documents import DocumentError, compose_yaml, load_yaml, read_text
 from .worker import Worker
 
 STEP_KINDS = ("create", "advance", "observe", "world", "update", "step", "fire", "expect",

@@ -21,10 +21,10 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from . import storable
-from .user_documents import DocumentError, load_json, load_yaml, read_text
 from .errors import Problem, SpecError
 from .graph import ANY, EVENTLESS, SEPARATOR, StateGraph, sources
 from .graph import NAME as _NAME
+from .user_documents import DocumentError, load_json, load_yaml, read_text
 
 _TRIGGER = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 _RESERVED_TRIGGERS = frozenset({"trigger", "state", "step"})

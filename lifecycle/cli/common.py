@@ -33,9 +33,9 @@ from rich.console import Console
 from rich.text import Text
 
 from .. import redact
-from ..user_documents import DocumentError, load_json
 from ..errors import LifecycleError, SpecError
 from ..storable import string_problem
+from ..user_documents import DocumentError, load_json
 
 F = TypeVar("F", bound=Callable[..., Any])
 

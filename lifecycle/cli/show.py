@@ -26,8 +26,8 @@ from rich.table import Table
 from rich.text import Text
 
 from .. import machines
-from ..graph import stored_guards, stored_triggers
 from ..bare_read import Unsure, peek
+from ..graph import stored_guards, stored_triggers
 from ..results import FAILED, PENDING, RUNNING, EffectRecord, Resource, TimerRecord
 from ..story import time_text
 from . import layout

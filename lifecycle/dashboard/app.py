@@ -35,9 +35,9 @@ from ..clock import Clock, SystemClock
 from ..errors import LifecycleError
 from ..logs import logger
 from ..machines.drone import payload_verdict
+from ..storable import text_problem
 from ..store.readonly import Connection, ReadOnlyDatabase, Unavailable
 from ..store.statements import dashboard as reads
-from ..storable import text_problem
 from .metrics import LifecycleCollector
 
 log = logger(__name__)
