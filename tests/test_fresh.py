@@ -448,9 +448,9 @@ def test_a_probe_whose_calls_all_hang_is_refused_as_saturated(store: Store,
     finally:
         release.set()
     deadline = time.monotonic() + 30
-    from lifecycle import fresh
+    from lifecycle import freshness
 
-    while fresh._hung.get("saturating"):  # the hung calls return, and the count with them
+    while freshness._hung.get("saturating"):  # the hung calls return, and the count with them
         assert time.monotonic() < deadline
         time.sleep(0.01)
     clock.advance(1)

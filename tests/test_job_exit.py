@@ -40,7 +40,7 @@ from lifecycle import (
     Store,
     Worker,
     effect_records,
-    files,
+    file_writes,
     outbox_counts,
     retry_failed,
 )
@@ -1157,24 +1157,24 @@ def test_the_verified_append_reads_only_the_bytes_it_compares(
             read.append(len(data))
             return data
 
-    monkeypatch.setattr(files, "open", lambda *a, **k: Counting(real_open(*a, **k)),
+    monkeypatch.setattr(file_writes, "open", lambda *a, **k: Counting(real_open(*a, **k)),
                         raising=False)
     log = tmp_path / "shared.log"
     record = b"005 (042.000.000) 2026-12-02 10:01:00 Job terminated.\n...\n"
     log.write_bytes(b"000 (001.000.000) ...\n...\n" + record + b"x" * (4 << 20))
     call = _Progress({"userlog": 26})  # an earlier attempt wrote the record at 26
-    assert files.verified_append(call, log, record, name="userlog") is False  # type: ignore[arg-type]
+    assert file_writes.verified_append(call, log, record, name="userlog") is False  # type: ignore[arg-type]
     assert sum(read) == len(record)
     read.clear()
     # at 0 there is something else, but the record is further down (the log was rewritten
     # since): found by reading the file once, no further, and not appended again
     other = _Progress({"userlog": 0})
-    assert files.verified_append(other, log, record, name="userlog") is False  # type: ignore[arg-type]
+    assert file_writes.verified_append(other, log, record, name="userlog") is False  # type: ignore[arg-type]
     assert sum(read) <= len(record) + log.stat().st_size
     assert log.read_bytes().count(record) == 1
     read.clear()
     fresh = record.replace(b"042.000.000", b"043.000.000")   # a record the file lacks
-    assert files.verified_append(_Progress({"userlog": 0}), log, fresh, name="userlog")  # type: ignore[arg-type]
+    assert file_writes.verified_append(_Progress({"userlog": 0}), log, fresh, name="userlog")  # type: ignore[arg-type]
     assert sum(read) <= len(fresh) + log.stat().st_size
     assert log.read_bytes().endswith(b"x" * 100 + fresh)
 
@@ -1184,12 +1184,12 @@ def test_a_retry_on_dev_full_fails_at_once_instead_of_reading_without_end(tmp_pa
         pytest.skip("no /dev/full here")
     program = (
         "import sys\n"
-        "from lifecycle import files\n"
+        "from lifecycle.file_writes import verified_append\n"
         "class Call:\n"
         "    progress = {'userlog': 0}\n"
         "    def save_progress(self, values): self.progress.update(values)\n"
         "try:\n"
-        "    files.verified_append(Call(), '/dev/full', b'005 ...\\n...\\n', name='userlog')\n"
+        "    verified_append(Call(), '/dev/full', b'005 ...\\n...\\n', name='userlog')\n"
         "except OSError as exc:\n"
         "    print(exc.strerror)\n")
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
