@@ -295,3 +295,18 @@ def test_the_class_rule_sees_a_violation() -> None:
     assert [(cls, line, e) for cls, line, e in private_uses(ast.parse(source))] == [
         ("Driver", 3, "core._queue"), ("Driver", 4, "super()._settle"),
         (None, 6, "worker._running")]
+
+
+def test_architecture_draws_the_same_layers() -> None:
+    """ARCHITECTURE.md's table of layers names the modules LAYERS does, layer by layer, in
+    order (``store/`` for a package), so a module given a layer here is drawn there too."""
+    drawn = []
+    for line in (PACKAGE.parent / "ARCHITECTURE.md").read_text().splitlines():
+        cells = [cell.strip() for cell in line.split("|")]
+        if len(cells) > 3 and cells[1].isidentifier() and cells[2].startswith("`"):
+            names = {name.strip("`").removesuffix("/") for name in cells[2].split(", ")}
+            drawn.append((cells[1], names))
+    listed = [(layer, {p.removesuffix(".*") for p in patterns
+                       if p.removesuffix(".*").partition(".")[0] == p.removesuffix(".*")})
+              for layer, patterns in LAYERS]
+    assert drawn == listed
