@@ -34,7 +34,7 @@ from typing import Any, Literal, ParamSpec, TypeVar
 from .clock import Clock
 from .effects import Effect, EffectCall, Handler
 from .engine import Deciding, Engine, Guard, OnStale, SpecFor
-from .errors import LifecycleError, RetryableError
+from .errors import InvalidInput, LifecycleError, RetryableError
 from .freshness import Probe, ProbeCall, ProbeOutcome, await_probe, is_async
 from .logs import logger
 from .results import FireResult, JournalEntry, Mismatch, Observation, Resource
@@ -228,7 +228,7 @@ class AsyncEngine:
         """Every resource, a page at a time, as :meth:`Engine.iter_resources` (each page
         read off the event loop)."""
         if isinstance(page, bool) or not isinstance(page, int) or page < 1:
-            raise LifecycleError(f"invalid page {page!r}: a whole number, 1 or more")
+            raise InvalidInput(f"invalid page {page!r}: a whole number, 1 or more")
         while True:
             found = await self.resources(machine, state, limit=page, after=after)
             for resource in found:

@@ -3,17 +3,18 @@ to do.
 
 - :class:`NotFound` (also a ``LookupError``): a machine, resource, trigger or state that
   does not exist;
-- :class:`InvalidInput` (also a ``ValueError``): a spec, data, a payload, a key or a scenario
-  that is not what lifecycle accepts;
+- :class:`InvalidInput` (also a ``ValueError``): a spec, data, a payload, a key, a page, a
+  setting or a scenario that is not what lifecycle accepts;
 - :class:`Conflict`: the request met a state that refuses it: the resource exists already,
-  another writer kept winning, the observation was not fresh, the effect's claim was lost;
+  another writer kept winning, the observation was not fresh, the effect's claim was lost
+  (and the startd's ``ClaimRefused``);
 - :class:`StorageError`: the database could not be reached, refused, or is at another
   revision;
 - :class:`EffectError`: raised by an effect handler (retry, or give up);
 - :class:`OutsideError`: the world outside could not be asked, or answered badly (a probe,
   and the adapters' ``SiteError``);
-- :class:`SetupError`: something this process was not given or cannot find (a guard, a
-  renderer, mail settings).
+- :class:`SetupError`: something this process was not given, or cannot find or use (a
+  guard, a renderer, mail settings, a plugin module, a port, a file to write).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class OutsideError(LifecycleError):
 
 
 class SetupError(LifecycleError):
-    """Something this process was not given, or cannot find."""
+    """Something this process was not given, or cannot find or use."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import storable
-from .errors import AmbiguousKey, LifecycleError, UnknownResource
+from .errors import AmbiguousKey, InvalidInput, UnknownResource
 from .graph import SEPARATOR
 from .results import JournalEntry, Observation, Resource, shown_resource
 from .storable import LONGEST_KEY, split_key
@@ -75,11 +75,11 @@ def position(after: str, machine: str | None) -> tuple[str, str]:
     ``machine``. It need not name a resource that exists (one deleted since is fine)."""
     problem = storable.text_problem(after, LONGEST_KEY)
     if problem is not None:
-        raise LifecycleError(f"invalid position {after!r}: it {problem}")
+        raise InvalidInput(f"invalid position {after!r}: it {problem}")
     owner, key = split_key(after)
     if owner is None:
         if machine is None:
-            raise LifecycleError(f"invalid position {after!r}: without a machine, a page "
+            raise InvalidInput(f"invalid position {after!r}: without a machine, a page "
                                  "starts after MACHINE:KEY")
         owner = machine
     return owner, key

@@ -34,7 +34,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from .errors import LifecycleError
+from .errors import InvalidInput
 
 MAX_DEPTH = 64
 MAX_VALUES = 100_000
@@ -180,5 +180,5 @@ def asked_key(key: str) -> tuple[str | None, str]:
     asked about (PostgreSQL refuses a NUL): checked before any database is asked."""
     problem = text_problem(key, LONGEST_KEY)
     if problem is not None:
-        raise LifecycleError(f"invalid key {key!r}: it {problem}")
+        raise InvalidInput(f"invalid key {key!r}: it {problem}")
     return split_key(key)

@@ -38,8 +38,10 @@ def test_every_public_name_imports_and_is_listed() -> None:
     for name in lifecycle.__all__:
         assert getattr(lifecycle, name) is not None
         assert name in dir(lifecycle)
-    with pytest.raises(AttributeError, match="no attribute 'ProbeBatch'"):
-        lifecycle.ProbeBatch  # noqa: B018  (sans-IO plumbing is not the API)
+    for plumbing in ("ProbeCall", "ProbeBatch"):   # sans-IO plumbing is not the API
+        assert plumbing not in lifecycle.__all__ and plumbing not in dir(lifecycle)
+        with pytest.raises(AttributeError, match=f"no attribute '{plumbing}'"):
+            getattr(lifecycle, plumbing)
 
 
 GROUPS = {
@@ -67,12 +69,16 @@ def test_every_public_exception_is_in_one_group_by_cause() -> None:
     assert all(issubclass(cls, errors.LifecycleError) for cls in exceptions.values())
 
 
-def test_the_adapters_errors_are_in_their_groups() -> None:
+def test_the_adapters_and_machines_errors_are_in_their_groups() -> None:
     from lifecycle.adapters.sites import SiteError
     from lifecycle.adapters.smtp import MailConfigError
+    from lifecycle.machines.startd import ClaimRefused
 
     assert issubclass(SiteError, errors.OutsideError)
     assert issubclass(MailConfigError, errors.SetupError)
+    assert issubclass(ClaimRefused, errors.Conflict)
+    for name in ("SiteError", "MailConfigError"):   # defined where they are raised
+        assert not hasattr(errors, name) and name not in lifecycle.__all__
 
 
 def test_the_groups_are_also_the_builtin_kinds_a_caller_catches() -> None:
@@ -80,3 +86,41 @@ def test_the_groups_are_also_the_builtin_kinds_a_caller_catches() -> None:
     assert issubclass(lifecycle.InvalidData, ValueError)
     assert issubclass(lifecycle.SpecError, ValueError)
     assert not issubclass(lifecycle.ConcurrencyError, ValueError)
+
+
+TOGGLE = {"name": "toggle", "states": ["off", "on"], "initial": "off", "final": ["on"],
+          "transitions": [{"trigger": "flip", "source": "off", "dest": "on"}]}
+
+
+def test_invalid_arguments_are_invalid_input_hence_value_errors(sqlite_url: str) -> None:
+    """A caller's bad argument is an ``InvalidInput`` (a ``ValueError``), raised before any
+    database is asked, whichever of the API's doors it came through."""
+    import asyncio
+
+    from lifecycle.machines.job_exit import settings_from_environment
+
+    store = lifecycle.Store(sqlite_url)
+    try:
+        engine = lifecycle.Engine(store, [TOGGLE])
+        aengine = lifecycle.AsyncEngine(store, [TOGGLE])
+
+        async def pages() -> list[lifecycle.Resource]:
+            return [r async for r in aengine.iter_resources(page=0)]
+
+        bad = {
+            "a page after a plain key": (lambda: engine.resources(limit=5, after="plain"),
+                                         "without a machine, a page starts after MACHINE:KEY"),
+            "a position with a NUL": (lambda: engine.resources(limit=5, after="toggle:a\x00"),
+                                      "invalid position"),
+            "a key with a NUL": (lambda: engine.get("toggle:a\x00"), "invalid key"),
+            "a key too long": (lambda: engine.get("k" * 600), "invalid key"),
+            "an async page of 0": (lambda: asyncio.run(pages()), "invalid page 0"),
+            "a job exit setting": (lambda: settings_from_environment(
+                {"LIFECYCLE_EMAIL_DOMAIN": "not a domain"}), "is not a domain name"),
+        }
+        for what, (call, message) in bad.items():
+            with pytest.raises(lifecycle.InvalidInput, match=message) as raised:
+                call()
+            assert isinstance(raised.value, ValueError), what
+    finally:
+        store.dispose()

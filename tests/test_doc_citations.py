@@ -1,5 +1,5 @@
-"""Every test the documentation cites (``test_file.py::test_name``) exists: a renamed test
-must take its citations along."""
+"""Every test the documentation cites (``test_file.py::test_name``, or a test file alone,
+``tests/test_file.py``) exists: a renamed test must take its citations along."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CITATION = re.compile(r"(test_\w+\.py)::(test_\w+)")
+FILE = re.compile(r"\b(test_\w+\.py)\b")
 
 
 def _pages() -> list[Path]:
@@ -34,3 +35,12 @@ def test_every_cited_test_exists() -> None:
         if name not in defined[module]:
             missing.append(f"{page}: {module}::{name}")
     assert missing == [], "cited tests that do not exist:\n" + "\n".join(missing)
+
+
+def test_every_cited_test_file_exists() -> None:
+    cited = {(page.relative_to(ROOT), module) for page in _pages()
+             for module in FILE.findall(page.read_text())}
+    assert len({module for _, module in cited}) > 20, "the citations were not found"
+    missing = sorted(f"{page}: {module}" for page, module in cited
+                     if not (ROOT / "tests" / module).exists())
+    assert missing == [], "cited test files that do not exist:\n" + "\n".join(missing)

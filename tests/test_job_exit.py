@@ -1184,13 +1184,12 @@ def test_a_retry_on_dev_full_fails_at_once_instead_of_reading_without_end(tmp_pa
         pytest.skip("no /dev/full here")
     program = (
         "import sys\n"
-        "from lifecycle import file_writes\n"
+        "from lifecycle.file_writes import verified_append\n"
         "class Call:\n"
         "    progress = {'userlog': 0}\n"
         "    def save_progress(self, values): self.progress.update(values)\n"
         "try:\n"
-        "    file_writes.verified_append(Call(), '/dev/full', b'005 ...\\n...\\n',\n"
-        "                                name='userlog')\n"
+        "    verified_append(Call(), '/dev/full', b'005 ...\\n...\\n', name='userlog')\n"
         "except OSError as exc:\n"
         "    print(exc.strerror)\n")
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,

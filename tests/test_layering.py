@@ -1,7 +1,8 @@
 """The house rules, read from the source: every module sits in a layer and imports only from
 its own layer or those below; no module imports another in a circle; no private name is used
 across modules; no function of the core runs over 60 lines; SQL is built only in the store
-(no module outside ``lifecycle/store/`` and ``migrations/`` imports SQLAlchemy).
+(no file of lifecycle/ outside ``store/`` and the machines' migration branches,
+``machines/_migrations/``, imports SQLAlchemy; the core's ``migrations/`` is not in lifecycle/).
 
 The layers, lowest first (ARCHITECTURE.md draws them):
 """
@@ -187,24 +188,37 @@ def test_no_long_function_in_the_core() -> None:
                       + "\n".join(long))
 
 
-def sqlalchemy_imports() -> Iterator[str]:
-    for name, path in MODULES.items():
-        if name == "store" or name.startswith("store."):
-            continue
+SQLALCHEMY_ALLOWED = (("store",), ("machines", "_migrations"))
+"""Where lifecycle/ may import SQLAlchemy: the store, and the machines' branches of Alembic
+revisions (``machines/_migrations/NAME/``, migrations like the core's ``migrations/`` beside
+the package, which is not lifecycle/ and so not read here)."""
+
+
+def sqlalchemy_imports() -> Iterator[tuple[Path, int, str]]:
+    """(file, line, module) of every SQLAlchemy import in lifecycle/, every ``.py`` file read
+    (the migration branches too, which the layer rules skip: they are no modules)."""
+    for path in sorted(PACKAGE.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             modules = ([node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
                        else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
             for module in modules:
                 if module == "sqlalchemy" or module.startswith("sqlalchemy."):
-                    yield f"lifecycle/{path.relative_to(PACKAGE)}:{node.lineno}: {module}"
+                    yield path, node.lineno, module
+
+
+def sqlalchemy_allowed(path: Path) -> bool:
+    parts = path.relative_to(PACKAGE).parts
+    return any(parts[:len(allowed)] == allowed for allowed in SQLALCHEMY_ALLOWED)
 
 
 def test_sql_is_built_only_in_the_store() -> None:
     """Every statement lifecycle runs is in ``lifecycle/store/`` (one module per table in
-    ``store/statements/``): the answer to "what touches this table?" is one file."""
-    found = list(sqlalchemy_imports())
-    assert not found, ("SQLAlchemy imported outside lifecycle/store/ (put the statement in "
-                       "lifecycle/store/statements/):\n" + "\n".join(found))
+    ``store/statements/``): the answer to "what touches this table?" is one file. Migrations
+    (a machine's branch in ``machines/_migrations/``) build their tables with SQLAlchemy."""
+    found = [f"lifecycle/{path.relative_to(PACKAGE)}:{line}: {module}"
+             for path, line, module in sqlalchemy_imports() if not sqlalchemy_allowed(path)]
+    assert not found, ("SQLAlchemy imported outside lifecycle/store/ and the migrations (put "
+                       "the statement in lifecycle/store/statements/):\n" + "\n".join(found))
 
 
 def test_the_rules_see_what_they_check() -> None:
@@ -215,10 +229,15 @@ def test_the_rules_see_what_they_check() -> None:
     assert ("engine.reads", "queries") in found  # `from .. import queries`
     assert ("engine.single", "engine.transitions") in found
     assert layer_of("machines.drone") > layer_of("engine")
-    # the SQLAlchemy reader sees the store's own imports when it is not told to skip them
-    store_imports = [node for node in ast.walk(ast.parse(MODULES["store"].read_text()))
-                     if isinstance(node, ast.ImportFrom) and node.module == "sqlalchemy"]
-    assert store_imports
+    # the SQLAlchemy reader sees the imports it allows, in the store and in a machine's
+    # migration branch, and allows no other place of lifecycle/
+    allowed = {path.relative_to(PACKAGE).parts[:2] for path, _, _ in sqlalchemy_imports()}
+    assert {("store", "schema.py"), ("machines", "_migrations")} <= allowed
+    assert all(sqlalchemy_allowed(PACKAGE / "store" / p) for p in ("schema.py", "a/b.py"))
+    assert sqlalchemy_allowed(PACKAGE / "machines" / "_migrations" / "job_exit" / "x_0001.py")
+    for elsewhere in ("queries.py", "machines/job_exit.py", "cli/db.py", "migrations/x.py",
+                      "storey/x.py", "machines/_migrationsx/x.py"):
+        assert not sqlalchemy_allowed(PACKAGE / elsewhere), elsewhere
 
 
 OTHERS_PRIVATE_NAMES = {
@@ -276,3 +295,18 @@ def test_the_class_rule_sees_a_violation() -> None:
     assert [(cls, line, e) for cls, line, e in private_uses(ast.parse(source))] == [
         ("Driver", 3, "core._queue"), ("Driver", 4, "super()._settle"),
         (None, 6, "worker._running")]
+
+
+def test_architecture_draws_the_same_layers() -> None:
+    """ARCHITECTURE.md's table of layers names the modules LAYERS does, layer by layer, in
+    order (``store/`` for a package), so a module given a layer here is drawn there too."""
+    drawn = []
+    for line in (PACKAGE.parent / "ARCHITECTURE.md").read_text().splitlines():
+        cells = [cell.strip() for cell in line.split("|")]
+        if len(cells) > 3 and cells[1].isidentifier() and cells[2].startswith("`"):
+            names = {name.strip("`").removesuffix("/") for name in cells[2].split(", ")}
+            drawn.append((cells[1], names))
+    listed = [(layer, {p.removesuffix(".*") for p in patterns
+                       if p.removesuffix(".*").partition(".")[0] == p.removesuffix(".*")})
+              for layer, patterns in LAYERS]
+    assert drawn == listed

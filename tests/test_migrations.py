@@ -235,7 +235,7 @@ def test_the_dashboard_and_show_read_the_core_revision_beside_a_branch(
     """The version table's row of job_exit's branch is not the core's revision: the
     dashboard's read-only store and `lifecycle show`'s read on the bare driver take the
     database for current, and one at another core revision for another."""
-    from lifecycle import bare_read
+    from lifecycle.bare_read import Unsure, peek
     from lifecycle.store.readonly import ReadOnlyDatabase, Unavailable
 
     store = Store(empty_db_url, upgrade=True, branches=[MIGRATIONS])
@@ -244,13 +244,12 @@ def test_the_dashboard_and_show_read_the_core_revision_beside_a_branch(
     try:
         with dashboard.read():
             pass
-        found = bare_read.peek(empty_db_url, "x", ["pending"], ["pending"])
-        assert found.resource.machine == "toggle"
+        assert peek(empty_db_url, "x", ["pending"], ["pending"]).resource.machine == "toggle"
         store.downgrade("head-1")
         with pytest.raises(Unavailable, match="not " + migrate.head_revision()), \
                 dashboard.read():
             pass
-        with pytest.raises(bare_read.Unsure):
-            bare_read.peek(empty_db_url, "x", ["pending"], ["pending"])
+        with pytest.raises(Unsure):
+            peek(empty_db_url, "x", ["pending"], ["pending"])
     finally:
         dashboard.dispose()

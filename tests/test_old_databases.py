@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -87,7 +88,9 @@ def test_a_database_written_at_0001_verifies_after_upgrade_and_a_fire(
 # ids across resources, the spacing of the spec's JSON and the state counts' rows, which
 # add up the same); the spec documents and versions are copied from its lifecycle_specs.
 
-EARLIER = [revision for revision, _, _ in migrate.revisions()][:-1]
+EARLIER = [revision for revision, _, _ in migrate.revisions()]
+"""Every core revision, each without job_exit's branch: the head's too, as the code
+wrote it before the machines had branches of their own."""
 OBSERVATIONS, OUTBOX, QUEUE, CLAIMANTS, HEADS = 2, 3, 4, 6, 7
 """The revisions that brought observations, effects and timers, job_exit's job queue
 (before it had a branch of its own), claimants, queue heads."""
@@ -359,3 +362,11 @@ def test_a_database_written_at_each_earlier_revision_upgrades_fires_and_verifies
         assert engine.counts("old") == {"old": counted}
     finally:
         store.dispose()
+
+
+def test_the_earlier_databases_cover_job_exits_branch_too() -> None:
+    """Each database above is upgraded from the branch's absence to its one revision; a second
+    revision of the branch would need databases at the first here too."""
+    assert sorted(p.stem for p in Path(MIGRATIONS).glob("*.py")) == [
+        migrate.branch_head(MIGRATIONS)]
+    assert EARLIER[-1] == migrate.head_revision()   # the core's head, written without it

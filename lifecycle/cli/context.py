@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from ..engine import Engine
-from ..errors import LifecycleError, SetupError, UnknownMachine
+from ..errors import SetupError, UnknownMachine
 from ..machines import builtin, builtins
 from ..spec import MachineSpec, load_spec
 from ..store import Store
@@ -95,18 +95,18 @@ def plugins() -> list[Any]:
         except ModuleNotFoundError as exc:
             if exc.name is not None and name != exc.name and not name.startswith(
                     exc.name + "."):
-                raise LifecycleError(f"{PLUGINS_VARIABLE}: module {name!r} imports "
+                raise SetupError(f"{PLUGINS_VARIABLE}: module {name!r} imports "
                                      f"{exc.name!r}, which is not installed") from None
-            raise LifecycleError(
+            raise SetupError(
                 f"{PLUGINS_VARIABLE}: no module {name!r} (looked in the current directory "
                 f"{os.getcwd()!r} and the installed packages; is it {name}.py?)") from None
         except Exception as exc:
-            raise LifecycleError(f"{PLUGINS_VARIABLE}: module {name!r} failed to import: "
+            raise SetupError(f"{PLUGINS_VARIABLE}: module {name!r} failed to import: "
                                  f"{type(exc).__name__}: {exc}{_where(exc)}") from None
         for attribute in ("guards", "effects", "probes"):
             value = getattr(module, attribute, None)
             if value is not None and not isinstance(value, Mapping):
-                raise LifecycleError(
+                raise SetupError(
                     f"{PLUGINS_VARIABLE}: module {name!r} defines {attribute} as "
                     f"{type(value).__name__}; it must be a dict of name -> function")
         modules.append(module)

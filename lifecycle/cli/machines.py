@@ -14,7 +14,7 @@ import click
 from rich.text import Text
 
 from ..engine import Engine
-from ..errors import LifecycleError
+from ..errors import SetupError
 from ..machines import builtins
 from ..render import (
     EVENTLESS_COLOR,
@@ -237,7 +237,7 @@ def _write(path: Path, text: str) -> None:
     try:
         path.write_text(text, encoding="utf-8")
     except OSError as exc:
-        raise LifecycleError(f"cannot write {path}: {exc.strerror}") from None
+        raise SetupError(f"cannot write {path}: {exc.strerror}") from None
 
 
 # -- the checked-in diagrams of the built-in machines ---------------------------------------

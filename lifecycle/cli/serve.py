@@ -9,14 +9,14 @@ import socket
 
 import click
 
-from ..errors import LifecycleError
+from ..errors import SetupError
 from .common import db_option, err, escape, out
 
 SERVE_EXTRA = "pip install 'lifecycle-fsm[serve]'"
 
 
-def needs_serve_extra(exc: ModuleNotFoundError) -> LifecycleError:
-    return LifecycleError(f"this needs the serve extra ({exc.name} is not installed): "
+def needs_serve_extra(exc: ModuleNotFoundError) -> SetupError:
+    return SetupError(f"this needs the serve extra ({exc.name} is not installed): "
                           f"{SERVE_EXTRA}")
 
 
@@ -53,7 +53,7 @@ def serve(host: str, port: int, db_url: str | None) -> None:
 
 
 def _listen(host: str, port: int) -> socket.socket:
-    """A socket listening on ``host``:``port`` (0: a free port), or a LifecycleError that says
+    """A socket listening on ``host``:``port`` (0: a free port), or a SetupError that says
     why not (the port is taken, the address is not this host's)."""
     try:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
@@ -62,7 +62,7 @@ def _listen(host: str, port: int) -> socket.socket:
         reason = os.strerror(exc.errno) if exc.errno else str(exc)
         hint = ("; is another `lifecycle serve` running? choose another with --port"
                 if exc.errno == errno.EADDRINUSE else "")
-        raise LifecycleError(f"cannot listen on {host}:{port}: {reason}{hint}") from None
+        raise SetupError(f"cannot listen on {host}:{port}: {reason}{hint}") from None
 
 
 def _loopback(host: str) -> bool:

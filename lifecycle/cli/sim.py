@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..demo import run_demo
-from ..errors import LifecycleError
+from ..errors import NotFound
 from ..machines import builtins
 from ..scenario import SCENARIO_SUFFIXES
 from ..scenario import replay as replay_one
@@ -86,7 +86,7 @@ def simulate(name: str | None, seed: int, settings: tuple[str, ...], timing: boo
                                        [spec.help], indent=6), soft_wrap=False)
         return
     if name not in known:
-        raise LifecycleError(f"unknown simulation {name!r}; known: {', '.join(known)}")
+        raise NotFound(f"unknown simulation {name!r}; known: {', '.join(known)}")
     simulation = known[name]
     options: dict[str, Any] = {}
     for setting in settings:

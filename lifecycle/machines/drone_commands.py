@@ -62,13 +62,13 @@ def _tardis(cli: CommandLine, configuration: str, machine: str, every: float | N
 
     from ..aio import AsyncEngine
     from ..effects import as_effect
-    from ..errors import LifecycleError
+    from ..errors import SetupError
     from . import drone
 
     try:
         from ..adapters.tardis import from_configuration
     except ImportError as exc:
-        raise LifecycleError(f"`lifecycle tardis` needs TARDIS ({exc.name}): pip install "
+        raise SetupError(f"`lifecycle tardis` needs TARDIS ({exc.name}): pip install "
                              "'lifecycle-fsm[tardis]' && pip install --no-deps "
                              "cobald-tardis") from None
     # (asyncio's sites: their calls are coroutines, which the drone's handlers await)
@@ -156,13 +156,13 @@ def _reconcile(cli: CommandLine, machine: str, every: float | None, db_url: str 
                as_json: bool) -> None:
     from rich.progress import Progress
 
-    from ..errors import LifecycleError
+    from ..errors import SetupError
     from ..worker import Worker
     from . import drone
 
     provided = [p for p in cli.plugins() if hasattr(p, "drone_site")]
     if not provided:
-        raise LifecycleError(
+        raise SetupError(
             "no drone site is configured: name a module in LIFECYCLE_PLUGINS that defines "
             "`drone_site` and `drone_batch_system` (for example "
             "lifecycle.adapters.slurm.SlurmSite(...))")

@@ -55,7 +55,7 @@ from ..adapters.job_queue import DatabaseJobQueue, JobQueue
 from ..clock import Clock, SystemClock
 from ..compiled import GuardContext
 from ..effects import Effect, EffectCall, FollowUp, Retry
-from ..errors import LifecycleError, PermanentError
+from ..errors import InvalidInput, PermanentError
 from ..file_writes import verified_append
 from ..logs import logger
 from ..spec import MachineSpec
@@ -138,7 +138,7 @@ def settings_from_environment(environ: Mapping[str, str] | None = None) -> Setti
     env = os.environ if environ is None else environ
     for retired, current in RETIRED_VARIABLES.items():
         if env.get(retired, "").strip():
-            raise LifecycleError(f"{retired} is no longer read: set {current}, the retries "
+            raise InvalidInput(f"{retired} is no longer read: set {current}, the retries "
                                  "after the first attempt (as HTCondor counts them)")
     return Settings(
         max_retries=_whole(env, MAX_RETRIES_VARIABLE, DEFAULT_MAX_RETRIES),
@@ -154,7 +154,7 @@ def _domain(env: Mapping[str, str], name: str) -> str | None:
     if not raw:
         return None
     if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?", raw):
-        raise LifecycleError(f"{name}={raw!r} is not a domain name")
+        raise InvalidInput(f"{name}={raw!r} is not a domain name")
     return raw
 
 
@@ -163,7 +163,7 @@ def _whole(env: Mapping[str, str], name: str, default: int) -> int:
     if not raw:
         return default
     if not re.fullmatch(r"\d{1,9}", raw):
-        raise LifecycleError(f"{name}={raw!r} is not a whole number of at least 0 (HTCondor's "
+        raise InvalidInput(f"{name}={raw!r} is not a whole number of at least 0 (HTCondor's "
                              "knob is an integer too)")
     return int(raw)
 
@@ -173,7 +173,7 @@ def _userlog_format(env: Mapping[str, str]) -> htcondor.UserLogFormat:
     try:
         return htcondor.UserLogFormat.parse(raw)
     except ValueError as exc:
-        raise LifecycleError(f"{USERLOG_FORMAT_VARIABLE}: {exc}") from None
+        raise InvalidInput(f"{USERLOG_FORMAT_VARIABLE}: {exc}") from None
 
 
 def _directories(env: Mapping[str, str]) -> tuple[str, ...]:
@@ -184,7 +184,7 @@ def _directories(env: Mapping[str, str]) -> tuple[str, ...]:
         try:
             found.append(normalised_path(part, DIRECTORIES_VARIABLE))
         except ValueError as exc:
-            raise LifecycleError(str(exc)) from None
+            raise InvalidInput(str(exc)) from None
     return tuple(found)
 
 

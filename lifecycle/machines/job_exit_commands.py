@@ -37,7 +37,7 @@ def _show(cli: CommandLine, job: str, db_url: str | None, as_json: bool) -> None
 
     from ..adapters.htcondor import JOB_STATUS_NAMES, JobId, literal
     from ..adapters.job_queue import queue_ad
-    from ..errors import LifecycleError
+    from ..errors import NotFound
 
     try:
         job_id = JobId.parse(job)
@@ -46,7 +46,7 @@ def _show(cli: CommandLine, job: str, db_url: str | None, as_json: bool) -> None
     store = cli.open_store(db_url)
     found = queue_ad(store, job_id)
     if found is None:
-        raise LifecycleError(f"job {job_id} is not in the job queue of {store.display_url}")
+        raise NotFound(f"job {job_id} is not in the job queue of {store.display_url}")
     if as_json:
         print(json.dumps(found.to_json(), indent=2, ensure_ascii=False))
         return

@@ -63,7 +63,7 @@ from ..adapters.startd_hooks import (
 )
 from ..compiled import GuardContext
 from ..effects import Effect, EffectCall, FollowUp, Retry
-from ..errors import LifecycleError
+from ..errors import Conflict
 from ..logs import logger
 from ..results import FireResult, Resource
 from ..spec import MachineSpec
@@ -651,7 +651,7 @@ def effects(hooks: Hooks, collector: Collector, schedds: Schedd,
 # -- the door claims come in by ---------------------------------------------------------------
 
 
-class ClaimRefused(LifecycleError):
+class ClaimRefused(Conflict):
     """A claim request the slot refused: which id it named, which it expected, and why
     (public forms only)."""
 
