@@ -69,7 +69,7 @@ except SystemExit as exit:
 print("\\n" + __import__("json").dumps({"code": code, "modules": sorted(
     name for name in sys.modules if name.split(".")[0] in (
         "alembic", "sqlalchemy", "lifecycle", "rich", "pydantic", "transitions", "yaml",
-        "psycopg", "logging"))}))
+        "psycopg", "logging", "importlib"))}))
 """
 LIBRARIES = ("alembic", "sqlalchemy", "pydantic", "transitions", "yaml", "psycopg",
              "logging")
@@ -96,6 +96,22 @@ def test_help_imports_no_database_library() -> None:
     assert code == 0
     assert not _libraries(modules)
     assert "lifecycle.engine" not in modules and "lifecycle.cli.resources" not in modules
+
+
+def test_help_lists_the_machines_commands_from_the_index(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch
+                                                        ) -> None:
+    """Reading the installed packages' entry points costs tens of milliseconds (importing
+    importlib.metadata and what it needs): help reads them once and then lists the
+    machines' commands from the index."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    code, modules = _loaded("--help")
+    assert code == 0 and "importlib.metadata" in modules  # no index yet: read, and kept
+    code, modules = _loaded("--help")
+    assert code == 0 and "importlib.metadata" not in modules
+    help_text = subprocess.run([sys.executable, "-m", "lifecycle", "--help"], text=True,
+                               capture_output=True, timeout=300, check=True).stdout
+    assert all(f" {name} " in help_text for name in ("tardis", "reconcile", "queue"))
 
 
 def test_show_imports_no_database_library_nor_its_machine(

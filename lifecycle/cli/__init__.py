@@ -27,9 +27,7 @@ commands' own), and ``lifecycle show`` never loads Alembic or the simulations.
 
 from __future__ import annotations
 
-import functools
 import importlib
-import sys
 
 import click
 
@@ -98,28 +96,15 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 """Each command: its module, the function that is it, and its one-line help."""
 
 
-GROUP = "lifecycle.commands"
-"""The entry-point group a package names its machines' commands in: the entry point's name
-is the command's, its value a function ``(lifecycle.cli.kit) -> click.Command``."""
 
 
 def machine_commands() -> dict[str, str]:
-    """Every machine's command (``module:function``) by name, from the installed packages'
-    entry points (read once per process and module search path; a core command's name
+    """Every machine's command (``module:function``) by name: from the machines' index when
+    it is fresh, else from the installed packages' entry points (a core command's name
     wins)."""
-    return _machine_commands(tuple(sys.path))
+    from ..machines import commands
 
-
-@functools.lru_cache(maxsize=8)
-def _machine_commands(search_path: tuple[str, ...]) -> dict[str, str]:
-    """(``search_path``, the modules' search path, is the key of what was read.)"""
-    from importlib import metadata
-
-    found: dict[str, str] = {}
-    for point in metadata.entry_points(group=GROUP):
-        if point.name not in COMMANDS:
-            found.setdefault(point.name, point.value)
-    return found
+    return {name: target for name, target in commands().items() if name not in COMMANDS}
 
 
 def machine_command(name: str, target: str) -> click.Command:
@@ -176,4 +161,4 @@ def main() -> None:
     lifecycle's machine; `lifecycle machines` lists the machines."""
 
 
-__all__ = ["COMMANDS", "GROUP", "machine_command", "machine_commands", "main"]
+__all__ = ["COMMANDS", "machine_command", "machine_commands", "main"]

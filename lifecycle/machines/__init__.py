@@ -22,6 +22,9 @@ from . import index
 from .builtin import Builtin, CommandLine
 
 GROUP = "lifecycle.machines"
+COMMANDS_GROUP = "lifecycle.commands"
+"""The entry-point group a package names its machines' commands in: the entry point's name
+is the command's, its value a function ``(lifecycle.cli.kit) -> click.Command``."""
 """The entry-point group a package names its machines in."""
 
 
@@ -78,6 +81,31 @@ def load(name: str, target: str) -> Builtin:
     return value
 
 
+def commands() -> dict[str, str]:
+    """Every machine's own command (``module:function``) by name: from the index when it is
+    fresh, else from the installed packages' entry points (group ``lifecycle.commands``),
+    which are then kept in the index."""
+    known = index.fresh_commands()
+    if known is None:
+        read = _read_commands(tuple(sys.path))
+        known = {name: target for name, (target, _) in read.items()}
+        index.write_commands(known, {where for _, where in read.values() if where})
+    return known
+
+
+@functools.lru_cache(maxsize=8)
+def _read_commands(search_path: tuple[str, ...]) -> dict[str, tuple[str, str | None]]:
+    """Each command's entry point and the directory its package's metadata is in.
+    (``search_path``, the modules' search path, is the key of what was read.)"""
+    from importlib import metadata
+
+    found: dict[str, tuple[str, str | None]] = {}
+    for point in metadata.entry_points(group=COMMANDS_GROUP):
+        where = None if point.dist is None else str(point.dist.locate_file(""))
+        found.setdefault(point.name, (point.value, where))
+    return found
+
+
 def builtin(name: str) -> Builtin | None:
     """The machine ``name`` (importing its module only), or None if no package ships one."""
     known = index.fresh() or {}
@@ -108,5 +136,5 @@ def shipped() -> dict[str, tuple[str, tuple[str, ...]]]:
     return {name: (version, handlers) for name, (_, version, handlers) in known.items()}
 
 
-__all__ = ["GROUP", "Builtin", "CommandLine", "builtin", "builtins", "entry_points", "load",
-           "shipped"]
+__all__ = ["COMMANDS_GROUP", "GROUP", "Builtin", "CommandLine", "builtin", "builtins", "commands",
+           "entry_points", "load", "shipped"]

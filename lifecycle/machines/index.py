@@ -8,8 +8,11 @@ with what it was computed from: the modification times of the Python files of th
 packages that were loaded, and of the directories packages are installed in (installing or
 removing a package changes them). It is stale, and not used, as soon as one of them differs,
 as Python's own ``__pycache__`` is; a machine missing from it is looked up in the entry
-points. It lives in ``$XDG_CACHE_HOME/lifecycle`` (``~/.cache/lifecycle``), one file per
-Python environment; when it cannot be written, nothing is cached."""
+points. Beside it, the machines' own commands (entry-point group ``lifecycle.commands``)
+are kept the same way the first time they are read, so that ``lifecycle --help`` lists them
+without reading the packages' metadata. Both live in ``$XDG_CACHE_HOME/lifecycle``
+(``~/.cache/lifecycle``), a file each per Python environment; when they cannot be written,
+nothing is cached."""
 
 from __future__ import annotations
 
@@ -28,24 +31,35 @@ VERSION = 1
 """The index's format; an index of another format is stale."""
 
 
-def path() -> str:
-    """The index's file for this Python environment."""
+def path(kind: str = "machines") -> str:
+    """The index's file (``kind``: ``machines``, or ``commands`` for the machines' own
+    commands) for this Python environment."""
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     prefix = format(zlib.crc32(sys.prefix.encode()), "08x")
-    return os.path.join(cache, "lifecycle", f"machines-{prefix}.json")
+    return os.path.join(cache, "lifecycle", f"{kind}-{prefix}.json")
 
 
 def fresh() -> dict[str, Entry] | None:
     """The machines of the index if nothing it was computed from has changed, else None."""
+    stored = _fresh("machines")
     try:
-        with open(path(), encoding="utf-8") as file:
-            stored = json.load(file)
-        if stored["format"] != VERSION or stored["python"] != sys.version or \
-                any(_stamp(name) != stamp for name, stamp in stored["files"]):
+        return None if stored is None else {
+            name: (target, version, tuple(handlers))
+            for name, (target, version, handlers) in stored["machines"].items()}
+    except (AttributeError, ValueError, KeyError, TypeError):
+        return None
+
+
+def fresh_commands() -> dict[str, str] | None:
+    """The machines' own commands (name -> ``module:function``) as last read from the
+    installed packages' entry points, if nothing they were read from has changed (the
+    module search path included: a package on another path may ship more), else None."""
+    stored = _fresh("commands")
+    try:
+        if stored is None or stored["path"] != sys.path:
             return None
-        return {name: (target, version, tuple(handlers))
-                for name, (target, version, handlers) in stored["machines"].items()}
-    except (OSError, ValueError, KeyError, TypeError):
+        return {str(name): str(target) for name, target in stored["commands"].items()}
+    except (AttributeError, KeyError, TypeError):
         return None
 
 
@@ -56,14 +70,39 @@ def write(machines: Mapping[str, Entry], directories: Iterable[str]) -> None:
     packages = {target.partition(":")[0].split(".")[0] for target, _, _ in machines.values()}
     files = {getattr(module, "__file__", None) for name, module in list(sys.modules.items())
              if name.split(".")[0] in packages}
+    _write("machines", {"machines": {name: list(entry) for name, entry in machines.items()}},
+           {*(f for f in files if f), *directories})
+
+
+def write_commands(commands: Mapping[str, str], directories: Iterable[str]) -> None:
+    """Keep the machines' ``commands``, read from the entry points of packages installed in
+    ``directories``, with the module search path they were read on."""
+    _write("commands", {"path": sys.path, "commands": dict(commands)}, set(directories))
+
+
+def _fresh(kind: str) -> dict | None:  # type: ignore[type-arg]
+    """The index file of ``kind`` if nothing it was computed from has changed."""
+    try:
+        with open(path(kind), encoding="utf-8") as file:
+            stored = json.load(file)
+        if stored["format"] != VERSION or stored["python"] != sys.version or \
+                any(_stamp(name) != stamp for name, stamp in stored["files"]):
+            return None
+        return stored if isinstance(stored, dict) else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _write(kind: str, content: dict, watched: set[str]) -> None:  # type: ignore[type-arg]
+    """``content`` kept in the index file of ``kind``, with the stamps of ``watched`` and
+    of the site's package directories (installing or removing a package changes them)."""
     sites = [*site.getsitepackages(), site.getusersitepackages()]
-    watched = sorted({*(f for f in files if f), *directories, *sites})
     document = {"format": VERSION, "python": sys.version,
-                "files": [[name, _stamp(name)] for name in watched],
-                "machines": {name: list(entry) for name, entry in machines.items()}}
+                "files": [[name, _stamp(name)] for name in sorted({*watched, *sites})],
+                **content}
     import threading
 
-    target = path()
+    target = path(kind)
     temporary = f"{target}.{os.getpid()}.{threading.get_ident()}.tmp"
     try:
         os.makedirs(os.path.dirname(target), exist_ok=True)
