@@ -115,6 +115,16 @@ def test_invalid_arguments_are_invalid_input_hence_value_errors(sqlite_url: str)
             "a key with a NUL": (lambda: engine.get("toggle:a\x00"), "invalid key"),
             "a key too long": (lambda: engine.get("k" * 600), "invalid key"),
             "an async page of 0": (lambda: asyncio.run(pages()), "invalid page 0"),
+            "a page of 0": (lambda: next(engine.iter_resources(page=0)), "invalid page 0"),
+            "a limit below 0": (lambda: engine.resources(limit=-1), "invalid limit -1"),
+            "a state with a NUL": (lambda: engine.resources(state="a\x00", limit=1),
+                                   "invalid state"),
+            "a fire's key with a NUL": (lambda: engine.fire("toggle:a\x00", "flip"),
+                                        "invalid key"),
+            "a history's key with a NUL": (lambda: engine.history("toggle:a\x00"),
+                                           "invalid key"),
+            "a new key with a colon": (lambda: engine.create("toggle", "a:b"), "invalid key"),
+            "a new key with spaces": (lambda: engine.create("toggle", " a"), "invalid key"),
             "a job exit setting": (lambda: settings_from_environment(
                 {"LIFECYCLE_EMAIL_DOMAIN": "not a domain"}), "is not a domain name"),
         }

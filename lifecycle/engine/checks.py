@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from .. import storable
-from ..errors import InvalidData, LifecycleError
+from ..errors import InvalidData, InvalidInput
 from ..graph import EVENTLESS
 from ..spec import MachineSpec
 
@@ -21,14 +21,14 @@ NAME_MAX = 200  # the schema's Name columns (an observation's source)
 def argument(value: str | None, what: str) -> None:
     """A name to look up (a machine's, a state's) is text a database can be asked about."""
     if value is not None and (problem := storable.text_problem(value, 4 * KEY_MAX)):
-        raise LifecycleError(f"invalid {what} {value!r}: it {problem}")
+        raise InvalidInput(f"invalid {what} {value!r}: it {problem}")
 
 
 def looked_up(key: str) -> str:
     """``key`` (or ``MACHINE:KEY``), if it is text a database can be asked about."""
     problem = storable.text_problem(key, 2 * KEY_MAX)
     if problem is not None:
-        raise LifecycleError(f"invalid key {key!r}: it {problem}")
+        raise InvalidInput(f"invalid key {key!r}: it {problem}")
     return key
 
 
@@ -36,13 +36,13 @@ def new_key(key: str) -> None:
     """A key a new resource may have: plain (no ``MACHINE:``), trimmed, not too long."""
     looked_up(key)
     if not isinstance(key, str) or not key or key != key.strip():
-        raise LifecycleError(f"invalid key {key!r}: a key is a non-empty string without "
+        raise InvalidInput(f"invalid key {key!r}: a key is a non-empty string without "
                              "surrounding spaces")
     if ":" in key:
-        raise LifecycleError(f"invalid key {key!r}: ':' separates MACHINE:KEY, so a key "
+        raise InvalidInput(f"invalid key {key!r}: ':' separates MACHINE:KEY, so a key "
                              "cannot contain it")
     if len(key) > KEY_MAX:
-        raise LifecycleError(f"invalid key {key[:40]!r}...: longer than {KEY_MAX} characters")
+        raise InvalidInput(f"invalid key {key[:40]!r}...: longer than {KEY_MAX} characters")
 
 
 def document(machine: str | None, key: str, given: Any, what: str,

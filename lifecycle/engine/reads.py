@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from .. import queries
-from ..errors import LifecycleError
+from ..errors import InvalidInput
 from ..graph import stored_triggers
 from ..results import JournalEntry, Mismatch, Observation, Resource
 from ..verify import verify
@@ -52,7 +52,7 @@ class Reads(BulkWrites):
         if limit is None:
             return list(self.iter_resources(machine, state, after=after))
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-            raise LifecycleError(f"invalid limit {limit!r}: a whole number, 0 or more")
+            raise InvalidInput(f"invalid limit {limit!r}: a whole number, 0 or more")
         argument(machine, "machine name")
         argument(state, "state")
         start = queries.position(after, machine) if after is not None else None
@@ -64,7 +64,7 @@ class Reads(BulkWrites):
         order, read ``page`` at a time: memory stays flat, and no transaction is held
         between pages (a resource created or moved meanwhile shows or not by its key)."""
         if isinstance(page, bool) or not isinstance(page, int) or page < 1:
-            raise LifecycleError(f"invalid page {page!r}: a whole number, 1 or more")
+            raise InvalidInput(f"invalid page {page!r}: a whole number, 1 or more")
         while True:
             found = self.resources(machine, state, limit=page, after=after)
             yield from found
