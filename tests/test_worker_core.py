@@ -5,13 +5,24 @@ No handler runs here: the core does not run them."""
 from __future__ import annotations
 
 import datetime as dt
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from procs import gated
-from sqlalchemy import update
+from sqlalchemy import select, update
 from waiting import until
 
-from lifecycle import Effect, Engine, Store, effect_records
+from lifecycle import (
+    Effect,
+    Engine,
+    FollowUp,
+    LostClaim,
+    RetryableError,
+    Store,
+    effect_records,
+)
 from lifecycle.spec import load_spec
 from lifecycle.store import outbox
 from lifecycle.worker_core import Abandon, Start, Wait, WorkerCore
@@ -96,3 +107,113 @@ def test_claims_a_renewal_finds_taken_over_are_never_started(store: Store) -> No
         **{k: "running" for k, r in records.items() if r.id in taken}}
     assert {records[k].claimed_by for k in records if records[k].id in taken} == {"thief"}
     assert not core.heartbeat_alive()
+
+
+def _take_over(store: Store, ids: set[int]) -> None:
+    """Another worker's claims on ``ids`` now, a later attempt (as after their leases ran
+    out)."""
+    far = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    with store.begin() as db:
+        db.execute(update(outbox).where(outbox.c.id.in_(ids)).values(
+            claimed_by="thief", attempts=outbox.c.attempts + 1, lease_until=far))
+
+
+def test_an_outcome_whose_claim_was_lost_writes_nothing(
+        store: Store, caplog: pytest.LogCaptureFixture) -> None:
+    """Four claims, two of them taken over by another worker before their outcomes are
+    recorded together: a follow-up and a done one held, a follow-up and a retry lost. The
+    held ones are recorded (the follow-up fired once); of the lost ones nothing is written:
+    no transition, the other worker's claim and attempt untouched, no progress saved."""
+    engine = Engine(store, [load_spec(gated.SPEC)],
+                    effects={"work": Effect(_never_called, timeout=600.0)})
+    for i in range(4):
+        engine.create("gated", f"r{i}")
+        engine.fire(f"r{i}", "go")
+    core = WorkerCore(engine, concurrency=4, lease=600.0, seed=0)
+    calls = {call.key: call for call in core.claim(4, [])}
+    assert sorted(calls) == ["r0", "r1", "r2", "r3"]
+    _take_over(store, {calls["r1"].id, calls["r3"].id})
+    calls["r0"].save_progress({"step": 1})
+    with pytest.raises(LostClaim):
+        calls["r1"].save_progress({"step": 1})
+    caplog.set_level(logging.WARNING, logger="lifecycle")
+    core.outcome(calls["r0"], "ok", FollowUp("finished"))
+    core.outcome(calls["r1"], "ok", FollowUp("finished"))
+    core.outcome(calls["r2"], "ok", None)
+    core.outcome(calls["r3"], "error", RetryableError("try again"))
+    assert core.record()[0] == 4
+    assert (core.stats.done, core.stats.retried) == (2, 0)
+    assert core.held() == set()
+    lost = [r for r in caplog.records if "the claim was lost" in r.getMessage()]
+    assert sorted(r.getMessage().split(":")[1].split()[0] for r in lost) == ["r1", "r3"]
+    assert {key: engine.get(key).state for key in calls} == {
+        "r0": "done", "r1": "working", "r2": "working", "r3": "working"}
+    assert [e.trigger for e in engine.history("r0")].count("finished") == 1
+    assert "finished" not in [e.trigger for e in engine.history("r1")]
+    records = {r.key: r for r in effect_records(engine)}
+    assert {k: (r.status, r.attempts, r.claimed_by) for k, r in records.items()} == {
+        "r0": ("done", 1, core.name), "r2": ("done", 1, core.name),
+        "r1": ("running", 2, "thief"), "r3": ("running", 2, "thief")}
+    with store.read() as db:
+        progress = dict(db.execute(select(outbox.c.id, outbox.c.progress)).all())
+    assert (progress[calls["r0"].id], progress[calls["r1"].id]) == ({"step": 1}, None)
+    assert records["r3"].last_error is None
+    assert engine.verify() == []
+    core.heartbeat_stopped()
+
+
+@pytest.fixture
+def counted(postgres_url: str) -> Iterator[Any]:
+    """The round trips between this test's store and the server, counted by the benchmarks'
+    proxy (``benchmarks/netproxy.py``: a burst of messages after the server's answer is
+    one)."""
+    from benchmarks.netproxy import Proxy
+
+    proxy = Proxy(postgres_url)
+    try:
+        yield proxy
+    finally:
+        proxy.close()
+
+
+def _trips(proxy: Any, op: Callable[[], Any]) -> int:
+    before = proxy.round_trips()
+    op()
+    return int(proxy.round_trips() - before)
+
+
+def test_recording_costs_two_round_trips_with_a_follow_up_and_one_with_a_claim(
+        counted: Any) -> None:
+    """On PostgreSQL the worker waits for no answer before a COMMIT: an outcome with its
+    follow-up fire costs the fire's two round trips (its read; its writes, the outcome's
+    fenced one with them, and the COMMIT), and outcomes that fire nothing recorded with
+    the next claim cost one, the claim's rows read after the COMMIT."""
+    with Store(counted.url) as store:
+        engine = Engine(store, [load_spec(gated.SPEC)],
+                        effects={"work": Effect(_never_called, timeout=600.0)})
+        for i in range(21):
+            engine.create("gated", f"r{i}")
+            engine.fire(f"r{i}", "go")
+        core = WorkerCore(engine, concurrency=1, batch=1, lease=600.0, seed=0)
+
+        def follow_up() -> int:
+            [call] = core.claim(1, [])
+            core.outcome(call, "ok", FollowUp("finished"))
+            return _trips(counted, core.record)
+
+        def done_then_claim() -> int:
+            [call] = core.claim(1, [])
+            core.outcome(call, "ok", None)
+            claimed: list[Any] = []
+            trips = _trips(counted, lambda: claimed.extend(core.record(claim=1)[1]))
+            assert len(claimed) == 1
+            core.give_back(claimed)
+            return trips
+
+        # psycopg prepares a statement on its sixth run (a round trip): after it, counted
+        trips = [(follow_up(), done_then_claim()) for _ in range(10)]
+        assert trips[-3:] == [(2, 1)] * 3, trips
+        assert core.stats.done == 20
+        assert [engine.get(f"r{i}").state for i in range(21)].count("done") == 10
+        assert engine.verify() == []
+        core.heartbeat_stopped()
