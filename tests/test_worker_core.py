@@ -166,10 +166,12 @@ def test_an_outcome_whose_claim_was_lost_writes_nothing(
 def counted(postgres_url: str) -> Iterator[Any]:
     """The round trips between this test's store and the server, counted by the benchmarks'
     proxy (``benchmarks/netproxy.py``: a burst of messages after the server's answer is
-    one)."""
+    one). Each message waits 50 ms on its way to the server, so that what the client sends
+    without waiting is one burst however slowly it sends it (on a busy machine the server
+    could answer a pipeline's first statements before the client sent the next)."""
     from benchmarks.netproxy import Proxy
 
-    proxy = Proxy(postgres_url)
+    proxy = Proxy(postgres_url, delay_ms=50)
     try:
         yield proxy
     finally:
@@ -183,18 +185,21 @@ def _trips(proxy: Any, op: Callable[[], Any]) -> int:
 
 
 def test_recording_costs_two_round_trips_with_a_follow_up_and_one_with_a_claim(
-        counted: Any) -> None:
+        counted: Any, postgres_url: str) -> None:
     """On PostgreSQL the worker waits for no answer before a COMMIT: an outcome with its
     follow-up fire costs the fire's two round trips (its read; its writes, the outcome's
-    fenced one with them, and the COMMIT), and outcomes that fire nothing recorded with
-    the next claim cost one, the claim's rows read after the COMMIT."""
+    fenced one with them, and the COMMIT), and so do three recorded together; outcomes that
+    fire nothing recorded with the next claim cost one, the claim's rows read after the
+    COMMIT."""
+    spec, work = load_spec(gated.SPEC), {"work": Effect(_never_called, timeout=600.0)}
+    with Store(postgres_url) as direct:
+        made = Engine(direct, [spec], effects=work)
+        for i in range(28):
+            made.create("gated", f"r{i}")
+            made.fire(f"r{i}", "go")
     with Store(counted.url) as store:
-        engine = Engine(store, [load_spec(gated.SPEC)],
-                        effects={"work": Effect(_never_called, timeout=600.0)})
-        for i in range(21):
-            engine.create("gated", f"r{i}")
-            engine.fire(f"r{i}", "go")
-        core = WorkerCore(engine, concurrency=1, batch=1, lease=600.0, seed=0)
+        engine = Engine(store, [spec], effects=work)
+        core = WorkerCore(engine, concurrency=1, batch=3, lease=600.0, seed=0)
 
         def follow_up() -> int:
             [call] = core.claim(1, [])
@@ -210,10 +215,21 @@ def test_recording_costs_two_round_trips_with_a_follow_up_and_one_with_a_claim(
             core.give_back(claimed)
             return trips
 
-        # psycopg prepares a statement on its sixth run (a round trip): after it, counted
+        def follow_ups() -> int:  # three outcomes, their three fires in one transaction
+            calls = core.claim(3, [])
+            assert len(calls) == 3
+            for call in calls:
+                core.outcome(call, "ok", FollowUp("finished"))
+            return _trips(counted, core.record)
+
+        # psycopg prepares a statement on its sixth run (a round trip), and a busy machine
+        # may split what the client sent without waiting into two bursts: never fewer
+        # than the client waited for. The fewest of the tries after the warm-up is the
+        # count (a regression adds a round trip to every try)
         trips = [(follow_up(), done_then_claim()) for _ in range(10)]
-        assert trips[-3:] == [(2, 1)] * 3, trips
-        assert core.stats.done == 20
-        assert [engine.get(f"r{i}").state for i in range(21)].count("done") == 10
+        assert (min(f for f, _ in trips[6:]), min(c for _, c in trips[6:])) == (2, 1), trips
+        assert min(follow_ups() for _ in range(2)) == 2
+        assert core.stats.done == 26
+        assert [engine.get(f"r{i}").state for i in range(28)].count("done") == 16
         assert engine.verify() == []
         core.heartbeat_stopped()
