@@ -49,6 +49,7 @@ from . import redact
 from .effects import DONE, FAILED, GAVE_UP, PENDING, Effect, EffectCall
 from .engine import Engine, Fire
 from .errors import (
+    ConcurrencyError,
     DatabaseError,
     EffectError,
     LifecycleError,
@@ -60,7 +61,7 @@ from .errors import (
 from .logs import logger
 from .processes import host_prefix, is_gone, this_process
 from .results import FireResult
-from .store import Transaction
+from .store import Moved, Transaction
 from .store.statements import effects as effect_rows
 from .store.statements import timers as timer_rows
 from .within import Within
@@ -735,8 +736,7 @@ class WorkerCore:
         items = [(f"{f.call.machine}:{f.call.key}", f.trigger, f.payload,
                   f"effect:{f.call.name}", f.within) for f in fires]
         try:
-            results: list[Any] = self.engine.fire_many(items, on_stale="return",
-                                                       batch=max(self.batch, 1))
+            results = self._fire_batch(items)
         except Exception as exc:
             if not effect_rows.lost_claim(exc):
                 raise
@@ -776,10 +776,26 @@ class WorkerCore:
             raise outage
         return recorded
 
+    def _fire_batch(self, items: list[Fire]) -> list[Any]:
+        """``Engine.fire_many`` of ``items``, made again while a row moved between the
+        batch's read and its write: a strict write (these, with their ``Within`` hooks) then
+        fails its whole transaction with ``Moved`` at the COMMIT, which the engine's batch
+        loop lets through, everything undone; each is decided again on what was written."""
+        for _ in range(self.engine.max_attempts):
+            try:
+                return self.engine.fire_many(items, on_stale="return",
+                                             batch=max(self.batch, 1))
+            except Moved:
+                log.debug("worker %s: a follow-up's resource moved under its batch; "
+                          "deciding the batch again", self.name)
+        return [ConcurrencyError(f"{key}: its effect's follow-up {trigger} lost the race "
+                                 f"{self.engine.max_attempts} times in a row")
+                for key, trigger, *_ in items]
+
     def _fired_alone(self, fired: _Fired, item: Fire) -> Any:
         """One fire of a batch made alone: its result, or :class:`LostClaim`."""
         try:
-            return self.engine.fire_many([item], on_stale="return")[0]
+            return self._fire_batch([item])[0]
         except Exception as exc:
             if not effect_rows.lost_claim(exc):
                 raise

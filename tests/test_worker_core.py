@@ -233,3 +233,44 @@ def test_recording_costs_two_round_trips_with_a_follow_up_and_one_with_a_claim(
         assert [engine.get(f"r{i}").state for i in range(28)].count("done") == 16
         assert engine.verify() == []
         core.heartbeat_stopped()
+
+
+def test_a_follow_up_whose_resource_moved_under_its_batch_is_decided_again(
+        postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another writer moves a resource between the read of a batch of follow-ups and its
+    writes (a strict write: the whole transaction fails at the COMMIT, on PostgreSQL): the
+    worker decides the batch again on what was written, and records every outcome once,
+    each follow-up fired once, the other writer's change kept."""
+    from lifecycle.engine import bulk
+
+    spec, work = load_spec(gated.SPEC), {"work": Effect(_never_called, timeout=600.0)}
+    with Store(postgres_url) as store, Store(postgres_url) as elsewhere:
+        engine = Engine(store, [spec], effects=work)
+        other = Engine(elsewhere, [spec], effects=work)
+        for key in ("m0", "m1"):
+            engine.create("gated", key)
+            engine.fire(key, "go")
+        core = WorkerCore(engine, concurrency=2, lease=600.0, seed=0)
+        calls = core.claim(2, [])
+        read = bulk.read_rows
+        moved: list[str] = []
+
+        def read_then_move(*args: Any, **kwargs: Any) -> Any:
+            rows = read(*args, **kwargs)
+            if not moved:  # after the batch's read, before its writes
+                moved.append("m1")
+                other.update("gated:m1", {"moved": True})
+            return rows
+
+        monkeypatch.setattr(bulk, "read_rows", read_then_move)
+        for call in calls:
+            core.outcome(call, "ok", FollowUp("finished"))
+        assert core.record()[0] == 2
+        assert moved == ["m1"] and core.stats.done == 2 and core.held() == set()
+        for key in ("m0", "m1"):
+            assert engine.get(key).state == "done"
+            assert [e.trigger for e in engine.history(key)].count("finished") == 1
+        assert engine.get("m1").data == {"moved": True}
+        assert {(r.status, r.attempts) for r in effect_records(engine)} == {("done", 1)}
+        assert engine.verify() == []
+        core.heartbeat_stopped()
