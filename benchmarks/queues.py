@@ -9,7 +9,8 @@ from a fresh PostgreSQL database of its own on the same server, by the same work
   holds any back, drained by ``Worker(engine, concurrency=1).run_until_idle()``
   (benchmarks.effects.Drainer). The worker holds up to 10 effects (its default batch),
   runs their handlers, and records them done in one transaction with its next claim (each
-  fenced by claim and attempt, each passing its resource's queue head on); the machine asks
+  fenced by claim and attempt, each passing its resource's queue head on; one round trip,
+  every answer read after the COMMIT); the machine asks
   for no follow-up, so none is fired. Its enqueue was a
   transition: the resource's compare-and-swap, a journal row and the effect row, in one
   transaction (done once, untimed; before every drain the effects are put back to pending).
@@ -379,7 +380,8 @@ def note(results: dict[str, Measurement]) -> str | None:
     return (f"Section 14: {some.ops_per_round:,} no-op jobs drained per round, each system "
             f"in a fresh database of its own, median of {len(some.samples_us)} rounds; per "
             "job: lifecycle claims up to 10 at a time and records the done ones together "
-            "with its next claim (no follow-up asked for; its enqueue, untimed, was a "
+            "with its next claim, in one round trip (no follow-up asked for; its enqueue, "
+            "untimed, was a "
             "transition with "
             "its journal row), pgqueuer (asyncpg) dequeues 10 at a time and records "
             "completions in batches, procrastinate takes one at a time. "

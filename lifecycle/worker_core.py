@@ -47,8 +47,9 @@ from typing import Any
 
 from . import redact
 from .effects import DONE, FAILED, GAVE_UP, PENDING, Effect, EffectCall
-from .engine import Engine
+from .engine import Engine, Fire
 from .errors import (
+    ConcurrencyError,
     DatabaseError,
     EffectError,
     LifecycleError,
@@ -60,7 +61,7 @@ from .errors import (
 from .logs import logger
 from .processes import host_prefix, is_gone, this_process
 from .results import FireResult
-from .store import Transaction
+from .store import Moved, Transaction
 from .store.statements import effects as effect_rows
 from .store.statements import timers as timer_rows
 from .within import Within
@@ -213,8 +214,7 @@ class WorkerCore:
         outcomes are not recorded."""
         self._queue: deque[EffectCall] = deque()
         self._timers_seen = 0.0
-        self._claim_compiled: tuple[tuple[str, dict[str, Any]],
-                                    tuple[str, dict[str, Any]] | None] | None = None
+        self._claim_compiled: tuple[str, dict[str, Any]] | None = None
         self._results: dict[int, tuple[str, Any]] = {}
         self._lock = threading.Lock()
         self._claims: set[int] = set()
@@ -431,36 +431,30 @@ class WorkerCore:
 
     def claim(self, limit: int, batch: list[_Plain]) -> list[EffectCall]:
         """Write ``batch`` (outcomes that fire nothing) and claim up to ``limit`` effects,
-        in one transaction."""
+        in one transaction (on PostgreSQL one round trip: every answer is read after the
+        COMMIT)."""
         # at most a batch; no handlers: nothing this worker can do
         limit = min(limit, self.batch) if self.engine.handlers else 0
         if limit <= 0 and not batch:
             return []
         now = self.engine.clock.now()
         store = self.store
-        (claim, claim_params), second = self._claim_sql()
+        claim, claim_params = self._claim_sql()
         lease_until = store.time_param(now + dt.timedelta(seconds=self.lease))
         asked = self.monotonic()
-        rows: list[Any] = []
-        ids: set[int] = set()
+        taken: Callable[[], list[Any]] = list
         with store.write() as tx:
             lost = self._write_batch(tx, batch, now)
             if limit > 0:
-                tx.execute(claim, {**claim_params, "now": store.time_param(now),
-                                   "limit": limit, "claimed_by": self.name,
-                                   "claimant": self.claimant, "lease_until": lease_until})
-                rows = tx.fetchall()
-                ids = {row[0] for row in rows}
-            if ids and second is not None:  # SQLite: what the handlers need, read apart
-                claimed, claimed_params = second
-                tx.execute(claimed, {**claimed_params, "claimed_by": self.name,
-                                     "low": min(ids), "high": max(ids)})
-                rows = [row for row in tx.fetchall() if row[0] in ids]
-            rows.sort(key=lambda row: row[0])
-        self._batch_recorded(batch, lost)
-        if not ids:
+                taken = _answer(tx, tx.execute(claim, {
+                    **claim_params, "now": store.time_param(now), "limit": limit,
+                    "claimed_by": self.name, "claimant": self.claimant,
+                    "lease_until": lease_until}))
+        self._batch_recorded(batch, lost())
+        rows = sorted(taken(), key=lambda row: row[0])
+        if not rows:
             return []
-        self._hold(ids, asked)
+        self._hold({row[0] for row in rows}, asked)
         value = store.json_value
         return [EffectCall(id_, name, machine, key, dict(value(args)), idempotency_key,
                            value(fence) if fence is not None else None, attempts, seq, trigger,
@@ -469,10 +463,9 @@ class WorkerCore:
                 for (id_, name, args, idempotency_key, fence, attempts, seq, progress, machine,
                      key, data, trigger, payload) in rows]
 
-    def _claim_sql(self) -> tuple[tuple[str, dict[str, Any]],
-                                  tuple[str, dict[str, Any]] | None]:
-        """The claim's statements (one on PostgreSQL, two on SQLite), compiled once per
-        worker (the names of its handlers are part of them)."""
+    def _claim_sql(self) -> tuple[str, dict[str, Any]]:
+        """The claim's statement, compiled once per worker (the names of its handlers are
+        part of it)."""
         if self._claim_compiled is None:
             self._claim_compiled = effect_rows.claim(self.store.sql.dialect,
                                                      sorted(self.engine.handlers))
@@ -740,9 +733,18 @@ class WorkerCore:
         refused by an error, the handler's writes raising) is recorded as the handler's
         failure: added to ``batch``, or fired again if that fires ``on_failure`` (its
         ``_Fired`` is put back in ``fires``)."""
-        results = self.engine.fire_many(
-            [(f"{f.call.machine}:{f.call.key}", f.trigger, f.payload, f"effect:{f.call.name}",
-              f.within) for f in fires], on_stale="return", batch=max(self.batch, 1))
+        items = [(f"{f.call.machine}:{f.call.key}", f.trigger, f.payload,
+                  f"effect:{f.call.name}", f.within) for f in fires]
+        try:
+            results = self._fire_batch(items)
+        except Exception as exc:
+            if not effect_rows.lost_claim(exc):
+                raise
+            # PostgreSQL: a claim was found lost where the batch's answers were read, which
+            # undid the batch; each goes again alone. (Had the batch been made in two
+            # transactions, the first committed, those it recorded are found not held now,
+            # and are said to be lost: nothing is written twice.)
+            results = [self._fired_alone(f, item) for f, item in zip(fires, items, strict=True)]
         outage: DatabaseError | None = None
         again: list[_Fired] = []
         recorded = 0
@@ -774,6 +776,31 @@ class WorkerCore:
             raise outage
         return recorded
 
+    def _fire_batch(self, items: list[Fire]) -> list[Any]:
+        """``Engine.fire_many`` of ``items``, made again while a row moved between the
+        batch's read and its write: a strict write (these, with their ``Within`` hooks) then
+        fails its whole transaction with ``Moved`` at the COMMIT, which the engine's batch
+        loop lets through, everything undone; each is decided again on what was written."""
+        for _ in range(self.engine.max_attempts):
+            try:
+                return self.engine.fire_many(items, on_stale="return",
+                                             batch=max(self.batch, 1))
+            except Moved:
+                log.debug("worker %s: a follow-up's resource moved under its batch; "
+                          "deciding the batch again", self.name)
+        return [ConcurrencyError(f"{key}: its effect's follow-up {trigger} lost the race "
+                                 f"{self.engine.max_attempts} times in a row")
+                for key, trigger, *_ in items]
+
+    def _fired_alone(self, fired: _Fired, item: Fire) -> Any:
+        """One fire of a batch made alone: its result, or :class:`LostClaim`."""
+        try:
+            return self._fire_batch([item])[0]
+        except Exception as exc:
+            if not effect_rows.lost_claim(exc):
+                raise
+            return LostClaim(fired.call.idempotency_key)
+
     def _fired(self, fired: _Fired, result: FireResult) -> None:
         """Count and say what a recorded fire did."""
         call = fired.call
@@ -802,50 +829,60 @@ class WorkerCore:
         self.let_go([call.id])
 
     def _write_batch(self, tx: Transaction, batch: list[_Plain],
-                     now: dt.datetime) -> set[int]:
+                     now: dt.datetime) -> Callable[[], set[int]]:
         """Write outcomes that fire nothing, each fenced by its claim and attempt (a done
-        one passes its resource's queue head on), resources in one order (so that two
-        workers' batches cannot wait for each other); the ids whose claims were lost."""
+        one passes its resource's queue head on); what gives the ids whose claims were
+        lost once the transaction committed. On PostgreSQL four statements whatever the
+        batch's size (see ``finish_effects``), none waiting for another's answer; on SQLite
+        the statements of each outcome."""
+        sql = self.store.sql
+        if not batch:
+            return set
+        if sql.finish_effects is not None:
+            return self._write_arrays(tx, batch, now)
         lost = set()
-        store = self.store
-        sql = store.sql
-        finished = [p for p in batch if p.status != PENDING]
-        if sql.finish_effects is not None and len(finished) > 1:
-            lost = self._write_finished(tx, finished, now)
-            batch = [p for p in batch if p.status == PENDING]
-        for plain in sorted(batch, key=lambda p: (p.call.machine, p.call.key)):
+        for plain in batch:
             call = plain.call
             try:
                 if plain.status == PENDING:
                     due = now + dt.timedelta(seconds=plain.delay)
                     self._held(tx, sql.reschedule_effect, call,
-                               next_attempt_at=store.time_param(due),
+                               next_attempt_at=self.store.time_param(due),
                                error=plain.message[:2000])
                 else:
                     self.mark(tx, call, plain.status,
-                               plain.message[:2000] if plain.status == FAILED else None)
+                              plain.message[:2000] if plain.status == FAILED else None)
             except LostClaim:  # nothing was written for it
                 lost.add(call.id)
-        return lost
+        return lambda: lost
 
-    def _write_finished(self, tx: Transaction, finished: list[_Plain],
-                        now: dt.datetime) -> set[int]:
-        """Done and failed outcomes in three statements, whatever their number (see
-        ``finish_effects``); the ids whose claims were lost."""
-        sql = self.store.sql
-        assert sql.finish_effects and sql.lock_resources_of_effects and sql.pass_heads
-        tx.execute(sql.finish_effects, {
-            "ids": [p.call.id for p in finished],
-            "attempts": [p.call.attempt for p in finished],
-            "statuses": [p.status for p in finished],
-            "errors": [p.message[:2000] if p.status == FAILED else None for p in finished],
-            "claimed_by_": self.name, "now": self.store.time_param(now)})
-        kept = {row[0] for row in tx.fetchall()}
-        done = [p.call.id for p in finished if p.status == DONE and p.call.id in kept]
-        if done:
-            tx.execute(sql.lock_resources_of_effects, {"ids": done})
-            tx.execute(sql.pass_heads, {"ids": done})
-        return {p.call.id for p in finished} - kept
+    def _write_arrays(self, tx: Transaction, batch: list[_Plain],
+                      now: dt.datetime) -> Callable[[], set[int]]:
+        """:meth:`_write_batch` on PostgreSQL."""
+        sql, time_param = self.store.sql, self.store.time_param
+        assert sql.finish_effects and sql.reschedule_effects
+        assert sql.lock_resources_of_effects and sql.pass_heads
+        sent = []
+        for statement, plains in ((sql.finish_effects, [p for p in batch if p.status != PENDING]),
+                                  (sql.reschedule_effects,
+                                   [p for p in batch if p.status == PENDING])):
+            if not plains:
+                continue
+            values: dict[str, Any] = {
+                "ids": [p.call.id for p in plains], "attempts": [p.call.attempt for p in plains],
+                "errors": [p.message[:2000] if p.status != DONE else None for p in plains],
+                "claimed_by_": self.name}
+            if statement is sql.finish_effects:
+                values.update(statuses=[p.status for p in plains], now=time_param(now))
+            else:
+                values["dues"] = [now + dt.timedelta(seconds=p.delay) for p in plains]
+            sent.append(tx.execute(statement, values))
+            done = [p.call.id for p in plains if p.status == DONE]
+            if done:  # (those it made done: the statements find them)
+                tx.execute(sql.lock_resources_of_effects, {"ids": done})
+                tx.execute(sql.pass_heads, {"ids": done})
+        ids = {p.call.id for p in batch}
+        return lambda: ids - {row[0] for cursor in sent for row in cursor.fetchall()}
 
     def _batch_recorded(self, batch: list[_Plain], lost: set[int]) -> None:
         """After the batch's commit: let go of its claims, count and say what happened."""
@@ -873,19 +910,31 @@ class WorkerCore:
 
     def _held(self, tx: Transaction, statement: str, call: EffectCall, **values: Any) -> None:
         """Write to the effect, if this worker still holds its claim (the fence is in the
-        store's statements, once)."""
+        store's statements, once), and learn at once whether it did (SQLite)."""
         tx.execute(statement, {"id_": call.id, "claimed_by_": self.name,
-                                   "attempts_": call.attempt, **values})
+                               "attempts_": call.attempt, **values})
         if tx.rowcount != 1:
             raise LostClaim(call.idempotency_key)
 
     def mark(self, tx: Transaction, call: EffectCall, status: str, error: str | None) -> None:
         """Record the effect's outcome, if this worker still holds its claim; a done effect
         (or one given up on) passes its resource's queue head to the next (a failed one
-        keeps it: the effects behind it wait for ``retry``)."""
+        keeps it: the effects behind it wait for ``retry``). A claim lost fails the whole
+        transaction (see ``finish_effect``): on SQLite at once, as :class:`LostClaim`; on
+        PostgreSQL where its answers are read, at the latest at the COMMIT, as the
+        database's error (``effects.lost_claim`` tells it), so that nothing waits for the
+        answer before then."""
         sql = self.store.sql
-        self._held(tx, sql.finish_effect, call, new_status=status,
-                   now=self.store.time_param(self.engine.clock.now()), error=error)
+        try:
+            tx.execute(sql.finish_effect, {
+                "id_": call.id, "claimed_by_": self.name, "attempts_": call.attempt,
+                "new_status": status, "now": self.store.time_param(self.engine.clock.now()),
+                "error": error})
+        except Exception as exc:
+            # (PostgreSQL's pipeline may raise another effect's lost claim here: not named)
+            if tx.dialect == "sqlite" and effect_rows.lost_claim(exc):
+                raise LostClaim(call.idempotency_key) from None
+            raise
         if status in (DONE, GAVE_UP):
             if sql.lock_resource_of_effect is not None:
                 tx.execute(sql.lock_resource_of_effect, {"id_": call.id})
@@ -898,8 +947,11 @@ class WorkerCore:
     def save_progress(self, call: EffectCall) -> None:
         store = self.store
         with store.write(held=False) as tx:  # from a handler's thread: no connection kept
-            self._held(tx, store.sql.save_progress, call,
-                       progress=store.json_param(dict(call.progress)))
+            saved = tx.changes(store.sql.save_progress, {
+                "id_": call.id, "claimed_by_": self.name, "attempts_": call.attempt,
+                "progress": store.json_param(dict(call.progress))})
+        if saved() != 1:  # (read after the commit: one statement, nothing else written)
+            raise LostClaim(call.idempotency_key)
 
     def give_back(self, calls: list[EffectCall], *, refund: bool = True) -> None:
         """Return claimed effects to the queue at once, instead of waiting for their leases
@@ -995,6 +1047,8 @@ class _Outcome(Within):
             except LifecycleError:
                 raise
             except Exception as exc:  # the fire is made again without it
+                if effect_rows.lost_claim(exc):  # (PostgreSQL: the mark's answer, read here)
+                    raise
                 raise _WritesFailed(f"{type(exc).__name__}: {exc}") from exc
         return None
 
@@ -1014,7 +1068,14 @@ class _GivingUp(Within):
         self.worker.mark(tx, self.call, status, self.error)
 
 
-# -- the worker's statements, built once (building them per call cost more than running them)
+def _answer(tx: Transaction, cursor: Any) -> Callable[[], list[Any]]:
+    """What gives a statement's rows: on PostgreSQL read after the COMMIT (nothing waits for
+    them before it), on SQLite now (they cost no round trip, and its transaction's one
+    cursor runs the next statement)."""
+    if tx.dialect == "sqlite":
+        rows = cursor.fetchall()
+        return lambda: rows
+    return cursor.fetchall  # type: ignore[no-any-return]
 
 
 __all__ = ["BATCH", "DEFAULT_LEASE", "TIMER_LOOK", "Abandon", "HeldClaims", "Need", "Pause",

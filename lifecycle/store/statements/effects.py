@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from sqlalchemy import (
     Connection,
+    String,
     and_,
     bindparam,
     case,
@@ -26,7 +27,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Dialect
 
-from ...results import FAILED, OPEN, PENDING, RUNNING
+from ...results import DONE, FAILED, OPEN, PENDING, RUNNING
 from ..schema import HEADS_WHERE, journal, outbox, resources, timers
 from .compiling import Compiling, constant
 
@@ -42,12 +43,16 @@ class EffectStatements(Compiling):
                 "next_attempt_at", "idempotency_key", "fence", "on_failure", "created_at",
                 "head")}))
         self._queue_heads()
-        claimed = (f.id == bindparam("id_"), f.claimed_by == bindparam("claimed_by_"),
-                   f.attempts == bindparam("attempts_"), f.status == constant(RUNNING))
-        # an effect's outcome, recorded only by the worker that still holds its claim
-        self.finish_effect = sql(update(outbox).where(*claimed).values(
-            status=bindparam("new_status"), finished_at=bindparam("now"),
-            last_error=bindparam("error"), lease_until=null()))
+        held = (f.claimed_by == bindparam("claimed_by_"), f.attempts == bindparam("attempts_"),
+                f.status == constant(RUNNING))
+        # an effect's outcome, recorded only by the worker that still holds its claim; in
+        # a fire's transaction, so a lost claim must undo the fire with it: the statement
+        # fails (its status NULL, see lost_claim) rather than write nothing, and on
+        # PostgreSQL nothing waits for its answer before the COMMIT
+        self.finish_effect = sql(update(outbox).where(f.id == bindparam("id_")).values(
+            status=case((and_(*held), bindparam("new_status", type_=String)), else_=null()),
+            finished_at=bindparam("now"), last_error=bindparam("error"), lease_until=null()))
+        claimed = (f.id == bindparam("id_"), *held)
         self.reschedule_effect = sql(update(outbox).where(*claimed).values(
             status=constant(PENDING), next_attempt_at=bindparam("next_attempt_at"),
             last_error=bindparam("error"), lease_until=null(), claimed_by=null(),
@@ -57,35 +62,50 @@ class EffectStatements(Compiling):
         self._batches()
 
     def _batches(self) -> None:
-        """A worker's batch of outcomes in three statements on PostgreSQL, whatever its
-        size (SQLite, in this process, runs the statements of each effect instead): the
-        outcomes (``finish_effects``: arrays ``ids``, ``attempts``, ``statuses``,
-        ``errors``; ``claimed_by_``, ``now``), each fenced by claim and attempt as
-        ``finish_effect``, RETURNING the ids recorded; the rows of their resources locked
-        (``lock_resources_of_effects``, ``ids``, in id order); and the heads of the done
-        ones passed on (``pass_heads``, ``ids``; one effect of a resource at most)."""
+        """A worker's batch of outcomes in four statements on PostgreSQL, whatever its
+        size, none of which waits for another's answer (SQLite, in this process, runs the
+        statements of each effect instead): the done and failed outcomes
+        (``finish_effects``: arrays ``ids``, ``attempts``, ``statuses``, ``errors``;
+        ``claimed_by_``, ``now``) and those to be tried again (``reschedule_effects``:
+        ``ids``, ``attempts``, ``dues``, ``errors``; ``claimed_by_``), each fenced by claim
+        and attempt as ``finish_effect``, RETURNING the ids recorded; the rows of the
+        resources of the effects that statement made done locked
+        (``lock_resources_of_effects``, ``ids``, in id order); and their heads passed on
+        (``pass_heads``, ``ids``; one effect of a resource at most). The last two find the
+        effects made done by what is done and still the head of its queue: an effect
+        recorded by another worker (whose claim this one lost) passed its head on in its
+        own transaction."""
         self.finish_effects: str | None = None
+        self.reschedule_effects: str | None = None
         self.lock_resources_of_effects: str | None = None
         self.pass_heads: str | None = None
         if self.dialect.name != "postgresql":
             return
         e, r = outbox.name, resources.name
+        fenced = ("WHERE e.id = b.id AND e.attempts = b.attempts "
+                  f"AND e.claimed_by = %(claimed_by_)s AND e.status = '{RUNNING}' RETURNING e.id")
         self.finish_effects = (
             f"UPDATE {e} AS e SET status = b.status, finished_at = %(now)s, "
             "last_error = b.error, lease_until = NULL "
             "FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(statuses)s::text[], "
-            "%(errors)s::text[]) AS b(id, attempts, status, error) "
-            "WHERE e.id = b.id AND e.attempts = b.attempts AND e.claimed_by = %(claimed_by_)s "
-            f"AND e.status = '{RUNNING}' RETURNING e.id")
+            f"%(errors)s::text[]) AS b(id, attempts, status, error) {fenced}")
+        self.reschedule_effects = (
+            f"UPDATE {e} AS e SET status = '{PENDING}', next_attempt_at = b.due, "
+            "last_error = b.error, lease_until = NULL, claimed_by = NULL, claimant = NULL "
+            "FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], "
+            "%(dues)s::timestamptz[], %(errors)s::text[]) AS b(id, attempts, due, error) "
+            f"{fenced}")
+        made_done = (f"SELECT id, resource_id FROM {e} WHERE id = ANY(%(ids)s::bigint[]) "
+                     f"AND status = '{DONE}' AND head = 1")
         self.lock_resources_of_effects = (
-            f"SELECT id FROM {r} WHERE id IN (SELECT resource_id FROM {e} "
-            "WHERE id = ANY(%(ids)s::bigint[])) ORDER BY id FOR UPDATE")
+            f"SELECT id FROM {r} WHERE id IN (SELECT resource_id FROM ({made_done}) AS d) "
+            "ORDER BY id FOR UPDATE")
         self.pass_heads = (
-            f"UPDATE {e} SET head = CASE WHEN id = ANY(%(ids)s::bigint[]) THEN NULL ELSE 1 END "
-            "WHERE id = ANY(%(ids)s::bigint[]) OR id IN ("
+            f"WITH d AS ({made_done}) "
+            f"UPDATE {e} SET head = CASE WHEN id IN (SELECT id FROM d) THEN NULL ELSE 1 END "
+            "WHERE id IN (SELECT id FROM d) OR id IN ("
             f"SELECT (SELECT min(a.id) FROM {e} AS a WHERE a.resource_id = d.resource_id "
-            f"AND a.id > d.id AND a.status = '{PENDING}') FROM {e} AS d "
-            "WHERE d.id = ANY(%(ids)s::bigint[]))")
+            f"AND a.id > d.id AND a.status = '{PENDING}') FROM d)")
 
     def _queue_heads(self) -> None:
         """Each resource's effects form a queue; its head (the first open effect, marked
@@ -116,15 +136,13 @@ class EffectStatements(Compiling):
 # -- a worker's claim -----------------------------------------------------------------------
 
 
-def claim(dialect: Dialect, names: list[str]) -> tuple[tuple[str, dict[str, Any]],
-                                                        tuple[str, dict[str, Any]] | None]:
+def claim(dialect: Dialect, names: list[str]) -> tuple[str, dict[str, Any]]:
     """A worker's claim compiled for ``dialect`` (the names of its handlers are part of it),
-    each statement with the values of its constants: an UPDATE of the effects it picks
-    (parameters ``now``, ``limit``, ``claimed_by``, ``claimant``, ``lease_until``). On
-    PostgreSQL it is the only statement: joined to their resources and journal rows, it
-    RETURNS what the handlers need (in any order). SQLite's RETURNING cannot name the tables
-    of an UPDATE's FROM: there it RETURNS the ids, and a second statement reads what the
-    handlers need of them (``claimed_by``, ``low``, ``high``), in id order."""
+    with the values of its constants: one UPDATE of the effects it picks (parameters
+    ``now``, ``limit``, ``claimed_by``, ``claimant``, ``lease_until``) that RETURNS what the
+    handlers need (in any order). On PostgreSQL it is joined to their resources and journal
+    rows; SQLite's RETURNING cannot name the tables of an UPDATE's FROM, so there it reads
+    them with scalar subqueries (RETURNING needs SQLite 3.35, as lifecycle's inserts do)."""
     e = outbox.alias("e")
     now: Any = bindparam("now")
     # effects of one resource run in order: only the head of its queue may run, and the
@@ -140,29 +158,41 @@ def claim(dialect: Dialect, names: list[str]) -> tuple[tuple[str, dict[str, Any]
     if dialect.name == "postgresql":
         picked = picked.with_for_update(skip_locked=True, of=e)
     t = outbox.c
-    needed = (t.id, t.name, t.args, t.idempotency_key, t.fence, t.attempts, t.seq, t.progress,
-              resources.c.machine, resources.c.key, resources.c.data, journal.c.trigger,
-              journal.c.payload)
     taking = (update(outbox).where(t.id.in_(picked))
               .values(status=RUNNING, claimed_by=bindparam("claimed_by"),
                       claimant=bindparam("claimant"), lease_until=bindparam("lease_until"),
                       attempts=t.attempts + 1))
+    own = (t.id, t.name, t.args, t.idempotency_key, t.fence, t.attempts, t.seq, t.progress)
     if dialect.name == "postgresql":
-        one = (taking.where(resources.c.id == t.resource_id,
-                            journal.c.resource_id == t.resource_id, journal.c.seq == t.seq)
-               .returning(*needed).compile(dialect=dialect))
-        return (str(one), dict(one.params)), None
-    taking = taking.returning(t.id)
-    taken = (
-        select(*needed)
-        .join(resources, resources.c.id == t.resource_id)
-        .join(journal, and_(journal.c.resource_id == t.resource_id, journal.c.seq == t.seq))
-        .where(t.claimed_by == bindparam("claimed_by"), t.status == RUNNING,
-               t.id.between(bindparam("low"), bindparam("high")))
-        .order_by(t.id))
-    compiled = [s.compile(dialect=dialect) for s in (taking, taken)]
-    return ((str(compiled[0]), dict(compiled[0].params)),
-            (str(compiled[1]), dict(compiled[1].params)))
+        taking = taking.where(resources.c.id == t.resource_id,
+                              journal.c.resource_id == t.resource_id, journal.c.seq == t.seq
+                              ).returning(*own, resources.c.machine, resources.c.key,
+                                          resources.c.data, journal.c.trigger,
+                                          journal.c.payload)
+    else:
+        # (named in full: SQLite's RETURNING leaves its columns' tables unnamed)
+        effect = {name: literal_column(f"{outbox.name}.{name}") for name in ("resource_id",
+                                                                            "seq")}
+        of_resource = resources.c.id == effect["resource_id"]
+        of_journal = and_(journal.c.resource_id == effect["resource_id"],
+                          journal.c.seq == effect["seq"])
+        taking = taking.returning(
+            *own, *(select(c).where(of_resource).scalar_subquery() for c in (
+                resources.c.machine, resources.c.key, resources.c.data)),
+            *(select(c).where(of_journal).scalar_subquery() for c in (
+                journal.c.trigger, journal.c.payload)))
+    compiled = taking.compile(dialect=dialect)
+    return str(compiled), dict(compiled.params)
+
+
+def lost_claim(exc: BaseException) -> bool:
+    """Whether ``exc`` is ``finish_effect`` failing its fence: the worker no longer holds
+    the claim of the effect whose outcome it recorded (on PostgreSQL, raised where the
+    transaction's answers are read, at the latest at its COMMIT)."""
+    diag = getattr(exc, "diag", None)
+    if diag is not None:  # psycopg
+        return bool(diag.table_name == outbox.name and diag.column_name == "status")
+    return str(exc) == f"NOT NULL constraint failed: {outbox.name}.status"
 
 
 def renew(db: Connection, ids: Collection[int], worker: str, until: dt.datetime) -> set[int]:
@@ -293,5 +323,5 @@ def of_resource(db: Connection, resource_id: int) -> list[Any]:
 
 
 __all__ = ["EffectStatements", "claim", "claimants", "counts", "expire", "held_elsewhere",
-           "listed", "of_resource", "on_failure", "pending_head", "renew", "retry_failed",
-           "unclaim", "unhandled"]
+           "listed", "lost_claim", "of_resource", "on_failure", "pending_head", "renew",
+           "retry_failed", "unclaim", "unhandled"]
