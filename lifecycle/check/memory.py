@@ -33,8 +33,10 @@ from ..scenario import Playable, World
 from ..spec import EffectSpec
 from .moves import (
     Advance,
+    Begin,
     Crash,
     Create,
+    Finish,
     Fire,
     FireTimers,
     Move,
@@ -51,6 +53,15 @@ from .state import Frozen, Pending, Res, Seen, State, Timer, freeze, thaw
 Actions = list[tuple[str, str, dict[str, Any]]]
 """What effect handlers asked the world to do during a move, as the scenario's world records
 it: (action, key, details)."""
+
+
+RUNNING = "$running"
+"""The world's entry that lists the runs begun and not finished (:class:`~lifecycle.check.
+moves.Begin`), by resource key, each with what its handler holds in the world until it
+finishes (a slot of a pool of commands): the checker adds a run's entry before its handler
+is called and drops it when the run finishes; a handler's adapter notes there what it holds
+past the call. A run with no entry (a whole ``run_effect``, in the checker or a scenario)
+lets go of everything when its call returns."""
 
 
 COMMITTED = "committed"
@@ -135,6 +146,10 @@ class Memory:
             state, fired = self.fire(state, move.key, trigger, payload)
         elif isinstance(move, RunEffect):
             state = self.run_effect(state, move.key)
+        elif isinstance(move, Begin):
+            state = self.begin(state, move.key)
+        elif isinstance(move, Finish):
+            state = self.finish(state, move.key)
         elif isinstance(move, FireTimers):
             state = self.fire_timers(state, move.key)
         elif isinstance(move, Retry):
@@ -149,7 +164,7 @@ class Memory:
             self._call(resource, head, state.now, state.world)  # its outcome dies with it
         else:
             raise CheckError(f"unknown move {move!r}")
-        if isinstance(move, SetWorld | RunEffect | Crash):  # what may change the world
+        if isinstance(move, SetWorld | RunEffect | Crash | Begin | Finish):  # the world's
             state = replace(state, world=freeze(self.world.status))
         return state, list(self.world.actions), fired
 
@@ -282,6 +297,40 @@ class Memory:
         head = resource.head()
         assert head is not None
         progress, outcome = self._call(resource, head, state.now, state.world)
+        return self._record(state, key, head, progress, outcome)
+
+    def begin(self, state: State, key: str) -> State:
+        """Start the head effect of ``key``: its handler is called (what it does to the world
+        happens now), with the run listed in the world's :data:`RUNNING` entry, where what
+        it holds stays until :meth:`finish`; the call is kept in the head (``begun``)."""
+        _, resource = state.find(key)
+        head = resource.head()
+        assert head is not None and head.begun is None
+        running = self.world.status.setdefault(RUNNING, {})
+        running[key] = {}
+        world = freeze(self.world.status)
+        self._call(resource, head, state.now, world)
+        begun = replace(head, begun=_memo(resource, head, state.now, world))
+        return state.put(replace(resource, effects=(begun,
+                                                    *resource.effects[1:])))
+
+    def finish(self, state: State, key: str) -> State:
+        """End ``key``'s begun run: what its handler held is let go (its :data:`RUNNING`
+        entry dropped), and the outcome of its call is recorded."""
+        _, resource = state.find(key)
+        head = resource.head()
+        assert head is not None and head.begun is not None
+        progress, outcome = self._calls[head.begun][:2]
+        running = self.world.status.get(RUNNING, {})
+        running.pop(key, None)
+        if not running:
+            self.world.status.pop(RUNNING, None)
+        return self._record(state, key, replace(head, begun=None), progress, outcome)
+
+    def _record(self, state: State, key: str, head: Pending, progress: Frozen,
+                outcome: FollowUp | BaseException | None) -> State:
+        """Record the outcome of a call of ``key``'s head, as the worker does."""
+        _, resource = state.find(key)
         progressed = replace(head, attempts=head.attempts + 1, progress=progress)
         state = state.put(replace(resource, effects=(progressed, *resource.effects[1:])))
         if not isinstance(outcome, BaseException):
@@ -298,7 +347,7 @@ class Memory:
         a function of its call, the world and the clock: called once per distinct
         (resource, effect, data, world, time), what it did is remembered, so that the many
         paths that reach one effect in one world run its handler once."""
-        memo = (resource.key, head, resource.data, world, now)
+        memo = _memo(resource, head, now, world)
         done = self._calls.get(memo)
         if done is None:
             call, outcome = self._handle(resource, head, now)
@@ -385,6 +434,11 @@ class _NoJitter(random.Random):
 
 
 _NO_JITTER = _NoJitter()
+
+
+def _memo(resource: Res, head: Pending, now: float, world: Frozen) -> tuple[Any, ...]:
+    """What a handler's call is remembered by: a handler is a function of these."""
+    return (resource.key, head, resource.data, world, now)
 
 
 def _observed(resource: Res, status: Frozen, at: float, source: str) -> Res:

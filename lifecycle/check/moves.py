@@ -157,6 +157,37 @@ class RunEffect(Move):
 
 
 @dataclass(frozen=True)
+class Begin(Move):
+    """The worker starts ``key``'s queue head, due now, among others it runs at once
+    (``Model.overlap``): its handler runs, and what it starts (a command) is in flight, and
+    what it holds in the world (a slot of a pool) held, until the run finishes. No scenario
+    step: a scenario runs one effect at a time, so the run replays whole at its
+    :class:`Finish`."""
+
+    key: str
+
+    def scenario(self, start: dt.datetime) -> list[dict[str, Any]]:
+        return []
+
+    def text(self) -> str:
+        return f"the worker starts {self.key}'s effect"
+
+
+@dataclass(frozen=True)
+class Finish(Move):
+    """``key``'s begun run ends: what its handler started is over, what it held is let go,
+    and the worker records its outcome (as :class:`RunEffect` records it)."""
+
+    key: str
+
+    def scenario(self, start: dt.datetime) -> list[dict[str, Any]]:
+        return [{"run_effect": self.key}]
+
+    def text(self) -> str:
+        return f"{self.key}'s effect ends; the worker records it"
+
+
+@dataclass(frozen=True)
 class FireTimers(Move):
     """``key``'s due timers fire, soonest first, as the worker fires them."""
 
