@@ -310,10 +310,10 @@ def _dispatcher(pool: int | None, rate: bool = True) -> Any:
     return simulation
 
 
-def limited() -> Playable:
+def limited(pool: int = POOL) -> Playable:
     """The dispatcher as it runs: ``slurm_dispatch`` with its scancels limited to ``RATE``
-    a second and its commands to ``POOL`` in flight."""
-    return Machine(BUILTIN.spec, GUARDS, _dispatcher(POOL))
+    a second and its commands to ``pool`` in flight."""
+    return Machine(BUILTIN.spec, GUARDS, _dispatcher(pool))
 
 
 def unpooled() -> Playable:
@@ -365,26 +365,25 @@ def _commands(view: View, actions: Actions) -> dict[str, Any]:
     return {"in_flight": sorted(key for key in held if _begun(view, key))}
 
 
-def _too_many(before: View, after: View, actions: Actions) -> str | None:
-    flying = after.extra("in_flight", [])
-    if len(flying) > POOL and len(flying) > len(before.extra("in_flight", [])):
-        return (f"{len(flying)} commands in flight at once (of {', '.join(flying)}), more "
-                f"than the {POOL} allowed")
-    return None
+def at_most(pool: int) -> Invariant:
+    """At most ``pool`` commands in flight. A scenario runs one effect at a time (a begun run
+    replays whole at its finish), so its file replays the moves and the states after each,
+    and has no step that commands in flight could fail."""
+    def too_many(before: View, after: View, actions: Actions) -> str | None:
+        flying = after.extra("in_flight", [])
+        if len(flying) > pool and len(flying) > len(before.extra("in_flight", [])):
+            return (f"{len(flying)} commands in flight at once (of {', '.join(flying)}), "
+                    f"more than the {pool} allowed")
+        return None
+    return Invariant("in_flight", f"runs at most {pool} Slurm commands at once", too_many,
+                     lambda view, before, hop: [])
 
 
-IN_FLIGHT = Invariant(
-    "in_flight", f"runs at most {POOL} Slurm commands at once", _too_many,
-    lambda view, before, hop: [])
-"""A scenario runs one effect at a time (a begun run replays whole at its finish), so its
-file replays the moves and the states after each, and has no step that commands in flight
-could fail."""
-
-
-def in_flight(machine: Playable, label: str | None = None) -> Model:
-    """The scancel flood's world: ``POOL + 1`` containers (or the bounds' number), finished,
+def in_flight(machine: Playable, label: str | None = None, pool: int = POOL) -> Model:
+    """The scancel flood's world: ``pool + 1`` containers (or the bounds' number), finished,
     their jobs listed by an squeue as of now, falling due together; the worker runs their
-    scancels at once (``overlap``); the clock moves a second at a time."""
+    scancels at once (``overlap``); the clock moves a second at a time. Invariant: at most
+    ``pool`` commands in flight."""
     def setup(resources: int) -> list[Move]:
         moves: list[Move] = []
         for number in range(1, resources + 1):
@@ -394,8 +393,8 @@ def in_flight(machine: Playable, label: str | None = None) -> Model:
                       SetWorld(key, {**listed, "container": "Complete"}),
                       Observe(key, listed)]
         return moves
-    return Model(machine, setup, invariants=(IN_FLIGHT,), ticks=(1.0,), label=label,
-                 tally=_commands, resources=POOL + 1, overlap=True)
+    return Model(machine, setup, invariants=(at_most(pool),), ticks=(1.0,), label=label,
+                 tally=_commands, resources=pool + 1, overlap=True)
 
 
 MODELS = {"slurm_dispatch": lambda: model(limited(), SHORT_DELAYS),
