@@ -135,6 +135,26 @@ def test_a_step_is_the_engines_own_decision() -> None:
     assert fired is not None and fired.fired and fired.probed and fired.dest == "integrate"
 
 
+def test_a_probe_that_fails_refuses_the_edge_and_leaves_the_state_as_it_was() -> None:
+    """The site cannot say the drone's status (the probe fails, as one that timed out
+    does): the step asks, is refused, and the drone stays booting on the stale Booting it
+    held; once the site answers, the same step integrates it."""
+    model = world_model("drone")
+    memory = Memory(model.machine, model.start)
+    state = State(0.0, (), EMPTY)
+    for move in [*model.setup(1), SetWorld("d1", {"resource_status": "Unknown"}),
+                 Advance(40), Update("d1", {"demand": 0})]:
+        state, _, _ = memory.apply(state, move)
+    held = state
+    state, _, fired = memory.apply(state, Step("d1"))
+    assert fired is not None and fired.probed and not fired.fired
+    assert state == held  # nothing moved, nothing observed: as if it had not stepped
+    assert View(state, model.start).believed("d1") == {"resource_status": "Booting"}
+    state, _, _ = memory.apply(state, SetWorld("d1", {"resource_status": "Running"}))
+    state, _, fired = memory.apply(state, Step("d1"))
+    assert fired is not None and fired.fired and fired.dest == "integrate"
+
+
 # -- startd: the stale advertised claim --------------------------------------------------------
 
 STARTD_INCIDENT = 9
