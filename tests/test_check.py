@@ -39,7 +39,7 @@ from lifecycle.check import (
     write_scenario,
 )
 from lifecycle.check.explore import STUTTER
-from lifecycle.check.memory import RUNNING, CheckError
+from lifecycle.check.memory import CheckError
 from lifecycle.check.state import EMPTY, freeze
 from lifecycle.check.worlds import drone, job_exit, slurm_dispatch, world_model
 from lifecycle.cli import main
@@ -47,7 +47,7 @@ from lifecycle.errors import SpecError
 from lifecycle.machines import builtins
 from lifecycle.machines.drone import TARDIS_BUILTIN as BUILTIN_TARDIS
 from lifecycle.machines.slurm_dispatch import BUILTIN as BUILTIN_SLURM
-from lifecycle.scenario import Playable, replay
+from lifecycle.scenario import RUNNING, Playable, replay
 from lifecycle.spec import MachineSpec, load_spec
 
 DRONE_INCIDENT = 4
@@ -353,11 +353,18 @@ def test_arvados_dispatcher_runs_more_commands_at_once_than_the_pool_allows(
                  dataclasses.replace(FLOOD, resources=slurm_dispatch.POOL)).passed
     assert check(world_model("slurm_dispatch_arvados_in_flight"),
                  dataclasses.replace(FLOOD, depth=FLOOD_ARVADOS - 1)).passed
-    # the scenario replays each move on the real engine and worker (a begun run at its
-    # finish), and the state the checker found after each
+    # the scenario replays each move on the real engine and worker (each run begun while
+    # the others are in flight), and the state the checker found after each, then fails at
+    # its last step: the command one too many started
     path = write_scenario(example, tmp_path / "flood.yaml")
+    steps = yaml.safe_load(path.read_text())["steps"]
+    assert [next(iter(s)) for s in steps].count("begin_effect") == slurm_dispatch.POOL + 1
     result = replay(path, _dispatchers())
-    assert result.passed, result
+    assert result.failure is not None, result
+    assert result.failure.step == len(steps)
+    assert result.failure.kind == "expect_actions"
+    assert steps[-1] == {"expect_actions": {"key": "c3", "actions": []}}
+    assert result.failure.found == ["scancel"]
 
 
 def test_the_dispatchers_pool_keeps_its_commands_in_flight_within_bounds() -> None:
@@ -411,8 +418,8 @@ def test_a_begun_run_holds_its_slot_until_it_finishes() -> None:
     assert RUNNING not in dict(state.world)
     assert View(state, model.start).data("c2")["scancel_failures"] == 1
     start = model.start
-    assert Begin("c1").scenario(start) == []
-    assert Finish("c1").scenario(start) == [{"run_effect": "c1"}]
+    assert Begin("c1").scenario(start) == [{"begin_effect": "c1"}]
+    assert Finish("c1").scenario(start) == [{"finish_effect": "c1"}]
 
 
 # -- faults: the worker dies between a handler's end and its outcome's record -------------------

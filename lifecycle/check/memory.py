@@ -29,7 +29,7 @@ from ..errors import LifecycleError, PermanentError, ProbeFailed
 from ..freshness import ProbeRequest, checked_answer, run_to_end
 from ..graph import EVENTLESS
 from ..results import Observation
-from ..scenario import Playable, World
+from ..scenario import Playable, World, begun, finished
 from ..spec import EffectSpec
 from .moves import (
     Advance,
@@ -53,15 +53,6 @@ from .state import Frozen, Pending, Res, Seen, State, Timer, freeze, thaw
 Actions = list[tuple[str, str, dict[str, Any]]]
 """What effect handlers asked the world to do during a move, as the scenario's world records
 it: (action, key, details)."""
-
-
-RUNNING = "$running"
-"""The world's entry that lists the runs begun and not finished (:class:`~lifecycle.check.
-moves.Begin`), by resource key, each with what its handler holds in the world until it
-finishes (a slot of a pool of commands): the checker adds a run's entry before its handler
-is called and drops it when the run finishes; a handler's adapter notes there what it holds
-past the call. A run with no entry (a whole ``run_effect``, in the checker or a scenario)
-lets go of everything when its call returns."""
 
 
 COMMITTED = "committed"
@@ -301,30 +292,28 @@ class Memory:
 
     def begin(self, state: State, key: str) -> State:
         """Start the head effect of ``key``: its handler is called (what it does to the world
-        happens now), with the run listed in the world's :data:`RUNNING` entry, where what
-        it holds stays until :meth:`finish`; the call is kept in the head (``begun``)."""
+        happens now), with the run listed in the world's running entry
+        (:data:`~lifecycle.scenario.RUNNING`), where what it holds stays until
+        :meth:`finish`; the call is kept in the head (``begun``). The scenario step
+        ``begin_effect``."""
         _, resource = state.find(key)
         head = resource.head()
         assert head is not None and head.begun is None
-        running = self.world.status.setdefault(RUNNING, {})
-        running[key] = {}
+        begun(self.world, key)
         world = freeze(self.world.status)
         self._call(resource, head, state.now, world)
-        begun = replace(head, begun=_memo(resource, head, state.now, world))
-        return state.put(replace(resource, effects=(begun,
-                                                    *resource.effects[1:])))
+        started = replace(head, begun=_memo(resource, head, state.now, world))
+        return state.put(replace(resource, effects=(started, *resource.effects[1:])))
 
     def finish(self, state: State, key: str) -> State:
-        """End ``key``'s begun run: what its handler held is let go (its :data:`RUNNING`
-        entry dropped), and the outcome of its call is recorded."""
+        """End ``key``'s begun run: what its handler held is let go (its running entry
+        dropped), and the outcome of its call is recorded. The scenario step
+        ``finish_effect``."""
         _, resource = state.find(key)
         head = resource.head()
         assert head is not None and head.begun is not None
         progress, outcome = self._calls[head.begun][:2]
-        running = self.world.status.get(RUNNING, {})
-        running.pop(key, None)
-        if not running:
-            self.world.status.pop(RUNNING, None)
+        finished(self.world, key)
         return self._record(state, key, replace(head, begun=None), progress, outcome)
 
     def _record(self, state: State, key: str, head: Pending, progress: Frozen,

@@ -46,9 +46,9 @@ from ...machines.slurm_dispatch import (
     ScenarioSlurm,
     effects,
 )
-from ...scenario import Playable
+from ...scenario import RUNNING, Playable
 from ..explore import Eventually, Invariant, Machine, Model, variant
-from ..memory import RUNNING, Actions
+from ..memory import Actions
 from ..moves import Action, Create, Fire, Move, Note, Observe, SetWorld
 from ..state import View
 
@@ -251,7 +251,7 @@ POOL = 2
 class _HeldPool(CommandPool):
     """The dispatcher's pool of commands in flight, its state read from the world: the slots
     held are those of the runs begun and not finished that took one (the world's
-    :data:`~lifecycle.check.memory.RUNNING` entry, where a begun run's slot stays until it
+    :data:`~lifecycle.scenario.RUNNING` entry, where a begun run's slot stays until it
     finishes), so that each explored state has its own. A command that finds every slot
     held is refused at once, as the pool refuses one whose wait ran out (the wait's other
     end, a slot freed in time, is the path on which a run finishes first). In a scenario,
@@ -365,10 +365,21 @@ def _commands(view: View, actions: Actions) -> dict[str, Any]:
     return {"in_flight": sorted(key for key in held if _begun(view, key))}
 
 
+def _unstarted(view: View, before: Actions, hop: Actions) -> list[dict[str, Any]]:
+    """What the world saw of each job whose command started in the breaking move, but that
+    command: replayed (``begin_effect``, the others' runs still in flight), it has it."""
+    steps = []
+    for key in sorted({k for name, k, _ in hop if name in COMMANDS}):
+        names = [name for name, k, _ in [*before, *hop] if k == key]
+        last = len(names) - 1 - [n in COMMANDS for n in names][::-1].index(True)
+        steps.append({"expect_actions": {"key": key, "actions": names[:last] + names[last + 1:]}})
+    return steps
+
+
 def at_most(pool: int) -> Invariant:
-    """At most ``pool`` commands in flight. A scenario runs one effect at a time (a begun run
-    replays whole at its finish), so its file replays the moves and the states after each,
-    and has no step that commands in flight could fail."""
+    """At most ``pool`` commands in flight. Its scenario ends on the run whose command was
+    one too many, begun while the others' runs are (``begin_effect``), and expects that
+    command not to have started, which fails."""
     def too_many(before: View, after: View, actions: Actions) -> str | None:
         flying = after.extra("in_flight", [])
         if len(flying) > pool and len(flying) > len(before.extra("in_flight", [])):
@@ -376,7 +387,7 @@ def at_most(pool: int) -> Invariant:
                     f"more than the {pool} allowed")
         return None
     return Invariant("in_flight", f"runs at most {pool} Slurm commands at once", too_many,
-                     lambda view, before, hop: [])
+                     _unstarted)
 
 
 def in_flight(machine: Playable, label: str | None = None, pool: int = POOL) -> Model:
