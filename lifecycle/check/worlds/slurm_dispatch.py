@@ -254,8 +254,9 @@ class _HeldPool(CommandPool):
     :data:`~lifecycle.scenario.RUNNING` entry, where a begun run's slot stays until it
     finishes), so that each explored state has its own. A command that finds every slot
     held is refused at once, as the pool refuses one whose wait ran out (the wait's other
-    end, a slot freed in time, is the path on which a run finishes first). In a scenario,
-    which runs one effect at a time, no slot is held past its command."""
+    end, a slot freed in time, is the path on which a run finishes first). A scenario's
+    ``begin_effect`` lists its run there as the checker does; a whole ``run_effect`` holds
+    no slot past its command."""
 
     def __init__(self, world: Any, size: int) -> None:
         super().__init__(size, wait=0.0)
