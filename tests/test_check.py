@@ -373,13 +373,20 @@ def test_the_dispatchers_pool_keeps_its_commands_in_flight_within_bounds() -> No
     assert report.invariants == ["in_flight"] and report.depth == FLOOD.depth
 
 
-def test_the_rate_limit_alone_does_not_bound_the_commands_in_flight() -> None:
+def test_the_rate_limit_alone_does_not_bound_the_commands_in_flight(tmp_path: Path) -> None:
     """Without its pool, the fixed dispatcher starts a second scancel a tick after the first
     while the first still runs; with it (P = 1), the second is refused its slot and fails,
-    on the same bounds."""
+    on the same bounds. The written scenario fails on the one and passes on the other."""
     found = check(_pooled(slurm_dispatch.unpooled()), FLOOD).violations["in_flight"]
     assert len(found) == UNPOOLED
     assert "2 commands in flight at once (of c1, c2)" in found.message
+    path = write_scenario(found, tmp_path / "unpooled.yaml")
+    steps = yaml.safe_load(path.read_text())["steps"]
+    failure = replay(path, {"slurm_dispatch": slurm_dispatch.unpooled()}).failure
+    assert failure is not None and failure.step == len(steps), failure
+    assert (failure.kind, failure.found) == ("expect_actions", ["scancel"])
+    pooled = replay(path, {"slurm_dispatch": slurm_dispatch.limited(pool=1)})
+    assert pooled.passed, pooled.failure  # c2's begun run found c1's holding the slot
     assert check(_pooled(slurm_dispatch.unpooled()),
                  dataclasses.replace(FLOOD, depth=UNPOOLED - 1)).passed
     assert check(_pooled(slurm_dispatch.limited(pool=1)), FLOOD).passed
