@@ -5,7 +5,8 @@ lags, the demand dropping, the clock moving) explored breadth first to the bound
 suite uses, on the fixed machine (no violation: every state to the depth bound) and on
 TARDIS's (until the shortest counterexample of each invariant); and the other built-in
 fixed machines' worlds at the test suite's bounds (the startd's slot, the dispatcher's
-container with its rate limit, the job exit's queue and mail server). One whole
+container with its rate limit, its scancel flood with its pool of commands run at once, the
+job exit's queue and mail server). One whole
 exploration per operation, timed per state explored.
 """
 
@@ -21,6 +22,7 @@ from .harness import Bench, BenchError, Case, Settings, Workspace
 
 BOUNDS = Bounds(depth=10, horizon=120)
 OTHERS = {"startd": Bounds(depth=20), "slurm_dispatch": Bounds(depth=8, horizon=3),
+          "slurm_dispatch_in_flight": Bounds(depth=6, horizon=2),
           "job_exit": Bounds(depth=8, horizon=60)}
 """The other fixed machines, at the bounds their tests use."""
 

@@ -21,6 +21,8 @@ steps:
   - retry: d1                   # put a stuck resource's failed effects back in the queue
   - crash_effect: d1            # its queue head's handler runs; the worker dies unrecorded
   - run_effect: d1              # its queue head alone runs and is recorded (nothing else)
+  - begin_effect: d1            # its queue head's handler runs; the run stays in flight
+  - finish_effect: d1           # d1's begun run ends and its outcome is recorded
   - fire_timers: d1             # its due timers fire (nothing else)
 ```
 """
@@ -50,10 +52,12 @@ from .store.statements import effects as effect_rows
 from .store.statements import timers as timer_rows
 from .user_documents import DocumentError, compose_yaml, load_yaml, read_text
 from .worker import Worker
+from .worker_core import WorkerCore
 
 STEP_KINDS = ("create", "advance", "observe", "world", "update", "step", "fire", "expect",
               "expect_last", "run_effects", "expect_actions", "expect_world", "retry",
-              "crash_effect", "run_effect", "fire_timers", "expect_observed")
+              "crash_effect", "run_effect", "fire_timers", "expect_observed", "begin_effect",
+              "finish_effect")
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,10 +269,20 @@ def _run(scenario: Scenario, store: Store, machines: Mapping[str, Playable]) -> 
     except LifecycleError as exc:
         raise ScenarioError(f"{scenario.file}: {exc}") from None
     worker = Worker(engine, seed=0)
+    runs: dict[str, Run] = {}
+    try:
+        return _steps(scenario, engine, clock, world, worker, spec, runs)
+    finally:
+        for run in runs.values():
+            run.abandon()
+
+
+def _steps(scenario: Scenario, engine: Engine, clock: SimulatedClock, world: World,
+           worker: Worker, spec: MachineSpec, runs: dict[str, Run]) -> ScenarioResult:
     last: dict[str, Any] | None = None
     for index, step in enumerate(scenario.steps):
         try:
-            last = _do(step, engine, clock, world, worker, spec, last)
+            last = _do(step, engine, clock, world, worker, spec, runs, last)
             following = scenario.steps[index + 1] if index + 1 < len(scenario.steps) else None
             if step.kind in ("fire", "step") and last is not None and last["raised"] and (
                     following is None or following.kind != "expect_last"):
@@ -302,7 +316,8 @@ def _args(step: Step, required: tuple[str, ...], optional: tuple[str, ...] = ())
 
 
 def _do(step: Step, engine: Engine, clock: SimulatedClock, world: World, worker: Worker,
-        spec: MachineSpec, last: dict[str, Any] | None) -> dict[str, Any] | None:
+        spec: MachineSpec, runs: dict[str, Run],
+        last: dict[str, Any] | None) -> dict[str, Any] | None:
     """Carry out one step; the outcome of the last fire or step (for ``expect_last``)."""
     kind = step.kind
     if kind == "create":
@@ -334,6 +349,13 @@ def _do(step: Step, engine: Engine, clock: SimulatedClock, world: World, worker:
         crash_effect(engine, _args(step, ("key",))["key"])
     elif kind == "run_effect":
         run_effect(engine, _args(step, ("key",))["key"])
+    elif kind == "begin_effect":
+        key = _args(step, ("key",))["key"]
+        if key in runs:
+            raise ValueError(f"{key} has a run begun and not finished")
+        runs[key] = begin_effect(engine, key, world)
+    elif kind == "finish_effect":
+        finish_effect(runs, _args(step, ("key",))["key"], world)
     elif kind == "fire_timers":
         fire_timers(engine, _args(step, ("key",))["key"])
     elif kind == "run_effects":
@@ -364,34 +386,104 @@ def crash_effect(engine: Engine, key: str) -> str:
     return str(name)
 
 
-def run_effect(engine: Engine, key: str) -> str:
-    """The worker runs the queue head of ``key``, due now, and records its outcome (its
-    follow-up fired, a failure rescheduled or given up), as in its loop; nothing else runs
-    (``lifecycle check`` explores one effect per move). Its name."""
+RUNNING = "$running"
+"""The world's entry that lists the runs begun and not finished (``begin_effect``), by
+resource key, each with what its handler holds in the world until the run finishes (a slot
+of a pool of commands): the run's entry is added before its handler is called and dropped
+when it finishes, and a handler's adapter notes there what it holds past its call. A whole
+``run_effect`` has no entry: it lets go of everything when its call returns."""
+
+
+@dataclass
+class Run:
+    """An effect's run begun and not finished (a worker that runs several at once): its
+    claim held, its handler called (what it did to the world done, what it started in
+    flight), its outcome kept until :meth:`finish` records it."""
+
+    core: WorkerCore
+    call: EffectCall
+    outcome: tuple[str, Any]
+
+    def finish(self) -> str:
+        """The run ends: its outcome is recorded as the worker records it (its follow-up
+        fired, a failure rescheduled or given up) and its claim let go. Its effect's name."""
+        try:
+            self.core.outcome(self.call, *self.outcome)
+            self.core.record()
+            self.core.let_go([self.call.id])
+        finally:
+            self.core.heartbeat_stopped()
+        return str(self.call.name)
+
+    def abandon(self) -> None:
+        """The run is never finished (its scenario ended first): its claim is given back."""
+        self.core.give_back([self.call], refund=False)
+        self.core.heartbeat_stopped()
+
+
+def begin_effect(engine: Engine, key: str, world: World | None = None) -> Run:
+    """The worker starts the queue head of ``key``, due now, among others it runs at once:
+    its claim is taken and held, its handler called (with the run listed in ``world``'s
+    :data:`RUNNING` entry, if given), and its outcome kept, unrecorded, in the :class:`Run`
+    (``lifecycle check`` explores one such start per move)."""
     resource = engine.get(key)
-    core = Worker(engine, seed=0, batch=_ALL).core
+    core = WorkerCore(engine, seed=0, batch=_ALL, lease=_HELD)
     try:
         claimed = core.claim(_ALL, [])
         mine = [c for c in claimed if (c.machine, c.key) == (resource.machine, resource.key)]
         core.give_back([c for c in claimed if c not in mine])
         if not mine:
-            raise ValueError(f"run_effect: {key} has no effect due")
+            raise ValueError(f"{key} has no effect due")
         call = mine[0]
+        if world is not None:
+            begun(world, resource.key)
         try:
             handler = engine.handlers[call.name].handler
             outcome: tuple[str, Any] = ("ok", run_to_end(handler(call)))
-        except Exception as exc:  # the handler's failure is recorded, not raised
+        except Exception as exc:  # the handler's failure is recorded at the finish
             outcome = ("error", exc)
-        core.outcome(call, *outcome)
-        core.record()
-        core.let_go([call.id])
-    finally:
+    except BaseException:
         core.heartbeat_stopped()
-    return str(call.name)
+        raise
+    return Run(core, call, outcome)
+
+
+def finish_effect(runs: dict[str, Run], key: str, world: World | None = None) -> str:
+    """``key``'s begun run ends: its entry leaves ``world``'s :data:`RUNNING` (what it held
+    is let go) and its outcome is recorded. Its effect's name."""
+    run = runs.pop(key, None)
+    if run is None:
+        raise ValueError(f"{key} has no run begun")
+    if world is not None:
+        finished(world, key)
+    return run.finish()
+
+
+def begun(world: World, key: str) -> None:
+    """List ``key``'s run in ``world``'s :data:`RUNNING` entry, holding nothing yet."""
+    world.status.setdefault(RUNNING, {})[key] = {}
+
+
+def finished(world: World, key: str) -> None:
+    """Drop ``key``'s run from ``world``'s :data:`RUNNING` entry (the entry with the last)."""
+    running = world.status.get(RUNNING, {})
+    running.pop(key, None)
+    if not running:
+        world.status.pop(RUNNING, None)
+
+
+def run_effect(engine: Engine, key: str) -> str:
+    """The worker runs the queue head of ``key``, due now, and records its outcome (its
+    follow-up fired, a failure rescheduled or given up), as in its loop; nothing else runs
+    (``lifecycle check`` explores one effect per move). Its name."""
+    return begin_effect(engine, key).finish()
 
 
 _ALL = 1_000_000
-"""Effects one claim of ``run_effect`` may look at: all that are due."""
+"""Effects one claim of a run may look at: all that are due."""
+_HELD = 365 * 86400.0
+"""A begun run's lease, in seconds of the scenario's clock: it holds its claim until its
+``finish_effect`` however far the scenario moves the clock meanwhile."""
 
 
 def fire_timers(engine: Engine, key: str) -> int:

@@ -16,10 +16,12 @@ from lifecycle.check import (
     Action,
     Actions,
     Advance,
+    Begin,
     Bounds,
     Crash,
     Create,
     Eventually,
+    Finish,
     Fire,
     Invariant,
     Machine,
@@ -38,14 +40,14 @@ from lifecycle.check import (
 )
 from lifecycle.check.explore import STUTTER
 from lifecycle.check.memory import CheckError
-from lifecycle.check.state import EMPTY
+from lifecycle.check.state import EMPTY, freeze
 from lifecycle.check.worlds import drone, job_exit, slurm_dispatch, world_model
 from lifecycle.cli import main
 from lifecycle.errors import SpecError
 from lifecycle.machines import builtins
 from lifecycle.machines.drone import TARDIS_BUILTIN as BUILTIN_TARDIS
 from lifecycle.machines.slurm_dispatch import BUILTIN as BUILTIN_SLURM
-from lifecycle.scenario import Playable, replay
+from lifecycle.scenario import RUNNING, Playable, replay
 from lifecycle.spec import MachineSpec, load_spec
 
 DRONE_INCIDENT = 4
@@ -131,6 +133,26 @@ def test_a_step_is_the_engines_own_decision() -> None:
         state, _, _ = memory.apply(state, move)
     state, _, fired = memory.apply(state, Step("d1"))
     assert fired is not None and fired.fired and fired.probed and fired.dest == "integrate"
+
+
+def test_a_probe_that_fails_refuses_the_edge_and_leaves_the_state_as_it_was() -> None:
+    """The site cannot say the drone's status (the probe fails, as one that timed out
+    does): the step asks, is refused, and the drone stays booting on the stale Booting it
+    held; once the site answers, the same step integrates it."""
+    model = world_model("drone")
+    memory = Memory(model.machine, model.start)
+    state = State(0.0, (), EMPTY)
+    for move in [*model.setup(1), SetWorld("d1", {"resource_status": "Unknown"}),
+                 Advance(40), Update("d1", {"demand": 0})]:
+        state, _, _ = memory.apply(state, move)
+    held = state
+    state, _, fired = memory.apply(state, Step("d1"))
+    assert fired is not None and fired.probed and not fired.fired
+    assert state == held  # nothing moved, nothing observed: as if it had not stepped
+    assert View(state, model.start).believed("d1") == {"resource_status": "Booting"}
+    state, _, _ = memory.apply(state, SetWorld("d1", {"resource_status": "Running"}))
+    state, _, fired = memory.apply(state, Step("d1"))
+    assert fired is not None and fired.fired and fired.dest == "integrate"
 
 
 # -- startd: the stale advertised claim --------------------------------------------------------
@@ -297,6 +319,114 @@ def test_a_lagging_worker_is_not_the_dispatchers_linger() -> None:
                        lambda view, before, did: [])
     model = dataclasses.replace(world_model("slurm_dispatch"), invariants=(listed,))
     assert "listed" in check(model, SLURM).violations
+
+
+# -- slurm_dispatch: commands in flight ----------------------------------------------------------
+
+FLOOD = Bounds(depth=6, horizon=2, crashes=False)
+"""The scancel flood's world: its containers' steps and their scancels' starts, and two
+seconds (a dead worker's commands die with it: crashes add nothing to what is in flight)."""
+FLOOD_ARVADOS = 2 * (slurm_dispatch.POOL + 1)
+"""Moves P + 1 commands in flight need with no bound: each container steps into its scancel,
+and the worker starts each one, none finished."""
+UNPOOLED = 5
+"""Moves two scancels in flight need under the rate limit alone (P = 1): both containers
+step, the worker starts c1's, a second passes (the next tick of the limit), and it starts
+c2's while c1's runs."""
+
+
+def _pooled(machine: Playable, pool: int = 1) -> Model:
+    return slurm_dispatch.in_flight(machine, pool=pool)
+
+
+def test_arvados_dispatcher_runs_more_commands_at_once_than_the_pool_allows(
+        tmp_path: Path) -> None:
+    report = check(world_model("slurm_dispatch_arvados_in_flight"), FLOOD)
+    example = report.violations["in_flight"]
+    assert len(example) == FLOOD_ARVADOS
+    assert [h.label for h in example.hops][-3:] == [
+        f"the worker starts c{n}'s scancel" for n in (1, 2, 3)]
+    assert "3 commands in flight at once (of c1, c2, c3), more than the 2 allowed" \
+        in example.message
+    # as many as the pool allows, or fewer moves, find nothing
+    assert check(world_model("slurm_dispatch_arvados_in_flight"),
+                 dataclasses.replace(FLOOD, resources=slurm_dispatch.POOL)).passed
+    assert check(world_model("slurm_dispatch_arvados_in_flight"),
+                 dataclasses.replace(FLOOD, depth=FLOOD_ARVADOS - 1)).passed
+    # the scenario replays each move on the real engine and worker (each run begun while
+    # the others are in flight), and the state the checker found after each, then fails at
+    # its last step: the command one too many started
+    path = write_scenario(example, tmp_path / "flood.yaml")
+    steps = yaml.safe_load(path.read_text())["steps"]
+    assert [next(iter(s)) for s in steps].count("begin_effect") == slurm_dispatch.POOL + 1
+    result = replay(path, _dispatchers())
+    assert result.failure is not None, result
+    assert result.failure.step == len(steps)
+    assert result.failure.kind == "expect_actions"
+    assert steps[-1] == {"expect_actions": {"key": "c3", "actions": []}}
+    assert result.failure.found == ["scancel"]
+
+
+def test_the_dispatchers_pool_keeps_its_commands_in_flight_within_bounds() -> None:
+    report = check(world_model("slurm_dispatch_in_flight"), FLOOD)
+    assert report.passed, text(report)
+    assert report.invariants == ["in_flight"] and report.depth == FLOOD.depth
+
+
+def test_the_rate_limit_alone_does_not_bound_the_commands_in_flight(tmp_path: Path) -> None:
+    """Without its pool, the fixed dispatcher starts a second scancel a tick after the first
+    while the first still runs; with it (P = 1), the second is refused its slot and fails,
+    on the same bounds. The written scenario fails on the one and passes on the other."""
+    found = check(_pooled(slurm_dispatch.unpooled()), FLOOD).violations["in_flight"]
+    assert len(found) == UNPOOLED
+    assert "2 commands in flight at once (of c1, c2)" in found.message
+    path = write_scenario(found, tmp_path / "unpooled.yaml")
+    steps = yaml.safe_load(path.read_text())["steps"]
+    failure = replay(path, {"slurm_dispatch": slurm_dispatch.unpooled()}).failure
+    assert failure is not None and failure.step == len(steps), failure
+    assert (failure.kind, failure.found) == ("expect_actions", ["scancel"])
+    pooled = replay(path, {"slurm_dispatch": slurm_dispatch.limited(pool=1)})
+    assert pooled.passed, pooled.failure  # c2's begun run found c1's holding the slot
+    assert check(_pooled(slurm_dispatch.unpooled()),
+                 dataclasses.replace(FLOOD, depth=UNPOOLED - 1)).passed
+    assert check(_pooled(slurm_dispatch.limited(pool=1)), FLOOD).passed
+    refused = Invariant("refused", "no scancel fails",
+                        lambda before, after, did: "failed" if any(
+                            after.data(k).get("scancel_failures") for k in after.keys)
+                        else None, lambda view, before, did: [])
+    model = dataclasses.replace(_pooled(slurm_dispatch.limited(pool=1)), invariants=(refused,))
+    example = check(model, FLOOD).violations["refused"]  # not a pass for want of trying
+    assert [h.label for h in example.hops][-2:] == ["the worker starts c2's scancel",
+                                                   "c2's scancel ends"]
+    after = View(example.hops[-1].state, example.start)
+    assert after.data("c2")["scancel_exit"] is None  # the command could not run
+
+
+def test_a_begun_run_holds_its_slot_until_it_finishes() -> None:
+    """Begin calls the handler (its command starts, its slot is noted in the world's
+    running entry), any move may follow, and Finish lets the slot go and records the
+    outcome the call had."""
+    model = _pooled(slurm_dispatch.limited(pool=1))
+    memory = Memory(model.machine, model.start)
+    state = State(0.0, (), EMPTY)
+    for move in [*model.setup(2), Step("c1"), Step("c2")]:
+        state, _, _ = memory.apply(state, move)
+    state, did, _ = memory.apply(state, Begin("c1"))
+    assert [a[0] for a in did] == ["scancel"]
+    assert state.find("c1")[1].state == "cancelling.scancelling"
+    assert dict(state.world)[RUNNING] == freeze({"c1": {"slot": True}})
+    state, did, _ = memory.apply(state, Advance(1.0))
+    state, did, _ = memory.apply(state, Begin("c2"))
+    assert did == []  # refused a slot: no scancel ran
+    state, _, _ = memory.apply(state, Finish("c1"))
+    assert state.find("c1")[1].state == "cancelling.waiting"
+    assert dict(state.world)[RUNNING] == freeze({"c2": {}})
+    state, _, _ = memory.apply(state, Finish("c2"))
+    assert RUNNING not in dict(state.world)
+    assert View(state, model.start).data("c2")["scancel_failures"] == 1
+    start = model.start
+    assert Begin("c1").scenario(start) == [{"begin_effect": "c1"}]
+    assert Finish("c1").scenario(start) == [{"finish_effect": "c1"}]
 
 
 # -- faults: the worker dies between a handler's end and its outcome's record -------------------

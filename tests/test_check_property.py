@@ -12,6 +12,7 @@ makes them slower)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -240,3 +241,69 @@ def test_every_fair_loop_reported_is_a_fair_loop_that_never_meets_it(
         taken |= names
     always = set.intersection(*({f for _, _, f in moves[s] if f is not None} for s in states))
     assert always <= taken
+
+
+def _poked_back() -> Invariant:
+    """A begun run of ``poke`` finishes, and its follow-up takes r1 back to s0 from
+    elsewhere."""
+    def broken(before: View, after: View, actions: Any) -> str | None:
+        head = before.resource("r1").head()
+        if head is None or head.begun is None or after.resource("r1").head() == head:
+            return None
+        moved = before.machine_state("r1") != "s0" == after.machine_state("r1")
+        return "r1's poke finished and took it back to s0" if moved else None
+
+    return Invariant("poked_back", "no poke's run takes r1 back to s0", broken, _unfinished)
+
+
+def _spanned() -> Invariant:
+    """A begun run finishes after the clock moved since it began (another move fell between
+    its begin and its finish); ``begun_at`` is the model's tally of when it began."""
+    def broken(before: View, after: View, actions: Any) -> str | None:
+        head = before.resource("r1").head()
+        if head is None or head.begun is None or after.resource("r1").head() == head:
+            return None
+        began = before.extra("begun_at")
+        return f"r1's run began at {began:g} s and finished at {after.now:g} s" \
+            if after.now > began else None
+
+    return Invariant("spanned", "no run spans a move of the clock", broken, _unfinished)
+
+
+def _unfinished(view: View, done: Any, hop: Any) -> list[dict[str, Any]]:
+    """r1 as it was before the run finished: the replay, which records the run there (its
+    follow-up, ``poked``, moves r1 to s0 and counts a version), fails on it."""
+    previous = view.previous
+    assert previous is not None
+    before = previous.resource("r1")
+    return [{"expect": {"key": "r1", "state": before.state, "version": before.version}}]
+
+
+def _begun_at(view: View, actions: Any) -> dict[str, Any]:
+    head = view.resource("r1").head()
+    return {"begun_at": view.now} if head is not None and head.begun is not None \
+        and actions else {}
+
+
+@SETTINGS
+@given(machine=machines())
+def test_runs_begun_and_finished_replay_as_the_checker_ran_them(machine: Machine,
+                                                                tmp_path_factory: Any) -> None:
+    """A worker that runs effects at once (``overlap``): each run is two moves, begun and
+    finished, with any other move between them (the world's value changing too); the
+    scenario begins the run where the checker did (``begin_effect``: the handler sees the
+    world as it was then) and records it at its finish (``finish_effect``), and every state
+    the checker found after each move, the real engine and worker find too, up to the broken
+    invariant's own expectation."""
+    never = _never(machine.spec.states[-1].name)
+    model = dataclasses.replace(_world(machine), overlap=True, tally=_begun_at,
+                                invariants=(never, _poked_back(), _spanned(),
+                                            _no_poke_at(2)))
+    report = check(model, Bounds(depth=5, horizon=30))
+    directory = Path(tmp_path_factory.mktemp("overlapping"))
+    for name, example in report.violations.items():
+        path = write_scenario(example, directory / f"{name}.yaml")
+        result = replay(path, {"generated": machine})
+        kind = "expect_actions" if name == "no_poke_at_2" else "expect"
+        assert result.failure is not None and result.failure.kind == kind, name
+        assert result.failure.step == result.steps, (name, result.failure)

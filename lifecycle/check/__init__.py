@@ -20,8 +20,10 @@ from .memory import Actions, Memory
 from .moves import (
     Action,
     Advance,
+    Begin,
     Crash,
     Create,
+    Finish,
     Fire,
     FireTimers,
     Move,
@@ -36,8 +38,9 @@ from .moves import (
 from .output import scenario, text, timeline, write_scenario
 from .state import State, View
 
-__all__ = ["Action", "Actions", "Advance", "Bounds", "Counterexample", "Crash", "Create",
-           "Eventually", "Fire", "FireTimers", "Invariant", "Machine", "Memory", "Model",
-           "Move", "Note", "Observe", "Report", "Retry", "RunEffect", "SetWorld", "State",
-           "Step", "Update", "View", "check", "declared", "recording", "scenario", "text",
-           "timeline", "variant", "write_scenario"]
+__all__ = ["Action", "Actions", "Advance", "Begin", "Bounds", "Counterexample", "Crash",
+           "Create", "Eventually", "Finish", "Fire", "FireTimers", "Invariant",
+           "Machine", "Memory", "Model", "Move", "Note", "Observe", "Report", "Retry",
+           "RunEffect", "SetWorld", "State", "Step", "Update", "View", "check",
+           "declared", "recording", "scenario", "text", "timeline", "variant",
+           "write_scenario"]

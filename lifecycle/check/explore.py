@@ -3,7 +3,9 @@
 From the state a model's setup leaves, every enabled move is tried: each world action the
 model declares, the engine's step of each resource that has eventless edges (asking its
 probe when a risky edge wants a fresh observation), the worker running one resource's due
-effect (or dying after its handler, before recording it), a resource's due timers firing,
+effect (or dying after its handler, before recording it; or, where the model's worker runs
+several at once, starting it and, a move of its own, finishing it), a resource's due timers
+firing,
 the clock moving by each of the model's ticks (up to the horizon). States are
 deduplicated by value (:mod:`lifecycle.check.state`), and every move is checked against the
 model's invariants, also when it leads to a state already seen: breadth first, the first
@@ -27,7 +29,7 @@ from ..graph import EVENTLESS
 from ..scenario import Playable, Simulated
 from ..spec import MachineSpec
 from .memory import Actions, Fired, Memory
-from .moves import Action, Advance, Crash, FireTimers, Move, RunEffect, Step
+from .moves import Action, Advance, Begin, Crash, Finish, FireTimers, Move, RunEffect, Step
 from .state import EMPTY, State, View, freeze, thaw
 
 START = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -93,6 +95,11 @@ class Model:
     tally: Callable[[View, Actions], Mapping[str, Any]] | None = None
     """After each move, the model's own values that what handlers did changes (when a job
     was last cancelled, say): invariants read them from ``View.extra``."""
+    overlap: bool = False
+    """The worker runs several effects at once (its ``concurrency``): an effect's run is two
+    moves, :class:`~lifecycle.check.moves.Begin` and :class:`~lifecycle.check.moves.
+    Finish`, and any other move may fall between them (a global limit on what is in flight,
+    a pool of commands, is then something to check). False: one move, ``RunEffect``."""
 
     @property
     def name(self) -> str:
@@ -505,7 +512,8 @@ CLOCK = "the clock"
 def enabled(model: Model, memory: Memory, state: State,
             bounds: Bounds) -> list[tuple[str, tuple[Move, ...], str | None]]:
     """The moves enabled in ``state``: the world's actions, each resource's step, the
-    worker's run (and crash) of each due queue head, each resource's due timers, the
+    worker's run (or start, and finish) and crash of each due queue head, each resource's
+    due timers, the
     clock's ticks within the horizon; each with the name weak fairness knows it by (None:
     not fair). The engine's steps, the worker's runs, timers and the clock are fair; a
     worker's death is not; the world's actions are as the model declares them."""
@@ -518,8 +526,13 @@ def enabled(model: Model, memory: Memory, state: State,
                 if r.state not in final and compiled.candidates(r.state, EVENTLESS)]
     for r in state.resources:
         head = r.head()
-        if head is not None and not head.failed and head.due <= state.now:
-            out.append((f"the worker runs {r.key}'s {head.name}", (RunEffect(r.key),),
+        if head is not None and head.begun is not None:
+            out.append((f"{r.key}'s {head.name} ends", (Finish(r.key),),
+                        f"the worker runs {r.key}'s queue"))
+        elif head is not None and not head.failed and head.due <= state.now:
+            out.append((f"the worker starts {r.key}'s {head.name}", (Begin(r.key),),
+                        f"the worker starts {r.key}'s queue") if model.overlap else
+                       (f"the worker runs {r.key}'s {head.name}", (RunEffect(r.key),),
                         f"the worker runs {r.key}'s queue"))
             if bounds.crashes:
                 out.append((f"the worker runs {r.key}'s {head.name} and dies before "
@@ -536,7 +549,8 @@ def enabled(model: Model, memory: Memory, state: State,
 def _waiting(state: State) -> bool:
     """Whether an effect's retry or a timer falls due after now."""
     return any(t.due > state.now for r in state.resources for t in r.timers) or any(
-        e.due > state.now and not e.failed for r in state.resources for e in r.effects)
+        e.due > state.now and not e.failed and e.begun is None
+        for r in state.resources for e in r.effects)
 
 
 def _try(model: Model, memory: Memory, state: State, label: str, moves: tuple[Move, ...],

@@ -29,12 +29,14 @@ from ..errors import LifecycleError, PermanentError, ProbeFailed
 from ..freshness import ProbeRequest, checked_answer, run_to_end
 from ..graph import EVENTLESS
 from ..results import Observation
-from ..scenario import Playable, World
+from ..scenario import Playable, World, begun, finished
 from ..spec import EffectSpec
 from .moves import (
     Advance,
+    Begin,
     Crash,
     Create,
+    Finish,
     Fire,
     FireTimers,
     Move,
@@ -135,6 +137,10 @@ class Memory:
             state, fired = self.fire(state, move.key, trigger, payload)
         elif isinstance(move, RunEffect):
             state = self.run_effect(state, move.key)
+        elif isinstance(move, Begin):
+            state = self.begin(state, move.key)
+        elif isinstance(move, Finish):
+            state = self.finish(state, move.key)
         elif isinstance(move, FireTimers):
             state = self.fire_timers(state, move.key)
         elif isinstance(move, Retry):
@@ -149,7 +155,7 @@ class Memory:
             self._call(resource, head, state.now, state.world)  # its outcome dies with it
         else:
             raise CheckError(f"unknown move {move!r}")
-        if isinstance(move, SetWorld | RunEffect | Crash):  # what may change the world
+        if isinstance(move, SetWorld | RunEffect | Crash | Begin | Finish):  # the world's
             state = replace(state, world=freeze(self.world.status))
         return state, list(self.world.actions), fired
 
@@ -282,6 +288,38 @@ class Memory:
         head = resource.head()
         assert head is not None
         progress, outcome = self._call(resource, head, state.now, state.world)
+        return self._record(state, key, head, progress, outcome)
+
+    def begin(self, state: State, key: str) -> State:
+        """Start the head effect of ``key``: its handler is called (what it does to the world
+        happens now), with the run listed in the world's running entry
+        (:data:`~lifecycle.scenario.RUNNING`), where what it holds stays until
+        :meth:`finish`; the call is kept in the head (``begun``). The scenario step
+        ``begin_effect``."""
+        _, resource = state.find(key)
+        head = resource.head()
+        assert head is not None and head.begun is None
+        begun(self.world, key)
+        world = freeze(self.world.status)
+        self._call(resource, head, state.now, world)
+        started = replace(head, begun=_memo(resource, head, state.now, world))
+        return state.put(replace(resource, effects=(started, *resource.effects[1:])))
+
+    def finish(self, state: State, key: str) -> State:
+        """End ``key``'s begun run: what its handler held is let go (its running entry
+        dropped), and the outcome of its call is recorded. The scenario step
+        ``finish_effect``."""
+        _, resource = state.find(key)
+        head = resource.head()
+        assert head is not None and head.begun is not None
+        progress, outcome = self._calls[head.begun][:2]
+        finished(self.world, key)
+        return self._record(state, key, replace(head, begun=None), progress, outcome)
+
+    def _record(self, state: State, key: str, head: Pending, progress: Frozen,
+                outcome: FollowUp | BaseException | None) -> State:
+        """Record the outcome of a call of ``key``'s head, as the worker does."""
+        _, resource = state.find(key)
         progressed = replace(head, attempts=head.attempts + 1, progress=progress)
         state = state.put(replace(resource, effects=(progressed, *resource.effects[1:])))
         if not isinstance(outcome, BaseException):
@@ -298,7 +336,7 @@ class Memory:
         a function of its call, the world and the clock: called once per distinct
         (resource, effect, data, world, time), what it did is remembered, so that the many
         paths that reach one effect in one world run its handler once."""
-        memo = (resource.key, head, resource.data, world, now)
+        memo = _memo(resource, head, now, world)
         done = self._calls.get(memo)
         if done is None:
             call, outcome = self._handle(resource, head, now)
@@ -385,6 +423,11 @@ class _NoJitter(random.Random):
 
 
 _NO_JITTER = _NoJitter()
+
+
+def _memo(resource: Res, head: Pending, now: float, world: Frozen) -> tuple[Any, ...]:
+    """What a handler's call is remembered by: a handler is a function of these."""
+    return (resource.key, head, resource.data, world, now)
 
 
 def _observed(resource: Res, status: Frozen, at: float, source: str) -> Res:

@@ -1,8 +1,8 @@
 """The moves of an exploration, in the words of a scenario file.
 
 Every move is something ``lifecycle replay`` can do too (``create``, ``advance``,
-``observe``, ``world``, ``update``, ``fire``, ``step``, ``run_effect``, ``fire_timers``,
-``retry``, ``crash_effect``), so a path the
+``observe``, ``world``, ``update``, ``fire``, ``step``, ``run_effect``, ``begin_effect``,
+``finish_effect``, ``fire_timers``, ``retry``, ``crash_effect``), so a path the
 checker found is written as a scenario step for step. A world model declares its actions as
 moves (a :class:`Note` changes only the model's own values, which no scenario needs: a status
 cache taking a new status is seen when a heartbeat reports it).
@@ -154,6 +154,37 @@ class RunEffect(Move):
 
     def text(self) -> str:
         return f"the worker runs {self.key}'s effect"
+
+
+@dataclass(frozen=True)
+class Begin(Move):
+    """The worker starts ``key``'s queue head, due now, among others it runs at once
+    (``Model.overlap``): its handler runs, and what it starts (a command) is in flight, and
+    what it holds in the world (a slot of a pool) held, until the run finishes. The scenario
+    step ``begin_effect``."""
+
+    key: str
+
+    def scenario(self, start: dt.datetime) -> list[dict[str, Any]]:
+        return [{"begin_effect": self.key}]
+
+    def text(self) -> str:
+        return f"the worker starts {self.key}'s effect"
+
+
+@dataclass(frozen=True)
+class Finish(Move):
+    """``key``'s begun run ends: what its handler started is over, what it held is let go,
+    and the worker records its outcome (as :class:`RunEffect` records it). The scenario
+    step ``finish_effect``."""
+
+    key: str
+
+    def scenario(self, start: dt.datetime) -> list[dict[str, Any]]:
+        return [{"finish_effect": self.key}]
+
+    def text(self) -> str:
+        return f"{self.key}'s effect ends; the worker records it"
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,10 @@ class Pending:
     progress: Frozen = EMPTY
     due: float = 0.0
     failed: bool = False
+    begun: tuple[Any, ...] | None = None
+    """Its run has begun and not finished (a model whose worker runs several effects at
+    once, ``Model.overlap``): what its handler's call was, by which the checker finds the
+    outcome it records when the run finishes."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,19 +18,27 @@ to leave by itself. Arvados' cancel policy (no delay A, a scancel
 every second while the job is listed in whatever squeue the dispatcher holds, no backoff,
 no rate limit) is ``arvados()``.
 
-The other global limit, commands in flight, is not checked: the checker's worker runs one
-handler at a time, so no two commands are ever in flight at once in it.
+The other global limit, commands in flight, needs a worker that runs several handlers at once
+(``Model.overlap``: an effect's run is two moves, begun and finished, and any other move may
+fall between them). Its world (``in_flight()``) is the scancel flood's: ``POOL + 1`` finished
+containers whose jobs are listed, falling due together; the invariant (``in_flight``) is that
+at most ``POOL`` sbatch, scancel or scontrol commands run at once. The dispatcher runs with
+its pool of ``POOL`` commands (``CommandPool``, its state kept in the world as the limiter's
+is); Arvados' dispatcher had no such bound, and ``unpooled()`` is the fixed one without it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 from ...adapters.container_api import ContainerAPI
-from ...adapters.slurm_dispatch import ScancelRate
+from ...adapters.sites import SiteError
+from ...adapters.slurm_dispatch import CancelOutcome, CommandPool, ScancelRate
 from ...machines.slurm_dispatch import (
     BUILTIN,
     GUARDS,
@@ -38,7 +46,7 @@ from ...machines.slurm_dispatch import (
     ScenarioSlurm,
     effects,
 )
-from ...scenario import Playable
+from ...scenario import RUNNING, Playable
 from ..explore import Eventually, Invariant, Machine, Model, variant
 from ..memory import Actions
 from ..moves import Action, Create, Fire, Move, Note, Observe, SetWorld
@@ -236,15 +244,83 @@ class _HeldRate(ScancelRate):
         return wait
 
 
-def limited() -> Playable:
-    """The dispatcher as it runs: ``slurm_dispatch`` with its scancels limited to ``RATE``
-    a second."""
+POOL = 2
+"""Commands the dispatcher runs at once (P: ``SlurmDispatch.max_in_flight``)."""
+
+
+class _HeldPool(CommandPool):
+    """The dispatcher's pool of commands in flight, its state read from the world: the slots
+    held are those of the runs begun and not finished that took one (the world's
+    :data:`~lifecycle.scenario.RUNNING` entry, where a begun run's slot stays until it
+    finishes), so that each explored state has its own. A command that finds every slot
+    held is refused at once, as the pool refuses one whose wait ran out (the wait's other
+    end, a slot freed in time, is the path on which a run finishes first). A scenario's
+    ``begin_effect`` lists its run there as the checker does; a whole ``run_effect`` holds
+    no slot past its command."""
+
+    def __init__(self, world: Any, size: int) -> None:
+        super().__init__(size, wait=0.0)
+        self.world = world
+
+    @contextlib.contextmanager
+    def slot(self, what: str) -> Iterator[None]:
+        """A slot for a command of ``what`` (the resource's key: its job's id here)."""
+        running = self.world.status.get(RUNNING, {})
+        held = [key for key, run in running.items() if run.get("slot")]
+        self._slots = threading.BoundedSemaphore(self.size)
+        for _ in held:
+            self._slots.acquire(blocking=False)
+        self.in_flight = len(held)
+        with super().slot(what):
+            if what in running:  # a begun run: its slot is held until it finishes
+                running[what] = {**running[what], "slot": True}
+            yield
+
+
+class _PooledSlurm(ScenarioSlurm):
+    """The scenario's Slurm with the dispatcher's limits: its scancels limited to ``RATE``
+    a second (``rate``) and its sbatch and scancel commands to ``pool`` in flight (None: no
+    bound). A scancel refused a slot fails, as ``SlurmDispatch.cancel`` says a command that
+    could not run failed (``exit`` None)."""
+
+    def __init__(self, world: Any, pool: int | None, rate: bool = True) -> None:
+        super().__init__(world)
+        if rate:
+            self.rate = _HeldRate(world)
+        self.pool = _HeldPool(world, pool) if pool is not None else None
+
+    def _slot(self, key: str) -> Any:
+        return self.pool.slot(key) if self.pool is not None else contextlib.nullcontext()
+
+    def submit(self, name: str) -> str:
+        with self._slot(name):
+            return super().submit(name)
+
+    def cancel(self, job_id: str, steps: Sequence[int] = (0, 1, 2)) -> CancelOutcome:
+        try:
+            with self._slot(job_id):
+                return super().cancel(job_id, steps)
+        except SiteError as exc:
+            return CancelOutcome(None, 1, str(exc))
+
+
+def _dispatcher(pool: int | None, rate: bool = True) -> Any:
     def simulation(world: Any) -> tuple[Any, Any, Any]:
-        slurm = ScenarioSlurm(world)
-        slurm.rate = _HeldRate(world)
         api: ContainerAPI = ScenarioContainers(world)
-        return GUARDS, effects(slurm, api), {}
-    return Machine(BUILTIN.spec, GUARDS, simulation)
+        return GUARDS, effects(_PooledSlurm(world, pool, rate), api), {}
+    return simulation
+
+
+def limited(pool: int = POOL) -> Playable:
+    """The dispatcher as it runs: ``slurm_dispatch`` with its scancels limited to ``RATE``
+    a second and its commands to ``pool`` in flight."""
+    return Machine(BUILTIN.spec, GUARDS, _dispatcher(pool))
+
+
+def unpooled() -> Playable:
+    """The dispatcher with its rate limit and without its pool: no bound on the commands in
+    flight."""
+    return Machine(BUILTIN.spec, GUARDS, _dispatcher(None))
 
 
 def arvados() -> Playable:
@@ -264,7 +340,7 @@ def never_cancels() -> Playable:
         document["eventless"] = [e for e in document["eventless"]
                                  if e["dest"] != "cancelling.scancelling"]
     edited = variant(BUILTIN, "slurm_dispatch_never_cancels", edit)
-    return Machine(edited.spec, GUARDS, limited().simulation)
+    return Machine(edited.spec, GUARDS, _dispatcher(POOL))
 
 
 def model(machine: Playable, delays: dict[str, float] | None = None,
@@ -273,6 +349,69 @@ def model(machine: Playable, delays: dict[str, float] | None = None,
                  ticks=(1.0,), label=label, tally=_tally, eventually=(LEAVES,))
 
 
+COMMANDS = ("submit", "scancel", "renice")
+"""What the world records of the commands the pool bounds (sbatch, scancel, scontrol)."""
+
+
+def _begun(view: View, key: str) -> bool:
+    head = view.resource(key).head()
+    return head is not None and head.begun is not None
+
+
+def _commands(view: View, actions: Actions) -> dict[str, Any]:
+    """The resources whose begun run has a command in flight: one started in this move, or
+    before it, by a run that has not finished."""
+    started = {key for name, key, _ in actions if name in COMMANDS}
+    held = set(view.extra("in_flight", [])) | started
+    return {"in_flight": sorted(key for key in held if _begun(view, key))}
+
+
+def _unstarted(view: View, before: Actions, hop: Actions) -> list[dict[str, Any]]:
+    """What the world saw of each job whose command started in the breaking move, but that
+    command: replayed (``begin_effect``, the others' runs still in flight), it has it."""
+    steps = []
+    for key in sorted({k for name, k, _ in hop if name in COMMANDS}):
+        names = [name for name, k, _ in [*before, *hop] if k == key]
+        last = len(names) - 1 - [n in COMMANDS for n in names][::-1].index(True)
+        steps.append({"expect_actions": {"key": key, "actions": names[:last] + names[last + 1:]}})
+    return steps
+
+
+def at_most(pool: int) -> Invariant:
+    """At most ``pool`` commands in flight. Its scenario ends on the run whose command was
+    one too many, begun while the others' runs are (``begin_effect``), and expects that
+    command not to have started, which fails."""
+    def too_many(before: View, after: View, actions: Actions) -> str | None:
+        flying = after.extra("in_flight", [])
+        if len(flying) > pool and len(flying) > len(before.extra("in_flight", [])):
+            return (f"{len(flying)} commands in flight at once (of {', '.join(flying)}), "
+                    f"more than the {pool} allowed")
+        return None
+    return Invariant("in_flight", f"runs at most {pool} Slurm commands at once", too_many,
+                     _unstarted)
+
+
+def in_flight(machine: Playable, label: str | None = None, pool: int = POOL) -> Model:
+    """The scancel flood's world: ``pool + 1`` containers (or the bounds' number), finished,
+    their jobs listed by an squeue as of now, falling due together; the worker runs their
+    scancels at once (``overlap``); the clock moves a second at a time. Invariant: at most
+    ``pool`` commands in flight."""
+    def setup(resources: int) -> list[Move]:
+        moves: list[Move] = []
+        for number in range(1, resources + 1):
+            key = f"c{number}"
+            listed = {**LISTED, "job_id": key}
+            moves += [Create(key, "cancelling.due", {"job_id": key, **SHORT_DELAYS}),
+                      SetWorld(key, {**listed, "container": "Complete"}),
+                      Observe(key, listed)]
+        return moves
+    return Model(machine, setup, invariants=(at_most(pool),), ticks=(1.0,), label=label,
+                 tally=_commands, resources=pool + 1, overlap=True)
+
+
 MODELS = {"slurm_dispatch": lambda: model(limited(), SHORT_DELAYS),
           "slurm_dispatch_arvados": lambda: model(arvados(), SHORT_DELAYS),
-          "slurm_dispatch_never_cancels": lambda: model(never_cancels(), SHORT_DELAYS)}
+          "slurm_dispatch_never_cancels": lambda: model(never_cancels(), SHORT_DELAYS),
+          "slurm_dispatch_in_flight": lambda: in_flight(limited(), "slurm_dispatch_in_flight"),
+          "slurm_dispatch_arvados_in_flight": lambda: in_flight(
+              arvados(), "slurm_dispatch_arvados_in_flight")}
