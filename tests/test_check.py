@@ -521,6 +521,29 @@ def test_the_command_prints_the_timeline_writes_the_scenario_and_exits_1(
     assert figures["violations"] == {}
 
 
+@pytest.mark.parametrize("variant", ["slurm_dispatch_arvados_in_flight", "startd_without_cd",
+                                     "job_exit_without_outbox"])
+def test_lifecycle_replay_fails_on_what_check_wrote_for_a_variant(variant: str,
+                                                                  tmp_path: Path) -> None:
+    """A variant is no built-in machine: ``lifecycle replay`` finds it among the world
+    models, as the message of ``lifecycle check`` says it will."""
+    runner = CliRunner()
+    path = tmp_path / "found.yaml"
+    bounds = {"slurm_dispatch_arvados_in_flight": ["--depth", "6", "--horizon", "2"],
+              "startd_without_cd": ["--depth", "10"],
+              "job_exit_without_outbox": ["--depth", "6", "--horizon", "60"]}[variant]
+    found = runner.invoke(main, ["check", variant, *bounds, "--write-scenario", str(path)])
+    assert found.exit_code == 1, found.output
+    written = sorted(tmp_path.glob("found*.yaml"))
+    assert written, found.output
+    for scenario in written:
+        assert f"`lifecycle replay {scenario}` fails on it" in found.output
+        replayed = runner.invoke(main, ["replay", str(scenario), "--json"])
+        assert replayed.exit_code == 1, replayed.output
+        result, = json.loads(replayed.output)
+        assert not result["passed"] and "neither a built-in" not in replayed.output, result
+
+
 def test_the_command_checks_a_users_model_from_a_file(tmp_path: Path) -> None:
     (tmp_path / "toggle.py").write_text(USER_MODEL)
     result = CliRunner().invoke(main, ["check", f"{tmp_path / 'toggle.py'}:MODEL", "--json"])

@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..demo import run_demo
-from ..errors import NotFound
+from ..errors import LifecycleError, NotFound
 from ..machines import builtins
 from ..scenario import SCENARIO_SUFFIXES
 from ..scenario import replay as replay_one
@@ -44,7 +44,8 @@ def replay(files: tuple[str, ...], as_json: bool) -> None:
             paths += sorted(p for p in path.rglob("*") if p.suffix in SCENARIO_SUFFIXES)
         else:
             paths.append(path)
-    results = [replay_one(path, builtins()) for path in paths]
+    machines = builtins()
+    results = [replay_one(path, _with_checked_variant(path, machines)) for path in paths]
     failed = [r for r in results if not r.passed]
     if as_json:
         print(json.dumps([r.to_json() for r in results], indent=2))
@@ -56,6 +57,24 @@ def replay(files: tuple[str, ...], as_json: bool) -> None:
         out.print(f"{plural(len(results), 'scenario')}, {plural(steps, 'step')}, {verdict}")
     if failed:
         sys.exit(1)
+
+
+def _with_checked_variant(path: Path, machines: dict[str, Any]) -> dict[str, Any]:
+    """``machines``, and the machine of the world model the scenario names when it is no
+    built-in (``lifecycle check drone_without_probe --write-scenario`` names the variant
+    it checked)."""
+    from ..scenario import load
+
+    try:
+        name = load(path).machine
+    except LifecycleError:
+        return machines  # (the replay says what is wrong with the file)
+    if name in machines or Path(name).suffix:
+        return machines
+    from ..check.worlds import world_model
+
+    model = world_model(name)
+    return machines if model is None else {**machines, name: model.machine}
 
 
 # -- simulations ---------------------------------------------------------------------------
