@@ -72,11 +72,13 @@ def test_every_public_exception_is_in_one_group_by_cause() -> None:
 def test_the_adapters_and_machines_errors_are_in_their_groups() -> None:
     from lifecycle.adapters.sites import SiteError
     from lifecycle.adapters.smtp import MailConfigError
+    from lifecycle.check.memory import CheckError
     from lifecycle.machines.startd import ClaimRefused
 
     assert issubclass(SiteError, errors.OutsideError)
     assert issubclass(MailConfigError, errors.SetupError)
     assert issubclass(ClaimRefused, errors.Conflict)
+    assert issubclass(CheckError, errors.InvalidInput)  # a model the checker cannot run
     for name in ("SiteError", "MailConfigError"):   # defined where they are raised
         assert not hasattr(errors, name) and name not in lifecycle.__all__
 

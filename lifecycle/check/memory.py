@@ -25,7 +25,7 @@ from ..clock import SimulatedClock
 from ..compiled import CompiledMachine, Decision, GuardContext
 from ..effects import Effect, EffectCall, FollowUp, as_effect
 from ..engine import fence_for, validated_data
-from ..errors import LifecycleError, PermanentError, ProbeFailed
+from ..errors import InvalidInput, LifecycleError, PermanentError, ProbeFailed
 from ..freshness import ProbeRequest, checked_answer, run_to_end
 from ..graph import EVENTLESS
 from ..results import Observation
@@ -84,8 +84,9 @@ class Fired:
     probed: bool = False
 
 
-class CheckError(LifecycleError):
-    """The machine does something the checker cannot run in memory."""
+class CheckError(InvalidInput):
+    """The machine does something the checker cannot run in memory, or its model names what
+    the machine does not have."""
 
 
 class Memory:
