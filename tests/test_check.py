@@ -536,9 +536,9 @@ def test_lifecycle_replay_fails_on_what_check_wrote_for_a_variant(variant: str,
     assert found.exit_code == 1, found.output
     written = sorted(tmp_path.glob("found*.yaml"))
     assert written, found.output
-    for scenario in written:
-        assert f"`lifecycle replay {scenario}` fails on it" in found.output
-        replayed = runner.invoke(main, ["replay", str(scenario), "--json"])
+    for file in written:
+        assert f"`lifecycle replay {file}` fails on it" in found.output
+        replayed = runner.invoke(main, ["replay", str(file), "--json"])
         assert replayed.exit_code == 1, replayed.output
         result, = json.loads(replayed.output)
         assert not result["passed"] and "neither a built-in" not in replayed.output, result
