@@ -11,6 +11,17 @@ transaction that reads their rows (one statement), inserts their observations (o
 the rows again with their newest observations, which is what deciding needs. The goal: a
 heartbeat of 100,000 drones within 60 s on this machine.
 
+The floor does all the database work lifecycle does, and no less: an observation row and a
+newest mark per drone, the rows read with their newest observations; in the steady state
+no drone moves, so neither writes a journal row (both would: lifecycle's step writes one
+only with a transition or a refusal). What it leaves out is lifecycle's own: checking the
+keys and statuses, and deciding each drone. Its statements are the chatty client's (each
+statement and COMMIT waited for; the inserts, then the marks, pipelined by
+``executemany``); lifecycle's are two round trips per batch (one statement that
+finds the drones by key, inserts their observations and marks them newest; the read its
+steps decide on, which writes nothing), and its listing pages through the live drones
+(``Engine.resources``, a page of 1,000 a round trip) where the floor reads them at once.
+
 Each runs on the server directly and, as ``heartbeat.lifecycle.N.1ms`` and
 ``heartbeat.floor.N.1ms``, through :mod:`benchmarks.netproxy` holding each message to the
 server 1 ms (a network's round trip, as section 15's): a heartbeat of 100,000 drones is to

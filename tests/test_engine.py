@@ -383,7 +383,8 @@ class _Counted:
 
 def test_a_write_on_postgresql_costs_two_round_trips(postgres_url: str) -> None:
     """Its read, then its writes (with the BEGIN and COMMIT when there are several); a
-    create, which reads nothing, one; a batch two, whatever its size, and one when it writes
+    create, which reads nothing, one; an observation, or a batch of them, one (its statement
+    finds the resources by key); a batch two, whatever its size, and one when it writes
     nothing (the step_many here moves none)."""
     Store(postgres_url, upgrade=True).dispose()
     counted = _Counted(postgres_url)
@@ -430,7 +431,7 @@ def test_a_write_on_postgresql_costs_two_round_trips(postgres_url: str) -> None:
                 assert result is not None and result.dest == "c"
             count("timer", 3, fire_timer)
         assert trips == {"create": [1] * 6, "fire": [2] * 6, "step": [2] * 6,
-                         "observe": [2] * 6, "update": [2] * 6, "observe_many": [2] * 3,
+                         "observe": [1] * 6, "update": [2] * 6, "observe_many": [1] * 3,
                          "step_many": [1] * 2, "timer": [2] * 3}, trips
     finally:
         counted.close()

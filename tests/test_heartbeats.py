@@ -76,6 +76,37 @@ def test_an_error_on_one_resource_loses_none_of_the_others(store: Store) -> None
     assert engine.observations("t:bad") == []
 
 
+def test_observations_find_their_resources_by_key_whatever_the_key_holds(
+        store: Store) -> None:
+    """On PostgreSQL a batch of observations is one statement that finds each resource by
+    (machine, key) from a JSON document: keys with quotes, backslashes and letters outside
+    ASCII come back as themselves, two observations of one resource in a batch are both kept
+    (the later given is the newest at one time), times keep their microseconds and offset,
+    and a key that names no resource is refused alone, as one observe refuses it."""
+    engine = Engine(store, [FLIP], guards={"ok": _ok},
+                    clock=SimulatedClock("2026-06-01T00:00:00Z"))
+    keys = ['q"uote', "back\\slash", "naïve-ü", "plain"]
+    for key in keys:
+        engine.create("t", key)
+    at = dt.datetime(2026, 3, 1, 12, 0, 0, 123456, tzinfo=dt.timezone(dt.timedelta(hours=2)))
+    observed = engine.observe_many(
+        [(f"t:{key}", {"n": i}) for i, key in enumerate(keys)]
+        + [("t:gone", {"n": 9}), ("plain", {"n": 7}), ("t:plain", {"n": 8})], at)
+    assert isinstance(observed[4], UnknownResource) and observed[4].machine == "t"
+    assert all(isinstance(o, Observation) for i, o in enumerate(observed) if i != 4)
+    ids = [o.id for o in observed if isinstance(o, Observation)]
+    assert len(set(ids)) == len(ids) and 0 not in ids
+    for i, key in enumerate(keys[:3]):
+        seen = engine.get(f"t:{key}").observation
+        assert seen is not None and seen.status == {"n": i} and seen.observed_at == at
+    newest = engine.get("t:plain").observation
+    assert newest is not None and newest.status == {"n": 8} and newest.id == ids[-1]
+    assert [o.status for o in engine.observations("t:plain")] == [{"n": 3}, {"n": 7}, {"n": 8}]
+    with pytest.raises(UnknownResource, match="of machine 't' with key 'gone'"):
+        engine.observe("t:gone", {"n": 1})
+    assert engine.observe('t:q"uote', {"n": 5}).id > max(ids)
+
+
 def test_a_conflict_within_the_batch_is_decided_again_or_reported(store: Store) -> None:
     """The same resource twice in one batch: the second read is the batch's, made before the
     first wrote; its compare-and-swap fails, and the others are committed."""

@@ -12,6 +12,7 @@ import datetime as dt
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar, cast
 
+from .. import storable
 from ..errors import ConcurrencyError, LifecycleError, StaleObservation
 from ..freshness import ProbeBatch, ProbeCall
 from ..graph import EVENTLESS
@@ -57,18 +58,28 @@ class BulkWrites(SingleWrites):
         for start in range(0, len(todo), batch):
             chunk = todo[start:start + batch]
             with self.store.write() as tx:
-                rows = read_rows(self.store, tx, [items[i][0] for i in chunk], whole=False)
+                targets = self.targets(tx, [items[i][0] for i in chunk])
                 found = []
                 for i in chunk:
-                    row = rows[items[i][0]]
-                    if isinstance(row, LifecycleError):
-                        results[i] = row
+                    target = targets[items[i][0]]
+                    if isinstance(target, LifecycleError):
+                        results[i] = target
                     else:
                         found.append(i)
                 recorded = self.record_observations(
-                    tx, [(rows[items[i][0]], *checked[i]) for i in found], source)
+                    tx, [(targets[items[i][0]], *checked[i]) for i in found], source)
             results.update(zip(found, recorded(), strict=True))
         return [results[i] for i in range(len(items))]
+
+    def targets(self, tx: Transaction, keys: list[str]) -> dict[str, Any]:
+        """:meth:`target` of each of ``keys``, or why not (a ``LifecycleError``): on
+        PostgreSQL the ``MACHINE:KEY`` ones as they are (the write finds them), the others
+        read (:func:`read_rows`)."""
+        keyed = tx.dialect == "postgresql"
+        found = {key: (None, *named) for key in keys
+                 if keyed and (named := storable.split_key(key))[0] is not None}
+        rest = [key for key in keys if key not in found]
+        return {**found, **(read_rows(self.store, tx, rest, whole=False) if rest else {})}
 
     def step_many(self, keys: Iterable[str], *, actor: str | None = None,
                   on_stale: OnStale = "return", batch: int = 500, probes: int = 8,

@@ -4,21 +4,28 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Mapping
+import json
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from .. import storable
-from ..errors import InvalidData, LifecycleError
+from ..errors import InvalidData, LifecycleError, UnknownResource
 from ..logs import logger
 from ..results import Observation
 from ..store import Transaction
+from ..store.transaction import JsonText
 from .checks import NAME_MAX, in_range, key_document
 from .machines import MachineRegistry
 from .rows import locate
 
 log = logger("lifecycle.engine")
+_TEXT = json.JSONEncoder(ensure_ascii=False).encode
+"""A key or machine name as JSON text."""
 
+Target = tuple[int | None, str, str]
+"""The resource an observation is for: (id, machine, key); on PostgreSQL the id may be None,
+the write then finding it by (machine, key)."""
 Checked = tuple[dict[str, Any], dt.datetime, dt.datetime]
 """An observation as it is to be recorded: status, observed at, recorded at."""
 
@@ -41,9 +48,8 @@ class Observing(MachineRegistry):
         A time ahead of the engine's clock is taken as now."""
         checked = self.checked_observation(key, status, observed_at, source)
         with self.store.write() as tx:
-            row = locate(self.store, tx, key)
-            recorded = self.record_observations(
-                tx, [((row.id, row.machine, row.key), *checked)], source)
+            recorded = self.record_observations(tx, [(self.target(tx, key), *checked)],
+                                                source)
         [observation] = recorded()
         if isinstance(observation, LifecycleError):
             raise observation
@@ -69,33 +75,75 @@ class Observing(MachineRegistry):
             observed_at = recorded_at
         return document, observed_at, recorded_at
 
-    def record_observations(
-            self, tx: Transaction,
-            items: list[tuple[tuple[int, str, str], dict[str, Any], dt.datetime, dt.datetime]],
-            source: str) -> Callable[[], list[Observation | LifecycleError]]:
-        """Write observations (of a resource (id, machine, key): status, observed at,
-        recorded at), each the newest of its resource if it is; all of them in a statement
-        or two (:meth:`Transaction.observed`). A status that JSON cannot hold is refused
-        alone, before anything is written. What gives the outcomes once the transaction
-        committed (an observation's id may come with the commit)."""
+    def target(self, tx: Transaction, key: str) -> Target:
+        """The resource an observation of ``key`` is for: on PostgreSQL a ``MACHINE:KEY``
+        as it is (its write finds it: no round trip to read it first), else read here."""
+        machine, plain = storable.split_key(key)
+        if machine is not None and tx.dialect == "postgresql":
+            return None, machine, plain
+        row = locate(self.store, tx, key)
+        return row.id, row.machine, row.key
+
+    def record_observations(self, tx: Transaction,
+                            items: list[tuple[Target, dict[str, Any], dt.datetime, dt.datetime]],
+                            source: str) -> Callable[[], list[Observation | LifecycleError]]:
+        """Write observations (of a resource, :meth:`target`: status, observed at, recorded
+        at), each the newest of its resource if it is; all of them in one statement on
+        PostgreSQL, which finds the resources by key (:func:`observed_rows`), two on SQLite
+        (:meth:`Transaction.observed`). A status that JSON cannot hold is refused alone,
+        before anything is written; a resource not found (gone since) is
+        :class:`UnknownResource`. What gives the outcomes once the transaction committed (an
+        observation's id may come with the commit)."""
         store = self.store
         out: list[Observation | LifecycleError] = []
-        rows: list[dict[str, Any]] = []
-        for (resource_id, machine, key), document, observed_at, recorded_at in items:
+        written: list[tuple[Target, Any, dt.datetime, dt.datetime]] = []
+        for target, document, observed_at, recorded_at in items:
             try:
                 status = store.json_param(document)
             except (TypeError, ValueError) as exc:
-                out.append(InvalidData(machine, key, f"status is not JSON: {exc}"))
+                out.append(InvalidData(target[1], target[2], f"status is not JSON: {exc}"))
                 continue
             out.append(Observation(id=0, status=document, observed_at=observed_at,
                                    recorded_at=recorded_at, source=source))
-            rows.append({"resource_id": resource_id, "status": status,
-                         "observed_at": store.time_param(observed_at),
-                         "recorded_at": store.time_param(recorded_at)})
-        ids = tx.observed(rows, source) if rows else list
+            written.append((target, status, observed_at, recorded_at))
+        if not written:
+            ids: Callable[[], Sequence[int | None]] = list
+        elif tx.dialect == "postgresql":
+            ids = observed_rows(tx, written, source)
+        else:
+            ids = tx.observed([
+                {"resource_id": resource_id, "status": status,
+                 "observed_at": store.time_param(observed_at),
+                 "recorded_at": store.time_param(recorded_at)}
+                for (resource_id, _, _), status, observed_at, recorded_at in written], source)
+        targets = [target for target, *_ in written]
 
         def outcomes() -> list[Observation | LifecycleError]:
-            given = iter(ids())
-            return [replace(o, id=next(given)) if isinstance(o, Observation) else o
-                    for o in out]
+            given = zip(ids(), targets, strict=True)
+            out_ = []
+            for o in out:
+                if isinstance(o, Observation):
+                    oid, (_, machine, key) = next(given)
+                    o = replace(o, id=oid) if oid is not None else UnknownResource(key, machine)
+                out_.append(o)
+            return out_
         return outcomes
+
+
+def observed_rows(tx: Transaction, written: list[tuple[Target, Any, dt.datetime, dt.datetime]],
+                  source: str) -> Callable[[], list[int | None]]:
+    """PostgreSQL's write of observations (``WriteStatements.observed``): one statement,
+    its rows one JSON document (each status's text as it was encoded, the times in ISO
+    form with their offset), each resource found by (machine, key). What gives each
+    observation's id, None for a resource not found, once the transaction committed."""
+    parts = [f'[{_TEXT(machine)},{_TEXT(key)},{status},"{observed_at.isoformat()}",'
+             f'"{recorded_at.isoformat()}"]'
+             for (_, machine, key), status, observed_at, recorded_at in written]
+    assert tx.sql is not None
+    cursor = tx.execute(tx.sql.observed, {"rows": JsonText("[" + ",".join(parts) + "]"),
+                                          "source": source})
+
+    def ids() -> list[int | None]:
+        found = dict(cursor.fetchall())
+        return [found.get(n) for n in range(1, len(written) + 1)]
+    return ids

@@ -39,13 +39,16 @@ class WriteStatements(Compiling):
             f"WHERE resource_id = %(resource_id)s AND status IN ({open_})) "
             "AND head IS NULL AND seq = %(seq)s")
         self.observed = (
-            # the sequence looked up once (an InitPlan), not once per row
+            # one JSON document of [machine, key, status, observed_at, recorded_at] rows
+            # (a parameter encoded once, not arrays of values dumped one by one), each
+            # resource found by its (machine, key) here: no read of the ids before it; the
+            # sequence looked up once (an InitPlan), not once per row
             "WITH given AS (SELECT nextval((SELECT pg_get_serial_sequence("
-            f"'{observations.name}', 'id')::regclass)) AS id, g.resource_id, g.status, "
-            "g.observed_at, "
-            "g.recorded_at, g.n FROM unnest(%(resource_ids)s::bigint[], "
-            "%(statuses)s::jsonb[], %(observed)s::timestamptz[], %(recorded)s::timestamptz[]) "
-            "WITH ORDINALITY AS g(resource_id, status, observed_at, recorded_at, n)), "
+            f"'{observations.name}', 'id')::regclass)) AS id, r.id AS resource_id, "
+            "g.o->2 AS status, (g.o->>3)::timestamptz AS observed_at, "
+            "(g.o->>4)::timestamptz AS recorded_at, g.n "
+            "FROM jsonb_array_elements(%(rows)s::jsonb) WITH ORDINALITY AS g(o, n) "
+            f"JOIN {resources.name} AS r ON r.machine = g.o->>0 AND r.key = g.o->>1), "
             f"recorded AS (INSERT INTO {observations.name} (id, resource_id, status, "
             "observed_at, recorded_at, source) SELECT id, resource_id, status, observed_at, "
             "recorded_at, %(source)s FROM given), "
@@ -55,7 +58,8 @@ class WriteStatements(Compiling):
             "resource_id, observed_at FROM given ORDER BY resource_id, observed_at DESC, "
             "n DESC) AS g WHERE r.id = g.resource_id AND (r.observed_at IS NULL "
             "OR r.observed_at <= g.observed_at)) "
-            "SELECT id FROM given ORDER BY n")
+            # the rows given (from 1) whose resource was found, with their ids
+            "SELECT n, id FROM given ORDER BY n")
 
     def written(self, change: str, create: bool, effects: bool, exited: bool, timers_: bool,
                 strict: bool) -> str:
