@@ -19,7 +19,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -200,3 +200,9 @@ def _connections_left(application_name: str) -> int:
         else:
             time.sleep(0.05)
 
+
+def round_trips(proxy: Any, op: Callable[[], Any]) -> int:
+    """The round trips ``op`` makes through ``proxy`` (the ``counted`` fixture's)."""
+    before = proxy.round_trips()
+    op()
+    return int(proxy.round_trips() - before)

@@ -17,11 +17,11 @@ import threading
 import time
 import traceback
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import pytest
+from databases import round_trips
 from sqlalchemy import func, select
 
 from lifecycle import Engine, GuardContext, ResourceExists, Store
@@ -467,25 +467,6 @@ GUARDED: dict[str, Any] = {
 }
 
 
-@pytest.fixture
-def counted(postgres_url: str) -> Iterator[Any]:
-    """The round trips between this test's engine and the server, counted by the benchmarks'
-    proxy (``benchmarks/netproxy.py``: a burst of messages after the server's answer is
-    one)."""
-    from benchmarks.netproxy import Proxy
-
-    Store(postgres_url, upgrade=True).dispose()
-    proxy = Proxy(postgres_url)
-    try:
-        yield proxy
-    finally:
-        proxy.close()
-
-
-def _trips(proxy: Any, op: Callable[[], Any]) -> int:
-    before = proxy.round_trips()
-    op()
-    return int(proxy.round_trips() - before)
 
 
 def test_a_write_that_writes_nothing_sends_nothing_after_its_read(counted: Any) -> None:
@@ -499,13 +480,13 @@ def test_a_write_that_writes_nothing_sends_nothing_after_its_read(counted: Any) 
         for _ in range(6):  # psycopg prepares a statement on its sixth run (a round trip)
             engine.step_many(keys)
             engine.fire(keys[0], "finish")
-        assert [_trips(counted, lambda: engine.step_many(keys)) for _ in range(3)] == [1] * 3
-        assert [_trips(counted, lambda: engine.fire(keys[0], "finish"))
+        assert [round_trips(counted, lambda: engine.step_many(keys)) for _ in range(3)] == [1] * 3
+        assert [round_trips(counted, lambda: engine.fire(keys[0], "finish"))
                 for _ in range(3)] == [1] * 3
         assert not engine.fire(keys[0], "finish").fired
         # and what writes, writes: the read, then the writes with their commit
         engine.update(keys[1], {"go": True})
-        assert _trips(counted, lambda: engine.step(keys[1])) == 2
+        assert round_trips(counted, lambda: engine.step(keys[1])) == 2
         assert engine.get(keys[1]).state == "done"
         assert [e.kind for e in engine.history(keys[1])] == ["create", "update", "transition"]
         assert [engine.get(k).state for k in keys].count("idle") == 7

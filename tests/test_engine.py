@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from asyncio_kinds import KINDS, closing, engine_of
+from databases import round_trips
 from pydantic import BaseModel
 
 from lifecycle import (
@@ -347,94 +348,54 @@ TIMED: dict[str, Any] = {
 }
 
 
-class _Counted:
-    """The round trips between the client and the server, counted by the benchmarks' proxy
-    (``benchmarks/netproxy.py``: a burst of messages after the server's answer is one)."""
 
-    def __init__(self, url: str) -> None:
-        import subprocess
-        import sys
-        from pathlib import Path
-
-        from sqlalchemy.engine import make_url
-
-        parsed = make_url(url)
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.netproxy", "--upstream",
-             f"{parsed.host or '127.0.0.1'}:{parsed.port or 5432}"],
-            cwd=Path(__file__).resolve().parents[1], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE)
-        assert self.process.stdin is not None and self.process.stdout is not None
-        self.stdin, self.stdout = self.process.stdin, self.process.stdout
-        port = int(self.stdout.readline())
-        self.url = parsed.set(host="127.0.0.1", port=port).render_as_string(
-            hide_password=False)
-
-    def __call__(self) -> int:
-        self.stdin.write(b"count\n")
-        self.stdin.flush()
-        return int(self.stdout.readline())
-
-    def close(self) -> None:
-        self.stdin.close()
-        self.process.wait(timeout=30)
-        self.stdout.close()
-
-
-def test_a_write_on_postgresql_costs_two_round_trips(postgres_url: str) -> None:
+def test_a_write_on_postgresql_costs_two_round_trips(counted: Any) -> None:
     """Its read, then its writes (with the BEGIN and COMMIT when there are several); a
     create, which reads nothing, one; an observation, or a batch of them, one (its statement
     finds the resources by key); a batch two, whatever its size, and one when it writes
     nothing (the step_many here moves none)."""
-    Store(postgres_url, upgrade=True).dispose()
-    counted = _Counted(postgres_url)
-    try:
-        with Store(counted.url) as store:
-            engine = Engine(store, [TIMED], guards={"back": lambda c: True},
-                            effects={"ping": lambda call: None})
-            trips: dict[str, list[int]] = {}
+    with Store(counted.url) as store:
+        engine = Engine(store, [TIMED], guards={"back": lambda c: True},
+                        effects={"ping": lambda call: None})
+        trips: dict[str, list[int]] = {}
 
-            def count(what: str, times: int, op: Any) -> None:
-                for i in range(times):
-                    before = counted()
-                    op(i)
-                    trips.setdefault(what, []).append(counted() - before)
+        def count(what: str, times: int, op: Any) -> None:
+            for i in range(times):
+                trips.setdefault(what, []).append(round_trips(counted, lambda i=i: op(i)))
 
-            for i in range(6):  # psycopg prepares a statement on its sixth run (once
-                engine.create("timed", f"p{i}")  # per connection): a round trip of its own
-                engine.fire(f"timed:p{i}", "flip")  # when sent alone; not counted below
-                engine.step(f"timed:p{i}")
-                engine.observe(f"timed:p{i}", {"n": i})
-                engine.update(f"timed:p{i}", {"n": i})
-                engine.observe_many([(f"timed:p{j}", {"n": i}) for j in range(i + 1)])
-                engine.step_many([f"timed:p{j}" for j in range(i + 1)])
-            count("create", 6, lambda i: engine.create("timed", f"r{i}"))
-            count("fire", 6, lambda i: engine.fire(f"timed:r{i}", "flip"))  # with an effect
-            count("step", 6, lambda i: engine.step(f"timed:r{i}"))
-            count("observe", 6, lambda i: engine.observe(f"timed:r{i}", {"n": i}))
-            count("update", 6, lambda i: engine.update(f"timed:r{i}", {"n": i}))
-            count("observe_many", 3, lambda i: engine.observe_many(
-                [(f"timed:r{j}", {"n": i}) for j in range(6)]))
-            count("step_many", 2, lambda i: engine.step_many(
-                [f"timed:r{j}" for j in range(6)]))
-            with store.read() as db:
-                from sqlalchemy import select
+        for i in range(6):  # psycopg prepares a statement on its sixth run (once
+            engine.create("timed", f"p{i}")  # per connection): a round trip of its own
+            engine.fire(f"timed:p{i}", "flip")  # when sent alone; not counted below
+            engine.step(f"timed:p{i}")
+            engine.observe(f"timed:p{i}", {"n": i})
+            engine.update(f"timed:p{i}", {"n": i})
+            engine.observe_many([(f"timed:p{j}", {"n": i}) for j in range(i + 1)])
+            engine.step_many([f"timed:p{j}" for j in range(i + 1)])
+        count("create", 6, lambda i: engine.create("timed", f"r{i}"))
+        count("fire", 6, lambda i: engine.fire(f"timed:r{i}", "flip"))  # with an effect
+        count("step", 6, lambda i: engine.step(f"timed:r{i}"))
+        count("observe", 6, lambda i: engine.observe(f"timed:r{i}", {"n": i}))
+        count("update", 6, lambda i: engine.update(f"timed:r{i}", {"n": i}))
+        count("observe_many", 3, lambda i: engine.observe_many(
+            [(f"timed:r{j}", {"n": i}) for j in range(6)]))
+        count("step_many", 2, lambda i: engine.step_many(
+            [f"timed:r{j}" for j in range(6)]))
+        with store.read() as db:
+            from sqlalchemy import select
 
-                from lifecycle.store import resources, timers
-                due = db.execute(select(timers.c.id, resources.c.key).join(
-                    resources, resources.c.id == timers.c.resource_id).where(
-                    timers.c.status == "pending", resources.c.key.like("r%")).order_by(
-                    timers.c.id)).all()
+            from lifecycle.store import resources, timers
+            due = db.execute(select(timers.c.id, resources.c.key).join(
+                resources, resources.c.id == timers.c.resource_id).where(
+                timers.c.status == "pending", resources.c.key.like("r%")).order_by(
+                timers.c.id)).all()
 
-            def fire_timer(i: int) -> None:
-                result = engine.fire_timer(due[i][0], f"timed:{due[i][1]}", "expire")
-                assert result is not None and result.dest == "c"
-            count("timer", 3, fire_timer)
-        assert trips == {"create": [1] * 6, "fire": [2] * 6, "step": [2] * 6,
-                         "observe": [1] * 6, "update": [2] * 6, "observe_many": [1] * 3,
-                         "step_many": [1] * 2, "timer": [2] * 3}, trips
-    finally:
-        counted.close()
+        def fire_timer(i: int) -> None:
+            result = engine.fire_timer(due[i][0], f"timed:{due[i][1]}", "expire")
+            assert result is not None and result.dest == "c"
+        count("timer", 3, fire_timer)
+    assert trips == {"create": [1] * 6, "fire": [2] * 6, "step": [2] * 6,
+                     "observe": [1] * 6, "update": [2] * 6, "observe_many": [1] * 3,
+                     "step_many": [1] * 2, "timer": [2] * 3}, trips
 
 
 def test_compiling_a_machine_writes_nothing_and_a_write_stores_it_first(

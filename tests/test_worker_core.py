@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from databases import round_trips
 from procs import gated
 from sqlalchemy import select, update
 from waiting import until
@@ -162,26 +162,6 @@ def test_an_outcome_whose_claim_was_lost_writes_nothing(
     core.heartbeat_stopped()
 
 
-@pytest.fixture
-def counted(postgres_url: str) -> Iterator[Any]:
-    """The round trips between this test's store and the server, counted by the benchmarks'
-    proxy (``benchmarks/netproxy.py``: a burst of messages after the server's answer is
-    one). Each message waits 50 ms on its way to the server, so that what the client sends
-    without waiting is one burst however slowly it sends it (on a busy machine the server
-    could answer a pipeline's first statements before the client sent the next)."""
-    from benchmarks.netproxy import Proxy
-
-    proxy = Proxy(postgres_url, delay_ms=50)
-    try:
-        yield proxy
-    finally:
-        proxy.close()
-
-
-def _trips(proxy: Any, op: Callable[[], Any]) -> int:
-    before = proxy.round_trips()
-    op()
-    return int(proxy.round_trips() - before)
 
 
 def test_recording_costs_two_round_trips_with_a_follow_up_and_one_with_a_claim(
@@ -204,13 +184,13 @@ def test_recording_costs_two_round_trips_with_a_follow_up_and_one_with_a_claim(
         def follow_up() -> int:
             [call] = core.claim(1, [])
             core.outcome(call, "ok", FollowUp("finished"))
-            return _trips(counted, core.record)
+            return round_trips(counted, core.record)
 
         def done_then_claim() -> int:
             [call] = core.claim(1, [])
             core.outcome(call, "ok", None)
             claimed: list[Any] = []
-            trips = _trips(counted, lambda: claimed.extend(core.record(claim=1)[1]))
+            trips = round_trips(counted, lambda: claimed.extend(core.record(claim=1)[1]))
             assert len(claimed) == 1
             core.give_back(claimed)
             return trips
@@ -220,7 +200,7 @@ def test_recording_costs_two_round_trips_with_a_follow_up_and_one_with_a_claim(
             assert len(calls) == 3
             for call in calls:
                 core.outcome(call, "ok", FollowUp("finished"))
-            return _trips(counted, core.record)
+            return round_trips(counted, core.record)
 
         # psycopg prepares a statement on its sixth run (a round trip), and a busy machine
         # may split what the client sent without waiting into two bursts: never fewer
