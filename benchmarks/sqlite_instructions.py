@@ -204,7 +204,7 @@ def count(fires: int = 200, warm: int = 50,
         running = {who: subprocess.Popen(
             _command(who, fires, warm, outs[who], database), stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE, cwd=Path(__file__).resolve().parents[1],
-            env={**os.environ, "PYTHONHASHSEED": "0"}) for who in WHO}
+            env={**os.environ, "PYTHONHASHSEED": "0"}) for who in who_runs}
         per_fire: dict[str, float] = {}
         for who, process in running.items():
             _, stderr = process.communicate(timeout=3600)
