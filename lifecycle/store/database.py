@@ -265,22 +265,24 @@ class Writing:
     """:meth:`HeldConnections.transaction`'s context manager: a class rather than nested
     generator-based ones, which cost a tenth of a SQLite fire's CPU."""
 
-    __slots__ = ("_connection", "_held", "_holder", "_keep", "_lost", "_sql", "_tx")
+    __slots__ = ("_again", "_commit", "_connection", "_held", "_holder", "_keep", "_lost",
+                 "_rollback", "_sql", "_tx")
     _connection: Any
 
     def __init__(self, held: HeldConnections, sql: Statements,
                  lost: Callable[[Exception], Exception | None], keep: bool) -> None:
         self._held, self._sql, self._lost, self._keep = held, sql, lost, keep
-        self._holder: _Holder | None = None
+        self._again: Transaction | None = None
 
     def __enter__(self) -> Transaction:
-        if self._holder is not None:  # SQLite, the thread's held connection: made once
+        tx = self._again
+        if tx is not None:  # SQLite, the thread's held connection: made once
             try:
-                self._tx.execute("BEGIN IMMEDIATE")
+                tx.execute("BEGIN IMMEDIATE")
             except Exception as exc:
                 self._failed(exc)
                 raise (self._lost(exc) or exc) from None
-            return self._tx
+            return tx
         held = self._held
         try:
             connection = self._connection = (
@@ -293,9 +295,10 @@ class Writing:
                 cursor = dbapi.cursor()
                 cursor.execute("BEGIN IMMEDIATE")
                 self._tx: Transaction = Transaction(cursor, "sqlite", self._sql)
+                self._commit, self._rollback = dbapi.commit, dbapi.rollback
                 if self._keep:  # the thread's next writes reuse it
-                    self._holder = held._local.holder
-                    self._holder.writer = self
+                    self._again = self._tx
+                    held._local.holder.writer = self
             else:
                 self._tx = Pipelined(dbapi, self._sql, restore=not self._keep)
                 if self._keep:  # a read of this thread meanwhile joins it (reading())
@@ -311,12 +314,12 @@ class Writing:
         tx = self._tx
         pipelined = type(tx) is Pipelined
         if self._keep and pipelined:
-            self._holder.writing = None  # type: ignore[union-attr]
+            self._holder.writing = None
         try:
             if kind is None:
-                tx.commit() if pipelined else self._connection.dbapi_connection.commit()
+                tx.commit() if pipelined else self._commit()
             else:
-                tx.abandon() if pipelined else self._connection.dbapi_connection.rollback()
+                tx.abandon() if pipelined else self._rollback()
         except Exception as error:
             self._failed(error)
             raise (self._lost(error) or error) from None
