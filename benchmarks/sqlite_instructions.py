@@ -10,7 +10,13 @@ compiled, caches filled), then ``fires`` times counted: callgrind collects only 
 ``itertools.starmap``'s C function (``--toggle-collect=starmap_next``), which runs those
 fires and nothing else. The count divided by ``fires`` is one fire's instructions.
 
-    python -m benchmarks.sqlite_instructions [--fires 200] [--warm 50]
+With ``--resources N`` (N > 1) the fire is counted on a fleet's database instead: N
+resources with ten journal rows each (:func:`fleet._build`, built once, then copied for
+each case), lifecycle against raw sqlite3 running its statements (the three-statement
+floor has tables of its own, so it is left out). ``--resources 100000`` is issue 31's
+100k resources / 1M journal rows.
+
+    python -m benchmarks.sqlite_instructions [--fires 200] [--warm 50] [--resources N]
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ class Count:
 
     fires: int
     per_fire: dict[str, float]
+    resources: int = 1
 
     @property
     def ratio(self) -> float:
@@ -50,9 +57,11 @@ class Count:
         return self.per_fire["lifecycle"] / self.per_fire["statements"]
 
     @property
-    def floor_ratio(self) -> float:
-        """lifecycle over the ``--only sqlite`` floor (three statements of its own)."""
-        return self.per_fire["lifecycle"] / self.per_fire["floor"]
+    def floor_ratio(self) -> float | None:
+        """lifecycle over the ``--only sqlite`` floor (three statements of its own; None on
+        a fleet's database, where it is not run)."""
+        floor = self.per_fire.get("floor")
+        return None if floor is None else self.per_fire["lifecycle"] / floor
 
 
 def available() -> str | None:
@@ -60,10 +69,13 @@ def available() -> str | None:
     return None if shutil.which("valgrind") else "valgrind is not installed"
 
 
-def _opener(who: str, directory: Path) -> AbstractContextManager[Bench]:
+def _opener(who: str, directory: Path,
+            database: Path | None = None) -> AbstractContextManager[Bench]:
     from . import persisted
 
     path = directory / f"{who}.db"
+    if database is not None:  # a fleet's database, built once: a copy of its own
+        shutil.copyfile(database, path)
     if who == "floor":
         return persisted.sqlite_floor(path)
     if who == "statements":
@@ -73,10 +85,11 @@ def _opener(who: str, directory: Path) -> AbstractContextManager[Bench]:
 
 @contextmanager
 def statements(path: Path) -> Iterator[Bench]:
-    """Raw sqlite3 running the statements a lifecycle fire runs, as lifecycle sends them
-    (its catalogue's text, named parameters, the times as lifecycle stores them), on a file
-    lifecycle created, with lifecycle's pragmas: what is left between this and lifecycle is
-    lifecycle's own Python."""
+    """Raw sqlite3 running the statements a lifecycle fire runs (its catalogue's text, the
+    times as lifecycle stores them), on a file lifecycle created, with lifecycle's pragmas,
+    its parameters bound as a raw sqlite3 program binds them: by position (``?``, a tuple;
+    binding by name costs sqlite3 a string and a lookup per parameter). What is left between
+    this and lifecycle is lifecycle's own Python."""
     import datetime as dt
     import sqlite3
 
@@ -88,10 +101,14 @@ def statements(path: Path) -> Iterator[Bench]:
     store = Store(f"sqlite:///{path}", upgrade=True)
     try:
         Engine(store, [toggle.spec(guarded=False)]).create(toggle.MACHINE, toggle.KEY)
-        read, journal = store.sql.resource_by_key, store.sql.insert_journal
-        move = store.sql.move[False, False]
+        read, (key_,) = _positional(store.sql.resource_by_key)
+        move, moved = _positional(store.sql.move[False, False])
+        journal, journaled = _positional(store.sql.insert_journal)
     finally:
         store.dispose()
+    if key_ != "key" or moved != MOVED or journaled != JOURNALED:
+        raise BenchError(f"statements: lifecycle's statements take {moved} and {journaled}; "
+                         "bind them in that order here")
     connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     cursor = connection.cursor()
     for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON",
@@ -101,22 +118,17 @@ def statements(path: Path) -> Iterator[Bench]:
 
     def op() -> None:
         cursor.execute("BEGIN IMMEDIATE")
-        cursor.execute(read, {"key": key})
+        cursor.execute(read, (key,))
         row = cursor.fetchall()[0]
         rid, state, version, seq, spec_version = row[0], row[3], row[4], row[5], row[7]
         dest = "b" if state == "a" else "a"
         at = sqlite_time(dt.datetime.now(utc))
-        cursor.execute(move, {
-            "id_": rid, "version_": version, "seq_": seq, "observation_id_": row[10],
-            "new_state": dest, "new_version": version + 1, "new_seq": seq + 1,
-            "new_spec_version": spec_version, "now": at})
+        cursor.execute(move, (spec_version, dest, version + 1, seq + 1, at, at, rid, version,
+                              seq))
         if cursor.rowcount != 1:
             raise BenchError("statements: the compare-and-swap lost with no other writer")
-        cursor.execute(journal, {
-            "resource_id": rid, "seq": seq + 1, "kind": "transition", "trigger": trigger,
-            "source": state, "dest": dest, "version": version + 1,
-            "spec_version": spec_version, "actor": None, "at": at, "payload": None,
-            "guards": None, "observation_id": None, "fence": None})
+        cursor.execute(journal, (rid, seq + 1, "transition", trigger, state, dest,
+                                 version + 1, spec_version, None, at, None, None, None, None))
         connection.commit()
 
     try:
@@ -125,11 +137,24 @@ def statements(path: Path) -> Iterator[Bench]:
         connection.close()
 
 
-def _child(who: str, fires: int, warm: int) -> None:
+MOVED = ("new_spec_version", "new_state", "new_version", "new_seq", "now", "now", "id_",
+         "version_", "seq_")
+JOURNALED = ("resource_id", "seq", "kind", "trigger", "source", "dest", "version",
+             "spec_version", "actor", "at", "payload", "guards", "observation_id", "fence")
+_NAMED = re.compile(r":(\w+)")
+
+
+def _positional(statement: str) -> tuple[str, tuple[str, ...]]:
+    """A statement of lifecycle's catalogue (``:name`` parameters) with ``?`` instead, and
+    the names of its parameters in order."""
+    return _NAMED.sub("?", statement), tuple(_NAMED.findall(statement))
+
+
+def _child(who: str, fires: int, warm: int, database: Path | None = None) -> None:
     """Set a case up, fire ``warm`` times, then ``fires`` times inside ``starmap`` (what
     callgrind counts)."""
     with tempfile.TemporaryDirectory(prefix="lifecycle-instr-") as directory, \
-            _opener(who, Path(directory)) as bench:
+            _opener(who, Path(directory), database) as bench:
         op = bench.op
         for _ in range(warm):
             op()
@@ -138,26 +163,48 @@ def _child(who: str, fires: int, warm: int) -> None:
             bench.verify(warm + fires)
 
 
-def _command(who: str, fires: int, warm: int, out: Path) -> list[str]:
+def _command(who: str, fires: int, warm: int, out: Path,
+             database: Path | None) -> list[str]:
     return ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
             "--collect-atstart=no", "--toggle-collect=starmap_next",
             sys.executable, "-m", "benchmarks.sqlite_instructions", "--child", who,
-            "--fires", str(fires), "--warm", str(warm)]
+            "--fires", str(fires), "--warm", str(warm),
+            *(() if database is None else ("--database", str(database)))]
+
+
+def _fleet(path: Path, resources: int) -> None:
+    """A fleet's database of ``resources`` toggles, ten journal rows each (built in bulk,
+    as ``--only fleet`` builds it)."""
+    from lifecycle import Engine, Store
+
+    from . import fleet, toggle
+
+    store = Store(f"sqlite:///{path}", upgrade=True)
+    try:
+        fleet._build(store, Engine(store, [toggle.spec(guarded=False)]), "sqlite", resources)
+    finally:
+        store.dispose()
 
 
 def count(fires: int = 200, warm: int = 50,
-          progress: Callable[[str], None] = lambda _: None) -> Count:
+          progress: Callable[[str], None] = lambda _: None, resources: int = 1) -> Count:
     """Instructions per fire of lifecycle and of the two floors (a process each under
-    callgrind, at once)."""
-    if fires < 1 or warm < 0:
-        raise ValueError("fires: at least 1; warm: 0 or more")
+    callgrind, at once); with ``resources`` > 1, of lifecycle and raw sqlite3 running its
+    statements on a fleet's database of that many resources."""
+    if fires < 1 or warm < 0 or resources < 1:
+        raise ValueError("fires: at least 1; warm: 0 or more; resources: at least 1")
     with tempfile.TemporaryDirectory(prefix="lifecycle-callgrind-") as directory:
-        outs = {who: Path(directory) / f"{who}.callgrind" for who in WHO}
-        progress(f"callgrind: lifecycle and raw sqlite3 (two floors), {fires} fires each")
+        who_runs, database = WHO, None
+        if resources > 1:
+            who_runs, database = WHO[:2], Path(directory) / "fleet.db"
+            progress(f"building a fleet of {resources:,} resources")
+            _fleet(database, resources)
+        outs = {who: Path(directory) / f"{who}.callgrind" for who in who_runs}
+        progress(f"callgrind: lifecycle and raw sqlite3, {fires} fires each")
         running = {who: subprocess.Popen(
-            _command(who, fires, warm, outs[who]), stdout=subprocess.DEVNULL,
+            _command(who, fires, warm, outs[who], database), stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE, cwd=Path(__file__).resolve().parents[1],
-            env={**os.environ, "PYTHONHASHSEED": "0"}) for who in WHO}
+            env={**os.environ, "PYTHONHASHSEED": "0"}) for who in who_runs}
         per_fire: dict[str, float] = {}
         for who, process in running.items():
             _, stderr = process.communicate(timeout=3600)
@@ -168,15 +215,19 @@ def count(fires: int = 200, warm: int = 50,
             if found is None:
                 raise BenchError(f"no instruction total in {outs[who]}")
             per_fire[who] = int(found.group(1)) / fires
-    return Count(fires, per_fire)
+    return Count(fires, per_fire, resources)
 
 
 def report(counted: Count) -> str:
     n = counted.per_fire
-    return (f"SQLite persisted fire, instructions per fire (callgrind, {counted.fires} fires "
-            f"each, after warming up): lifecycle {n['lifecycle']:,.0f}; raw sqlite3 running "
-            f"lifecycle's statements {n['statements']:,.0f}: {counted.ratio:.2f}x (goal 1.3x); "
-            f"the three-statement floor {n['floor']:,.0f}: {counted.floor_ratio:.2f}x")
+    where = "" if counted.resources == 1 else \
+        f" among {counted.resources:,} resources and {counted.resources * 10:,} journal rows"
+    floor = "" if counted.floor_ratio is None else \
+        f"; the three-statement floor {n['floor']:,.0f}: {counted.floor_ratio:.2f}x"
+    return (f"SQLite persisted fire{where}, instructions per fire (callgrind, {counted.fires} "
+            f"fires each, after warming up): lifecycle {n['lifecycle']:,.0f}; raw sqlite3 "
+            f"running lifecycle's statements {n['statements']:,.0f}: {counted.ratio:.2f}x "
+            f"(goal 1.3x){floor}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -184,17 +235,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--fires", type=int, default=200)
     parser.add_argument("--warm", type=int, default=50)
+    parser.add_argument("--resources", type=int, default=1,
+                        help="count on a fleet's database of this many resources, ten "
+                             "journal rows each (100000: issue 31's large database)")
     parser.add_argument("--child", choices=WHO, help=argparse.SUPPRESS)
+    parser.add_argument("--database", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child is not None:
-        _child(args.child, args.fires, args.warm)
+        _child(args.child, args.fires, args.warm, args.database)
         return 0
     problem = available()
     if problem is not None:
         print(f"skipped: {problem}", file=sys.stderr)
         return 1
     print(report(count(args.fires, args.warm,
-                       lambda message: print(message, file=sys.stderr))))
+                       lambda message: print(message, file=sys.stderr), args.resources)))
     return 0
 
 

@@ -4,6 +4,7 @@ eventless steps, history, keys, data, and specs stored in the database."""
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -413,3 +414,41 @@ def test_compiling_a_machine_writes_nothing_and_a_write_stores_it_first(
     [created] = engine.history("s1")
     assert created.spec_version == engine.spec("slot").version
     assert not engine.verify()
+
+
+def test_a_sqlite_thread_writes_through_one_transaction_object_each_write_its_own(
+        sqlite_url: str) -> None:
+    """A thread's writes on SQLite share one Writing and Transaction (made once), yet each
+    is a transaction of its own: one that raises is rolled back and the next commits; a
+    write begun inside another is refused and leaves the outer one to commit."""
+    with Store(sqlite_url, upgrade=True) as store:
+        engine = Engine(store, [SLOT], guards=GUARDS)
+        engine.create("slot", "s1")
+        with store.write() as first:
+            pass
+        with pytest.raises(RuntimeError), store.write() as tx:
+            tx.execute("UPDATE lifecycle_resources SET state = 'gone'")
+            raise RuntimeError("undone")
+        assert engine.get("s1").state == "unclaimed"
+        with store.write() as outer:
+            assert outer is first
+            outer.execute("UPDATE lifecycle_resources SET data = '{\"x\": 1}'")
+            with pytest.raises(Exception, match="within a transaction"), store.write():
+                pass
+        assert engine.get("s1").data == {"x": 1}
+        assert engine.fire("s1", "retire").dest == "gone"
+
+
+def test_the_positional_statements_bind_what_the_named_ones_do(sqlite_url: str) -> None:
+    """On SQLite the hot write binds by position: each statement's ``?`` form takes its
+    named parameters in the order the named text has them."""
+    with Store(sqlite_url, upgrade=True) as store:
+        positional = store.sql.positional
+        assert store.sql.insert_journal in positional
+        assert all(store.sql.move[key] in positional for key in store.sql.move)
+        for named, (text, bind) in positional.items():
+            names = re.findall(r":(\w+)", named)
+            params = {name: f"<{name}>" for name in names}
+            assert text.count("?") == len(names)
+            assert bind(params) == tuple(params[name] for name in names)
+            assert re.sub(r":\w+", "?", named) == text

@@ -17,7 +17,7 @@ from typing import Any, TypeVar, cast
 from ..errors import ConcurrencyError, InvalidData, ProbeFailed, StaleObservation
 from ..freshness import ProbeBatch, ProbeCall, ProbeOutcome, ProbeRequest, call_probe
 from ..logs import logger
-from ..store import Moved, Transaction
+from ..store import Moved
 from .observing import Observing
 from .outcomes import MOVED, Again, OnStale, Stale, Tries, Unsure
 
@@ -29,8 +29,9 @@ Deciding = Generator[ProbeCall | ProbeBatch, Any, T]
 back its :data:`ProbeOutcome`; a :class:`ProbeBatch`, sent back the list of theirs), and
 returns its result (see :meth:`RetryLoop.drive`)."""
 
-Attempt = Callable[[Transaction, Tries], Any]
-"""One attempt of a write in the transaction given: its outcome, or :class:`Again`."""
+Attempt = Callable[..., Any]
+"""One attempt of a write, called with the transaction, the retry loop's ``args`` and its
+:class:`Tries`: its outcome, or :class:`Again`."""
 
 
 class RetryLoop(Observing):
@@ -64,18 +65,19 @@ class RetryLoop(Observing):
         except ProbeFailed as failure:
             return failure
 
-    def retrying(self, key: str, what: str, attempt: Attempt,
-                 on_stale: OnStale = "raise") -> Deciding[Any]:
+    def retrying(self, key: str, what: str, attempt: Attempt, on_stale: OnStale = "raise",
+                 args: tuple[Any, ...] = ()) -> Deciding[Any]:
         """Run ``attempt`` in a write transaction until it finishes; roll back and go again
         when it says why it cannot (see :class:`Again`), asking a probe (yielded: outside
         any transaction) when that is why. A journaled refusal (:class:`Stale`, committed)
         is raised as :class:`StaleObservation` or returned as its result, as ``on_stale``
-        says."""
+        says. ``attempt`` is called ``attempt(tx, *args, tries)`` (a method and its
+        arguments rather than a closure, which a fire would make each time)."""
         tries = Tries()
         for _ in range(self.max_attempts):
             try:
                 with self.store.write() as tx:
-                    outcome = attempt(tx, tries)
+                    outcome = attempt(tx, *args, tries)
                     if isinstance(outcome, Again):
                         tx.rollback()
             except Moved:  # a strict write's row moved: the transaction was rolled back

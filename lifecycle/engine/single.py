@@ -26,7 +26,7 @@ from ..store import Transaction
 from ..within import Within
 from .checks import document, key_document, new_key, shown, validated_data
 from .entries import entered, journal_row
-from .outcomes import MOVED, STALE_TIMER, Again, Entry, OnStale, Row, Tries, unsure_or
+from .outcomes import MOVED, STALE_TIMER, Again, Entry, OnStale, Row, unsure_or
 from .retry import Deciding
 from .rows import locate
 from .transitions import TimerFired, Transitions
@@ -172,10 +172,8 @@ class SingleWrites(Transitions):
                        within: Within | None) -> Deciding[FireResult]:
         """A fire whose arguments were checked: the retry loop around
         :meth:`decide_and_write` (a journaled refusal raised or returned, as asked)."""
-        def attempt(tx: Transaction, tries: Tries) -> Any:
-            return self.decide_and_write(tx, key, trigger, payload, actor, within, tries)
-
-        return self.retrying(key, shown(trigger), attempt, on_stale)
+        return self.retrying(key, shown(trigger), self.decide_and_write, on_stale,
+                             (key, trigger, payload, actor, within))
 
 
 __all__ = ["SingleWrites"]

@@ -143,11 +143,12 @@ class _Holder:
     """A thread's connection; when the thread ends, its thread-local dies with it, and the
     connection goes back to the pool (see HeldConnections._connection)."""
 
-    __slots__ = ("__weakref__", "connection", "writing")
+    __slots__ = ("__weakref__", "connection", "writer", "writing")
 
     def __init__(self, connection: Any) -> None:
         self.connection = connection
         self.writing: Pipelined | None = None  # the write transaction open on it, if any
+        self.writer: Writing | None = None  # on SQLite: its transactions' one Writing
 
 
 class HeldConnections:
@@ -204,7 +205,13 @@ class HeldConnections:
         PostgreSQL a :class:`Pipelined` transaction, whose statements are sent without
         waiting for each. With ``held=False`` the connection comes from the pool and goes
         back after (for threads that write rarely, such as effect handlers). ``lost`` says
-        what a lost database (an error of the pool or of a connection) is raised as."""
+        what a lost database (an error of the pool or of a connection) is raised as.
+        (On SQLite a thread's held connection has one, with its cursor and
+        :class:`Transaction`, made once: a write makes no object.)"""
+        if held and self.sqlite:
+            holder = getattr(self._local, "holder", None)
+            if holder is not None and holder.writer is not None:
+                return holder.writer
         return Writing(self, sql, lost, held)
 
     @contextmanager
@@ -258,14 +265,24 @@ class Writing:
     """:meth:`HeldConnections.transaction`'s context manager: a class rather than nested
     generator-based ones, which cost a tenth of a SQLite fire's CPU."""
 
-    __slots__ = ("_connection", "_held", "_holder", "_keep", "_lost", "_sql", "_tx")
+    __slots__ = ("_again", "_commit", "_connection", "_held", "_holder", "_keep", "_lost",
+                 "_rollback", "_sql", "_tx")
     _connection: Any
 
     def __init__(self, held: HeldConnections, sql: Statements,
                  lost: Callable[[Exception], Exception | None], keep: bool) -> None:
         self._held, self._sql, self._lost, self._keep = held, sql, lost, keep
+        self._again: Transaction | None = None
 
     def __enter__(self) -> Transaction:
+        tx = self._again
+        if tx is not None:  # SQLite, the thread's held connection: made once
+            try:
+                tx.execute("BEGIN IMMEDIATE")
+            except Exception as exc:
+                self._failed(exc)
+                raise (self._lost(exc) or exc) from None
+            return tx
         held = self._held
         try:
             connection = self._connection = (
@@ -278,6 +295,10 @@ class Writing:
                 cursor = dbapi.cursor()
                 cursor.execute("BEGIN IMMEDIATE")
                 self._tx: Transaction = Transaction(cursor, "sqlite", self._sql)
+                self._commit, self._rollback = dbapi.commit, dbapi.rollback
+                if self._keep:  # the thread's next writes reuse it
+                    self._again = self._tx
+                    held._local.holder.writer = self
             else:
                 self._tx = Pipelined(dbapi, self._sql, restore=not self._keep)
                 if self._keep:  # a read of this thread meanwhile joins it (reading())
@@ -291,15 +312,14 @@ class Writing:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  _tb: object) -> None:
         tx = self._tx
-        if self._keep and type(tx) is Pipelined:
+        pipelined = type(tx) is Pipelined
+        if self._keep and pipelined:
             self._holder.writing = None
         try:
             if kind is None:
-                tx.commit() if type(tx) is Pipelined else \
-                    self._connection.dbapi_connection.commit()
+                tx.commit() if pipelined else self._commit()
             else:
-                tx.abandon() if type(tx) is Pipelined else \
-                    self._connection.dbapi_connection.rollback()
+                tx.abandon() if pipelined else self._rollback()
         except Exception as error:
             self._failed(error)
             raise (self._lost(error) or error) from None

@@ -154,7 +154,9 @@ class Transaction:
         ``strict``: a moved row then fails the whole transaction, with :class:`Moved`.)"""
         execute, sql = self.execute, self.sql
         assert sql is not None
-        execute(change, params)
+        positional = sql.positional  # bound by position: what sqlite3 binds cheapest
+        text, bind = positional[change]
+        execute(text, bind(params))
         if change is sql.insert_resource:
             resource_id = self.fetchone()[0]
         elif self._cursor.rowcount != 1:
@@ -162,7 +164,8 @@ class Transaction:
         else:
             resource_id = params["id_"]
         journal["resource_id"] = resource_id
-        execute(sql.insert_journal, journal)
+        text, bind = positional[sql.insert_journal]
+        execute(text, bind(journal))
         if effects:  # the first is its resource's queue head when nothing else is open
             execute(sql.open_effect, {"resource_id": resource_id})
             if self.fetchone()[0] is None:

@@ -41,6 +41,7 @@ class Statements(ResourceStatements, JournalStatements, EffectStatements, TimerS
         if dialect.name == "sqlite":
             dialect = sqlite_dialect.dialect(paramstyle="named")
         self.dialect = dialect
+        self.positional = {}
         self._resources()
         self._journal()
         self._effects()

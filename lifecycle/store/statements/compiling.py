@@ -2,19 +2,46 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from operator import itemgetter
 from typing import Any
 
 from sqlalchemy import literal_column
+from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import Dialect
+
+Binding = Callable[[Mapping[str, Any]], tuple[Any, ...]]
+"""A statement's parameters, given by name, as the tuple its positional form takes."""
+
+_QMARK = sqlite_dialect.dialect(paramstyle="qmark")
 
 
 class Compiling:
-    """A statement module's base: ``self.dialect`` is set by :class:`Statements`."""
+    """A statement module's base: ``self.dialect`` and ``self.positional`` are set by
+    :class:`Statements`."""
 
     dialect: Dialect
+    positional: dict[str, tuple[str, Binding]]
+    """On SQLite, the hot write's statements (by their text) in their positional form
+    (``?``) and what binds their named parameters to it: sqlite3 binds a tuple for much
+    less than a dict (a string made and looked up per parameter). Empty on PostgreSQL."""
 
-    def _sql(self, statement: Any) -> str:
-        return str(statement.compile(dialect=self.dialect))
+    def _sql(self, statement: Any, *, positional: bool = False) -> str:
+        """The statement's text for the store's dialect; ``positional``: on SQLite, its
+        positional form recorded in :attr:`positional` too."""
+        text = str(statement.compile(dialect=self.dialect))
+        if positional and self.dialect.name == "sqlite":
+            compiled = statement.compile(dialect=_QMARK)
+            names = tuple(compiled.positiontup or ())
+            self.positional[text] = (str(compiled), _binding(names))
+        return text
+
+
+def _binding(names: tuple[str, ...]) -> Binding:
+    if len(names) == 1:
+        name = names[0]
+        return lambda params: (params[name],)
+    return itemgetter(*names) if names else (lambda _params: ())
 
 
 def constant(value: str) -> Any:
@@ -23,4 +50,4 @@ def constant(value: str) -> Any:
     return literal_column(f"'{value}'")
 
 
-__all__ = ["Compiling", "constant"]
+__all__ = ["Binding", "Compiling", "constant"]

@@ -32,7 +32,7 @@ class JournalStatements(Compiling):
                 actor=bindparam("actor"), at=bindparam("at"),
                 payload=bindparam("payload"), guards=bindparam("guards"),
                 observation_id=bindparam("observation_id"), fence=bindparam("fence"),
-            )
+            ), positional=True
         )
         self.insert_observation = sql(
             insert(observations).values(

@@ -163,13 +163,14 @@ class ResourceStatements(Compiling):
                 values = {**moved, "data": bindparam("new_data")} if with_data else moved
                 where = (*cas, rested) if on_observation else cas
                 self.move[with_data, on_observation] = sql(
-                    update(resources).where(*where).values(**values))
+                    update(resources).where(*where).values(**values), positional=True)
         # a change of data alone: a new version, not a transition
         self.change_data = sql(update(resources).where(*cas).values(
             data=bindparam("new_data"), version=bindparam("new_version"),
-            seq=bindparam("new_seq"), updated_at=bindparam("now")))
+            seq=bindparam("new_seq"), updated_at=bindparam("now")), positional=True)
         # a refusal takes a journal sequence number, and changes nothing else
-        self.refuse = sql(update(resources).where(*cas, rested).values(seq=bindparam("new_seq")))
+        self.refuse = sql(update(resources).where(*cas, rested).values(seq=bindparam("new_seq")),
+                          positional=True)
         self.insert_resource = sql(
             insert(resources)
             .values(
@@ -179,7 +180,7 @@ class ResourceStatements(Compiling):
                 created_at=bindparam("now"), updated_at=bindparam("now"),
                 last_transition_at=bindparam("now"),
             )
-            .returning(r.id)
+            .returning(r.id), positional=True
         )
 
 
