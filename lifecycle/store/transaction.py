@@ -446,16 +446,6 @@ class Pipelined(Transaction):
                                            "seq": effects[0]["seq"]})
         return Pending(cursor)
 
-    def observed(self, rows: list[dict[str, Any]], source: str) -> Callable[[], list[int]]:
-        assert self.sql is not None
-        cursor = self.execute(self.sql.observed, {
-            "source": source, "resource_ids": [row["resource_id"] for row in rows],
-            "statuses": [row["status"] for row in rows],
-            "observed": [row["observed_at"] for row in rows],
-            "recorded": [row["recorded_at"] for row in rows]})
-        return lambda: [row[0] for row in cursor.fetchall()]
-
-
 _JOURNAL_PARAM = {name: f"j_{name}" for name in (
     "resource_id", "seq", "kind", "trigger", "source", "dest", "version", "spec_version",
     "actor", "at", "payload", "guards", "observation_id", "fence")}
