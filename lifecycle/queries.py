@@ -134,7 +134,7 @@ def fold_counts(store: Store) -> None:
     with store.write() as tx:
         params: dict[str, Any] = {}
         if store.dialect == "sqlite":
-            tx.execute("SELECT max(id) FROM lifecycle_state_counts")
+            tx.execute(store.sql.LAST_COUNT_ROW)
             params["upto"] = tx.fetchone()[0] or 0
         for statement in store.sql.FOLD_COUNTS[store.dialect]:
             tx.execute(statement, params)

@@ -81,6 +81,9 @@ class ResourceStatements(Compiling):
     }
     """Folding the count rows: one row per machine and state, the sum of its rows."""
 
+    LAST_COUNT_ROW = "SELECT max(id) FROM lifecycle_state_counts"
+    """The count rows SQLite's fold adds up (``:upto``): those there when it began."""
+
     def page(self, machine: bool, state: bool, after: bool) -> str:
         """A page of resources in (machine, key) order, with their newest observations: of
         one ``machine`` or all, in one ``state`` (or a state inside it: a ``LIKE`` prefix,
