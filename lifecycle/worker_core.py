@@ -733,8 +733,8 @@ class WorkerCore:
         refused by an error, the handler's writes raising) is recorded as the handler's
         failure: added to ``batch``, or fired again if that fires ``on_failure`` (its
         ``_Fired`` is put back in ``fires``)."""
-        items = [(f"{f.call.machine}:{f.call.key}", f.trigger, f.payload,
-                  f"effect:{f.call.name}", f.within) for f in fires]
+        items: list[Fire] = [(f"{f.call.machine}:{f.call.key}", f.trigger, f.payload,
+                              f"effect:{f.call.name}", f.within) for f in fires]
         try:
             results = self._fire_batch(items)
         except Exception as exc:

@@ -10,7 +10,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import Connection, create_engine, event
 from sqlalchemy.engine import URL, make_url
@@ -211,7 +211,7 @@ class HeldConnections:
         if held and self.sqlite:
             holder = getattr(self._local, "holder", None)
             if holder is not None and holder.writer is not None:
-                return holder.writer
+                return cast(Writing, holder.writer)
         return Writing(self, sql, lost, held)
 
     @contextmanager
@@ -317,9 +317,9 @@ class Writing:
             self._holder.writing = None
         try:
             if kind is None:
-                tx.commit() if pipelined else self._commit()
+                cast(Pipelined, tx).commit() if pipelined else self._commit()
             else:
-                tx.abandon() if pipelined else self._rollback()
+                cast(Pipelined, tx).abandon() if pipelined else self._rollback()
         except Exception as error:
             self._failed(error)
             raise (self._lost(error) or error) from None

@@ -171,8 +171,8 @@ def claim(dialect: Dialect, names: list[str]) -> tuple[str, dict[str, Any]]:
                                           journal.c.payload)
     else:
         # (named in full: SQLite's RETURNING leaves its columns' tables unnamed)
-        effect = {name: literal_column(f"{outbox.name}.{name}") for name in ("resource_id",
-                                                                            "seq")}
+        effect: dict[str, Any] = {
+            name: literal_column(f"{outbox.name}.{name}") for name in ("resource_id", "seq")}
         of_resource = resources.c.id == effect["resource_id"]
         of_journal = and_(journal.c.resource_id == effect["resource_id"],
                           journal.c.seq == effect["seq"])
