@@ -11,18 +11,16 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from .builtin import CommandLine
 
-if TYPE_CHECKING:  # (asyncio and urllib.request: imported when a command runs, not for
-    # `lifecycle --help`, which makes every machine's command to read its help)
+if TYPE_CHECKING:  # (asyncio, signal, pathlib, urllib.request: imported when a command
+    # runs, not for `lifecycle --help`, which makes every machine's command to read its help)
     from ..aio import AsyncEngine
 
 DRONES = click.Choice(["drone", "drone_tardis"])
@@ -75,6 +73,8 @@ def _tardis(cli: CommandLine, configuration: str, machine: str, every: float | N
     sites: Any
     batch: Any
     engine = cli.make_engine(db_url)
+    from pathlib import Path
+
     sites, batch = from_configuration(Path(configuration), clock=engine.clock)
     engine.handlers.update({name: as_effect(handler)
                             for name, handler in drone.effects(sites, batch).items()})
@@ -88,6 +88,7 @@ def _tardis(cli: CommandLine, configuration: str, machine: str, every: float | N
 async def _heartbeats(cli: CommandLine, engine: AsyncEngine, sites: Any, batch: Any,
                       machine: str, every: float | None, as_json: bool, only: Any) -> None:
     import asyncio
+    import signal
 
     from ..aio import AsyncWorker
     from . import drone
@@ -172,6 +173,8 @@ def _reconcile(cli: CommandLine, machine: str, every: float | None, db_url: str 
     engine.register(drone.drone_spec(race_guard=machine == "drone"))
     stop: list[bool] = []
     if every is not None:
+        import signal
+
         signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
     worker = Worker(engine)
     while True:
