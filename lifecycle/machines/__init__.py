@@ -44,14 +44,11 @@ def _points() -> dict[str, tuple[str, str | None]]:
 @functools.lru_cache(maxsize=8)
 def _read_points(search_path: tuple[str, ...]) -> dict[str, tuple[str, str | None]]:
     """(``search_path``, the modules' search path, is the key of what was read.)"""
-    from importlib import metadata
-
     found: dict[str, tuple[str, str | None]] = {}
-    for point in metadata.entry_points(group=GROUP):
-        where = None if point.dist is None else str(point.dist.locate_file(""))
-        if found.setdefault(point.name, (point.value, where))[0] != point.value:
-            raise SetupError(f"two installed packages ship a machine {point.name!r} "
-                             f"({found[point.name][0]} and {point.value}); uninstall one")
+    for name, value, where in _installed(GROUP):
+        if found.setdefault(name, (value, where))[0] != value:
+            raise SetupError(f"two installed packages ship a machine {name!r} "
+                             f"({found[name][0]} and {value}); uninstall one")
     if not any(value.startswith(f"{__name__}.") for value, _ in found.values()):
         raise SetupError(
             f"lifecycle's own machines are not among the installed entry points of "
@@ -97,13 +94,20 @@ def commands() -> dict[str, str]:
 def _read_commands(search_path: tuple[str, ...]) -> dict[str, tuple[str, str | None]]:
     """Each command's entry point and the directory its package's metadata is in.
     (``search_path``, the modules' search path, is the key of what was read.)"""
+    found: dict[str, tuple[str, str | None]] = {}
+    for name, value, where in _installed(COMMANDS_GROUP):
+        found.setdefault(name, (value, where))
+    return found
+
+
+def _installed(group: str) -> list[tuple[str, str, str | None]]:
+    """The installed packages' entry points of ``group``: each one's name, value and the
+    directory its package's metadata is in (None if unknown)."""
     from importlib import metadata
 
-    found: dict[str, tuple[str, str | None]] = {}
-    for point in metadata.entry_points(group=COMMANDS_GROUP):
-        where = None if point.dist is None else str(point.dist.locate_file(""))
-        found.setdefault(point.name, (point.value, where))
-    return found
+    return [(point.name, point.value,
+             None if point.dist is None else str(point.dist.locate_file("")))
+            for point in metadata.entry_points(group=group)]
 
 
 def builtin(name: str) -> Builtin | None:
