@@ -21,12 +21,11 @@ from lifecycle import (
     ProbeRequest,
     Retry,
     SimulatedClock,
-    StaleObservation,
     Store,
-    UnknownResource,
     Worker,
-    effect_records,
 )
+from lifecycle.errors import StaleObservation, UnknownResource
+from lifecycle.outbox_admin import effect_records
 
 RISKY: dict[str, Any] = {
     "name": "job",

@@ -5,6 +5,8 @@
 from __future__ import annotations
 
 import ast
+import importlib
+import re
 from pathlib import Path
 
 import pytest
@@ -38,10 +40,39 @@ def test_every_public_name_imports_and_is_listed() -> None:
     for name in lifecycle.__all__:
         assert getattr(lifecycle, name) is not None
         assert name in dir(lifecycle)
-    for plumbing in ("ProbeCall", "ProbeBatch"):   # sans-IO plumbing is not the API
-        assert plumbing not in lifecycle.__all__ and plumbing not in dir(lifecycle)
-        with pytest.raises(AttributeError, match=f"no attribute '{plumbing}'"):
-            getattr(lifecycle, plumbing)
+
+
+def test_the_api_page_lists_the_public_names() -> None:
+    """The table at the top of ``docs/api.md`` names exactly the public names."""
+    page = (INIT.parent.parent / "docs" / "api.md").read_text()
+    table = page[page.index("| for | names |"):].split("\n\n", 1)[0]
+    listed = {name for row in table.splitlines()[2:]
+              for name in re.findall(r"`(\w+)`", row.split("|")[2])}
+    assert listed == set(lifecycle.__all__)
+
+
+MOVED = sorted((name, home) for home, names in lifecycle.MOVED.items() for name in names)
+
+
+@pytest.mark.parametrize(("name", "home"), MOVED, ids=[name for name, _ in MOVED])
+def test_a_name_that_moved_says_where_it_lives(name: str, home: str) -> None:
+    """Old code that asks ``lifecycle`` for a name it no longer exports is told where the name
+    lives now, by ``lifecycle.NAME`` and by ``from lifecycle import NAME`` alike."""
+    where = re.escape(f"no attribute {name!r}: it lives in {home} (from {home} import {name})")
+    assert name not in lifecycle.__all__ and name not in dir(lifecycle)
+    assert not hasattr(lifecycle, name)
+    with pytest.raises(AttributeError, match=where):
+        getattr(lifecycle, name)
+    with pytest.raises(ImportError, match=where):
+        exec(f"from lifecycle import {name}", {})
+    assert getattr(importlib.import_module(home), name) is not None  # and it is there
+
+
+def test_an_unknown_name_is_plainly_unknown() -> None:
+    with pytest.raises(AttributeError, match=r"^module 'lifecycle' has no attribute 'Nope'$"):
+        lifecycle.Nope  # type: ignore[attr-defined]  # noqa: B018
+    with pytest.raises(ImportError, match="cannot import name 'Nope'"):
+        exec("from lifecycle import Nope", {})
 
 
 GROUPS = {
@@ -57,9 +88,8 @@ GROUPS = {
 
 
 def test_every_public_exception_is_in_one_group_by_cause() -> None:
-    exceptions = {name: getattr(lifecycle, name) for name in lifecycle.__all__
-                  if isinstance(getattr(lifecycle, name), type)
-                  and issubclass(getattr(lifecycle, name), BaseException)}
+    exceptions = {name: value for name, value in vars(errors).items()
+                  if isinstance(value, type) and issubclass(value, BaseException)}
     grouped = {name: [g.__name__ for g in GROUPS if issubclass(cls, g)]
                for name, cls in exceptions.items() if cls is not errors.LifecycleError
                and cls not in GROUPS}
@@ -83,11 +113,18 @@ def test_the_adapters_and_machines_errors_are_in_their_groups() -> None:
         assert not hasattr(errors, name) and name not in lifecycle.__all__
 
 
+def test_the_groups_and_what_a_handler_raises_are_public() -> None:
+    """A caller catches a group from ``lifecycle`` itself; the specific errors are in
+    ``lifecycle.errors``."""
+    assert {g.__name__ for g in GROUPS} | {"LifecycleError", "RetryableError",
+                                          "PermanentError"} == set(lifecycle.PUBLIC["errors"])
+
+
 def test_the_groups_are_also_the_builtin_kinds_a_caller_catches() -> None:
-    assert issubclass(lifecycle.UnknownResource, LookupError)
-    assert issubclass(lifecycle.InvalidData, ValueError)
-    assert issubclass(lifecycle.SpecError, ValueError)
-    assert not issubclass(lifecycle.ConcurrencyError, ValueError)
+    assert issubclass(errors.UnknownResource, LookupError)
+    assert issubclass(errors.InvalidData, ValueError)
+    assert issubclass(errors.SpecError, ValueError)
+    assert not issubclass(errors.ConcurrencyError, ValueError)
 
 
 TOGGLE = {"name": "toggle", "states": ["off", "on"], "initial": "off", "final": ["on"],

@@ -22,8 +22,9 @@ pytest.importorskip("lifecycle.adapters.tardis",
 from test_tardis import drone_effects
 from waiting import until
 
-from lifecycle import Engine, Store, outbox_counts
+from lifecycle import Engine, Store
 from lifecycle.machines import drone
+from lifecycle.outbox_admin import outbox_counts
 
 TESTS = Path(__file__).resolve().parent
 WAIT = 120.0

@@ -24,7 +24,8 @@ from typing import Any
 from databases import round_trips
 from sqlalchemy import func, select
 
-from lifecycle import Engine, GuardContext, ResourceExists, Store
+from lifecycle import Engine, GuardContext, Store
+from lifecycle.errors import ResourceExists
 from lifecycle.store import journal, machines, resources, specs
 
 TOGGLE_SPEC: dict[str, Any] = {
@@ -499,7 +500,7 @@ def test_a_single_write_sent_alone_whose_row_moved_writes_nothing_and_goes_again
     BEGIN and COMMIT (one statement: atomic by itself). A strict one (a ``Within`` hook's,
     here writing nothing) whose row another writer moved after the read fails whole, and the
     fire is decided again on what was written; a plain one writes nothing and goes again."""
-    from lifecycle import Within
+    from lifecycle.within import Within
 
     with Store(postgres_url, upgrade=True) as store, Store(postgres_url) as elsewhere:
         other = Engine(elsewhere, [TOGGLE_SPEC], guards=GUARDS)

@@ -10,16 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle import (
-    Engine,
-    InvalidData,
-    ScenarioError,
-    SimulatedClock,
-    SpecError,
-    Store,
-    load_spec,
-    user_documents,
-)
+from lifecycle import Engine, SimulatedClock, Store, load_spec, user_documents
+from lifecycle.errors import InvalidData, ScenarioError, SpecError
 from lifecycle.scenario import load as load_scenario
 
 ON_OFF = """\

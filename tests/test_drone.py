@@ -12,18 +12,12 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from lifecycle import (
-    Engine,
-    PermanentError,
-    SimulatedClock,
-    Store,
-    Worker,
-    effect_records,
-)
+from lifecycle import Engine, PermanentError, SimulatedClock, Store, Worker
 from lifecycle.adapters.sites import UNKNOWN, Drone, SiteError, Terminated
 from lifecycle.cli import main
 from lifecycle.machines import drone
 from lifecycle.machines.drone_sim import ScenarioBatch, ScenarioSite
+from lifecycle.outbox_admin import effect_records
 from lifecycle.scenario import World
 from lifecycle.sim.drone_race import simulate
 

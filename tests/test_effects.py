@@ -23,11 +23,9 @@ from lifecycle import (
     SimulatedClock,
     Store,
     Worker,
-    effect_records,
-    retry_failed,
-    timer_records,
 )
 from lifecycle.file_writes import atomic_write, verified_append
+from lifecycle.outbox_admin import effect_records, retry_failed, timer_records
 from lifecycle.store import outbox
 
 CHAIN: dict[str, Any] = {
@@ -445,7 +443,8 @@ def test_timers_survive_a_restart(slots: Engine, store: Store, clock: SimulatedC
 
 
 def test_timeout_validation() -> None:
-    from lifecycle import SpecError, load_spec
+    from lifecycle import load_spec
+    from lifecycle.errors import SpecError
 
     bad = {**SLOT, "states": [
         "unclaimed", {"name": "matched", "timeout": {"after": 120, "trigger": "nope"}},

@@ -14,7 +14,8 @@ import pytest
 from procs import machines
 from sqlalchemy import text
 
-from lifecycle import Engine, Store, Worker, effect_records, outbox_counts
+from lifecycle import Engine, Store, Worker
+from lifecycle.outbox_admin import effect_records, outbox_counts
 
 RUN = [sys.executable, str(Path(__file__).parent / "procs" / "run_worker.py")]
 

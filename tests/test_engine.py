@@ -13,23 +13,19 @@ from asyncio_kinds import KINDS, closing, engine_of
 from databases import round_trips
 from pydantic import BaseModel
 
-from lifecycle import (
+from lifecycle import Engine, GuardContext, LifecycleError, SimulatedClock, Store
+from lifecycle.errors import (
     AmbiguousKey,
-    Engine,
-    GuardContext,
+    GuardError,
     InvalidData,
-    LifecycleError,
     ResourceExists,
-    SimulatedClock,
     SpecError,
-    Store,
     StrandedResources,
     UnknownMachine,
     UnknownResource,
     UnknownState,
     UnknownTrigger,
 )
-from lifecycle.errors import GuardError
 
 SLOT: dict[str, Any] = {
     "name": "slot",

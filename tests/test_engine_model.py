@@ -39,14 +39,10 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from lifecycle import (
+from lifecycle import Engine, GuardContext, LifecycleError, SimulatedClock, Store
+from lifecycle.errors import (
     AmbiguousKey,
-    Engine,
-    GuardContext,
-    LifecycleError,
     ResourceExists,
-    SimulatedClock,
-    Store,
     UnknownMachine,
     UnknownResource,
     UnknownState,

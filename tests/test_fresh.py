@@ -11,16 +11,8 @@ from typing import Any
 import pytest
 from asyncio_kinds import KINDS, closing, engine_of
 
-from lifecycle import (
-    Engine,
-    GuardContext,
-    ProbeRequest,
-    SimulatedClock,
-    SpecError,
-    StaleObservation,
-    Store,
-    load_spec,
-)
+from lifecycle import Engine, GuardContext, ProbeRequest, SimulatedClock, Store, load_spec
+from lifecycle.errors import SpecError, StaleObservation
 from lifecycle.freshness import HUNG_PER_PROBE
 
 START = "2026-03-01T12:00:00Z"

@@ -12,17 +12,19 @@ from typing import Any
 import pytest
 
 from lifecycle import (
-    ConcurrencyError,
     Engine,
     FireResult,
     GuardContext,
-    GuardError,
-    InvalidData,
     LifecycleError,
     Observation,
     SimulatedClock,
-    StaleObservation,
     Store,
+)
+from lifecycle.errors import (
+    ConcurrencyError,
+    GuardError,
+    InvalidData,
+    StaleObservation,
     UnknownResource,
 )
 from lifecycle.freshness import ProbeRequest

@@ -17,18 +17,9 @@ from typing import Any
 import pytest
 from hostile_inputs import RISKY, TOGGLE, assert_clean, cli, dump
 
-from lifecycle import (
-    Engine,
-    InvalidData,
-    LifecycleError,
-    SimulatedClock,
-    SpecError,
-    Store,
-    redact,
-    storable,
-)
+from lifecycle import Engine, LifecycleError, SimulatedClock, Store, redact, storable
 from lifecycle.adapters.smtp import MailConfigError, SmtpMailer, SmtpServer, build_message
-from lifecycle.errors import DatabaseError, PermanentError, SchemaOutOfDate
+from lifecycle.errors import DatabaseError, InvalidData, PermanentError, SchemaOutOfDate, SpecError
 from lifecycle.store import migrate
 from lifecycle.urls import display_url, resolve_url
 

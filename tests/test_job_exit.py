@@ -32,17 +32,12 @@ from procs.mail_sink import MailSink
 from lifecycle import (
     Effect,
     Engine,
-    GuardError,
-    InvalidData,
     LifecycleError,
     Retry,
     SimulatedClock,
     Store,
     Worker,
-    effect_records,
     file_writes,
-    outbox_counts,
-    retry_failed,
 )
 from lifecycle.adapters import htcondor, smtp
 from lifecycle.adapters.htcondor import JobId
@@ -55,7 +50,9 @@ from lifecycle.adapters.job_queue import (
 )
 from lifecycle.cli import main
 from lifecycle.compiled import GuardContext
+from lifecycle.errors import GuardError, InvalidData
 from lifecycle.machines import builtins, job_exit
+from lifecycle.outbox_admin import effect_records, outbox_counts, retry_failed
 
 EXITED_AT = dt.datetime(2026, 12, 2, 10, 1, 0, tzinfo=dt.UTC)
 FAST = Retry(max_attempts=None, base=0.05, cap=0.2, jitter=0.5)

@@ -10,7 +10,8 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect
 
-from lifecycle import DatabaseError, Engine, SchemaOutOfDate, Store
+from lifecycle import Engine, Store
+from lifecycle.errors import DatabaseError, SchemaOutOfDate
 from lifecycle.machines.job_exit import MIGRATIONS
 from lifecycle.store import metadata, migrate
 from lifecycle.store.statements import job_queue

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 from sqlalchemy import JSON, DateTime, bindparam, inspect, text
 
-from lifecycle import Engine, SimulatedClock, Store, Worker, effect_records, timer_records
+from lifecycle import Engine, SimulatedClock, Store, Worker
 from lifecycle.machines.job_exit import MIGRATIONS
+from lifecycle.outbox_admin import effect_records, timer_records
 from lifecycle.store import migrate
 from lifecycle.store.schema import UtcDateTime
 

@@ -13,19 +13,12 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import func, select, text
 
-from lifecycle import (
-    AsyncEngine,
-    Engine,
-    LifecycleError,
-    SimulatedClock,
-    Store,
-    Within,
-    queries,
-)
+from lifecycle import AsyncEngine, Engine, LifecycleError, SimulatedClock, Store, queries
 from lifecycle import verify as verify_module
 from lifecycle.cli import main
 from lifecycle.results import FireResult
 from lifecycle.store import Transaction, resources
+from lifecycle.within import Within
 
 TOGGLE: dict[str, Any] = {
     "name": "toggle", "initial": "off",

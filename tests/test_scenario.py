@@ -12,8 +12,9 @@ import pytest
 from asyncio_kinds import Blocking, BlockingWorker
 from click.testing import CliRunner
 
-from lifecycle import Engine, ScenarioError, scenario
+from lifecycle import Engine, scenario
 from lifecycle.cli import main
+from lifecycle.errors import ScenarioError
 from lifecycle.machines import builtins
 from lifecycle.scenario import ScenarioResult
 from lifecycle.scenario import replay as replay_with

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from lifecycle import MachineSpec, SpecError, load_spec
+from lifecycle import MachineSpec, load_spec
+from lifecycle.errors import SpecError
 
 
 def machine(**changes: Any) -> dict[str, Any]:

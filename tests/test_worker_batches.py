@@ -17,7 +17,8 @@ import pytest
 from procs import gated
 from waiting import until
 
-from lifecycle import Engine, Store, Worker, effect_records
+from lifecycle import Engine, Store, Worker
+from lifecycle.outbox_admin import effect_records
 from lifecycle.spec import load_spec
 
 RUN = [sys.executable, str(Path(__file__).resolve().parent / "procs" / "run_gated_worker.py")]

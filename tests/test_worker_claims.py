@@ -24,7 +24,8 @@ import pytest
 from procs import gated
 from waiting import until
 
-from lifecycle import AsyncWorker, Effect, EffectCall, Engine, Store, Worker, effect_records
+from lifecycle import AsyncWorker, Effect, EffectCall, Engine, Store, Worker
+from lifecycle.outbox_admin import effect_records
 from lifecycle.spec import load_spec
 
 TESTS = Path(__file__).resolve().parent

@@ -14,15 +14,9 @@ from procs import gated
 from sqlalchemy import select, update
 from waiting import until
 
-from lifecycle import (
-    Effect,
-    Engine,
-    FollowUp,
-    LostClaim,
-    RetryableError,
-    Store,
-    effect_records,
-)
+from lifecycle import Effect, Engine, FollowUp, RetryableError, Store
+from lifecycle.errors import LostClaim
+from lifecycle.outbox_admin import effect_records
 from lifecycle.spec import load_spec
 from lifecycle.store import outbox
 from lifecycle.worker_core import Abandon, Start, Wait, WorkerCore

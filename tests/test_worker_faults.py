@@ -25,19 +25,9 @@ from procs import gated
 from sqlalchemy import select, text, update
 from waiting import until
 
-from lifecycle import (
-    DatabaseError,
-    Effect,
-    EffectCall,
-    Engine,
-    FollowUp,
-    LifecycleError,
-    Retry,
-    Store,
-    Worker,
-    effect_records,
-    retry_failed,
-)
+from lifecycle import Effect, EffectCall, Engine, FollowUp, LifecycleError, Retry, Store, Worker
+from lifecycle.errors import DatabaseError
+from lifecycle.outbox_admin import effect_records, retry_failed
 from lifecycle.spec import load_spec
 from lifecycle.store import outbox
 from lifecycle.worker import DEFAULT_LEASE

@@ -22,7 +22,8 @@ from pathlib import Path
 # `tests`, which some installed distributions ship, cannot shadow it)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lifecycle import Engine, Store, Worker, outbox_counts
+from lifecycle import Engine, Store, Worker
+from lifecycle.outbox_admin import outbox_counts
 from procs import job_exit_faults
 
 

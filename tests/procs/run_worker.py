@@ -8,7 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from lifecycle import AsyncWorker, Worker, outbox_counts
+from lifecycle import AsyncWorker, Worker
+from lifecycle.outbox_admin import outbox_counts
 
 # tests/ on the path, as pytest puts it there: `procs` is this folder (a package named
 # `tests`, which some installed distributions ship, cannot shadow it)
