@@ -22,7 +22,9 @@ of them; a core command's name wins over a machine's.
 
 A command's module is imported when the command runs, not before: ``lifecycle --help``
 reads the one-line help of each from :data:`COMMANDS` (a test checks it against the
-commands' own), and ``lifecycle show`` never loads Alembic or the simulations.
+commands' own) and a machine's command's help from the machines' index
+(:mod:`lifecycle.machines.index`, which keeps it once a command was made), and
+``lifecycle show`` never loads Alembic or the simulations.
 """
 
 from __future__ import annotations
@@ -102,9 +104,15 @@ def machine_commands() -> dict[str, str]:
     """Every machine's command (``module:function``) by name: from the machines' index when
     it is fresh, else from the installed packages' entry points (a core command's name
     wins)."""
+    return {name: target for name, (target, _, _) in _machine_commands().items()}
+
+
+def _machine_commands() -> dict[str, tuple[str, str | None, str | None]]:
+    """Each machine's command by name: its entry point, and its short help and help as the
+    index keeps them (None, None: not made yet)."""
     from ..machines import commands
 
-    return {name: target for name, target in commands().items() if name not in COMMANDS}
+    return {name: entry for name, entry in commands().items() if name not in COMMANDS}
 
 
 def machine_command(name: str, target: str) -> click.Command:
@@ -135,20 +143,30 @@ class Commands(OneLineErrors):
         return self.commands.get(cmd_name)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        """As click lists them, from :data:`COMMANDS` (no module imported) and the machines'
-        commands (made from their modules, which import no more than click until run)."""
+        """As click lists them, from :data:`COMMANDS` and from the machines' index (no
+        command's module imported); a machine's command the index has no help of yet is
+        made once, and its help kept in the index."""
         names = self.list_commands(ctx)
         limit = formatter.width - 6 - max(len(name) for name in names)
-        rows = [(name, click.Command(name, help=COMMANDS[name][2]).get_short_help_str(limit)
-                 if name in COMMANDS else self._short_help(ctx, name, limit))
-                for name in names]
+        machines = _machine_commands()
+        made: dict[str, tuple[str | None, str | None]] = {}
+        for name, (_, short, help_) in machines.items():
+            if short is None and help_ is None and (command := self.get_command(ctx, name)):
+                made[name] = (command.short_help, command.help or "")
+        if made:
+            from ..machines import index
+
+            index.add_command_helps(made)
+        rows = []
+        for name in names:
+            if name in COMMANDS:
+                command = click.Command(name, help=COMMANDS[name][2])
+            else:
+                short, help_ = made.get(name) or machines[name][1:]
+                command = click.Command(name, short_help=short, help=help_)
+            rows.append((name, command.get_short_help_str(limit)))
         with formatter.section("Commands"):
             formatter.write_dl(rows)
-
-
-    def _short_help(self, ctx: click.Context, name: str, limit: int) -> str:
-        command = self.get_command(ctx, name)
-        return command.get_short_help_str(limit) if command is not None else ""
 
 
 @click.group(cls=Commands)

@@ -34,8 +34,6 @@ from rich.text import Text
 
 from .. import redact
 from ..errors import LifecycleError, SpecError
-from ..storable import string_problem
-from ..user_documents import DocumentError, load_json
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -255,6 +253,10 @@ class OneLineErrors(click.Group):
         """Every argument is text: a byte that is not UTF-8 (Python's lone surrogate for
         it) or a NUL is a usage error, whatever the argument is for."""
         for position, argument in enumerate(args, start=1):
+            if argument.isascii() and "\x00" not in argument:
+                continue  # (UTF-8 text: what every command line but a hostile one holds)
+            from ..storable import string_problem
+
             problem = string_problem(argument)
             if problem is not None:
                 raise click.UsageError(f"argument {position} ({argument!r}) {problem}; "
@@ -325,6 +327,8 @@ def json_arg(value: str | None, option: str) -> dict[str, Any]:
     keep is refused by the engine."""
     if value is None:
         return {}
+    from ..user_documents import DocumentError, load_json
+
     try:
         parsed = load_json(value, option)
     except DocumentError as exc:

@@ -78,14 +78,15 @@ def load(name: str, target: str) -> Builtin:
     return value
 
 
-def commands() -> dict[str, str]:
-    """Every machine's own command (``module:function``) by name: from the index when it is
-    fresh, else from the installed packages' entry points (group ``lifecycle.commands``),
-    which are then kept in the index."""
+def commands() -> dict[str, index.Command]:
+    """Every machine's own command by name: its entry point (``module:function``) and, once
+    ``lifecycle --help`` has made it, its short help and help (else None, None); from the
+    index when it is fresh, else from the installed packages' entry points (group
+    ``lifecycle.commands``), which are then kept in the index."""
     known = index.fresh_commands()
     if known is None:
         read = _read_commands(tuple(sys.path))
-        known = {name: target for name, (target, _) in read.items()}
+        known = {name: (target, None, None) for name, (target, _) in read.items()}
         index.write_commands(known, {where for _, where in read.values() if where})
     return known
 

@@ -9,8 +9,10 @@ packages that were loaded, and of the directories packages are installed in (ins
 removing a package changes them). It is stale, and not used, as soon as one of them differs,
 as Python's own ``__pycache__`` is; a machine missing from it is looked up in the entry
 points. Beside it, the machines' own commands (entry-point group ``lifecycle.commands``)
-are kept the same way the first time they are read, so that ``lifecycle --help`` lists them
-without reading the packages' metadata. Both live in ``$XDG_CACHE_HOME/lifecycle``
+are kept the same way the first time they are read, with each command's help once
+``lifecycle --help`` has made the command (stamped then by the files of the modules that
+made it), so that ``lifecycle --help`` lists them without reading the packages' metadata
+or importing a command's module. Both live in ``$XDG_CACHE_HOME/lifecycle``
 (``~/.cache/lifecycle``), a file each per Python environment; when they cannot be written,
 nothing is cached."""
 
@@ -27,7 +29,11 @@ from collections.abc import Iterable, Mapping
 Entry = tuple[str, str, tuple[str, ...]]
 """A machine's entry point (``module:attribute``), spec version and handlers' names."""
 
-VERSION = 1
+Command = tuple[str, str | None, str | None]
+"""A machine's command: its entry point (``module:function``), and its short help and help
+as click gives them (None, None: not read yet)."""
+
+VERSION = 2
 """The index's format; an index of another format is stale."""
 
 
@@ -50,34 +56,69 @@ def fresh() -> dict[str, Entry] | None:
         return None
 
 
-def fresh_commands() -> dict[str, str] | None:
-    """The machines' own commands (name -> ``module:function``) as last read from the
-    installed packages' entry points, if nothing they were read from has changed (the
+def fresh_commands() -> dict[str, Command] | None:
+    """The machines' own commands (name -> entry point, short help, help) as last read from
+    the installed packages' entry points, if nothing they were read from has changed (the
     module search path included: a package on another path may ship more), else None."""
-    stored = _fresh("commands")
+    return _commands(_fresh("commands"))
+
+
+def _commands(stored: dict | None) -> dict[str, Command] | None:  # type: ignore[type-arg]
     try:
         if stored is None or stored["path"] != sys.path:
             return None
-        return {str(name): str(target) for name, target in stored["commands"].items()}
-    except (AttributeError, KeyError, TypeError):
+        return {str(name): (str(target), _text(short), _text(help_))
+                for name, (target, short, help_) in stored["commands"].items()}
+    except (AttributeError, KeyError, TypeError, ValueError):
         return None
+
+
+def _text(value: object) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise TypeError(value)
+    return value
 
 
 def write(machines: Mapping[str, Entry], directories: Iterable[str]) -> None:
     """Keep ``machines``, with the stamps of what they were computed from: ``directories``
     (where the packages that ship them are installed) and the site's package directories,
     and every loaded module of the packages their entry points name."""
-    packages = {target.partition(":")[0].split(".")[0] for target, _, _ in machines.values()}
+    _write("machines", {"machines": {name: list(entry) for name, entry in machines.items()}},
+           {*_loaded_files(target for target, _, _ in machines.values()), *directories})
+
+
+def write_commands(commands: Mapping[str, Command], directories: Iterable[str]) -> None:
+    """Keep the machines' ``commands``, read from the entry points of packages installed in
+    ``directories``, with the module search path they were read on and every loaded module
+    of the packages their entry points name (what made the helps that are known)."""
+    _write("commands", {"path": sys.path,
+                        "commands": {name: list(entry) for name, entry in commands.items()}},
+           {*_loaded_files(target for target, _, _ in commands.values()), *directories})
+
+
+def add_command_helps(helps: Mapping[str, tuple[str | None, str | None]]) -> None:
+    """Keep the short help and help of the machines' commands in ``helps`` (as the commands
+    their modules made say), beside the commands the index holds; the index stays stamped by
+    what it was, and now by the modules that made the commands too."""
+    stored = _fresh("commands")
+    known = _commands(stored)
+    if stored is None or known is None:
+        return
+    commands = {name: (target, *helps.get(name, (short, help_)))
+                for name, (target, short, help_) in known.items()}
+    _write("commands", {"path": sys.path,
+                        "commands": {name: list(entry) for name, entry in commands.items()}},
+           {*(name for name, _ in stored["files"]),
+            *_loaded_files(target for target, _, _ in commands.values())})
+
+
+def _loaded_files(targets: Iterable[str]) -> set[str]:
+    """The files of every loaded module of the packages that ``targets`` (``module:name``)
+    are in."""
+    packages = {target.partition(":")[0].split(".")[0] for target in targets}
     files = {getattr(module, "__file__", None) for name, module in list(sys.modules.items())
              if name.split(".")[0] in packages}
-    _write("machines", {"machines": {name: list(entry) for name, entry in machines.items()}},
-           {*(f for f in files if f), *directories})
-
-
-def write_commands(commands: Mapping[str, str], directories: Iterable[str]) -> None:
-    """Keep the machines' ``commands``, read from the entry points of packages installed in
-    ``directories``, with the module search path they were read on."""
-    _write("commands", {"path": sys.path, "commands": dict(commands)}, set(directories))
+    return {file for file in files if file}
 
 
 def _fresh(kind: str) -> dict | None:  # type: ignore[type-arg]
