@@ -26,14 +26,18 @@ import os
 import re
 import sys
 from collections.abc import Callable
-from typing import IO, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 import click
-from rich.console import Console
-from rich.text import Text
 
 from .. import redact
 from ..errors import LifecycleError, SpecError
+
+if TYPE_CHECKING:
+    from .console import SafeConsole
+
+    out: SafeConsole
+    err: SafeConsole
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -61,76 +65,6 @@ def _is_tag(found: re.Match[str]) -> bool:
     return style in STYLES or (bool(closing) and style == "")
 
 
-def markup(source: str) -> Text:
-    """``source`` as text, styled where it holds lifecycle's own markup: a tag of
-    :data:`STYLES` opened and later closed by ``[/]`` (or ``[/style]``). Every other
-    bracket is text. A backslash before a tag makes it text (``\\[bold]``), as in rich;
-    backslashes anywhere else are text."""
-    tokens = []  # (match, literal text or None for a tag)
-    for found in _TAG.finditer(source):
-        if not _is_tag(found):
-            continue
-        slashes = len(found.group(1))
-        tag = found.group()[slashes:]
-        tokens.append((found, "\\" * (slashes // 2) + tag if slashes % 2 else None))
-    paired: dict[int, int] = {}  # index of an opening tag -> index of its closing tag
-    opened: list[int] = []
-    for index, (found, literal) in enumerate(tokens):
-        if literal is not None:
-            continue
-        if not found.group(2):
-            opened.append(index)
-        elif opened and found.group(3) in ("", tokens[opened[-1]][0].group(3)):
-            paired[opened.pop()] = index
-    closers = {close: start for start, close in paired.items()}
-    text = Text()
-    starts: dict[int, int] = {}
-    position = 0
-    for index, (found, literal) in enumerate(tokens):
-        text.append(source[position:found.start()])
-        position = found.end()
-        slashes = len(found.group(1))
-        if literal is not None:
-            text.append(literal)
-            continue
-        text.append("\\" * (slashes // 2))
-        if index in paired:
-            starts[index] = len(text)
-        elif index in closers:
-            opening = closers[index]
-            text.stylize(tokens[opening][0].group(3), starts[opening], len(text))
-        else:
-            text.append(found.group()[slashes:])
-    text.append(source[position:])
-    return text
-
-
-_styled = markup  # (render_str's parameter of that name hides the function)
-
-
-class SafeConsole(Console):
-    """A console whose strings are text with lifecycle's own styles (see :func:`markup`),
-    and whose printing never raises: a closed pipe or a character the terminal cannot show
-    loses output, never the command's outcome."""
-
-    def render_str(self, text: str, *, style: Any = "", justify: Any = None,
-                   overflow: Any = None, emoji: bool | None = None,
-                   markup: bool | None = None, highlight: bool | None = None,
-                   highlighter: Any = None) -> Text:
-        text = redact.text(text)  # before the layout measures it (the stream does it too)
-        if markup is False or "[" not in text:
-            return Text(text, style=style, justify=justify, overflow=overflow)
-        styled = _styled(text)
-        styled.style, styled.justify, styled.overflow = style, justify, overflow
-        return styled
-
-    def print(self, *objects: Any, **options: Any) -> None:
-        try:
-            super().print(*objects, **options)
-        except (OSError, UnicodeError, ValueError) as exc:
-            lost_output(exc)
-
-
 def lost_output(exc: Exception) -> None:
     """Printing failed (a closed pipe, a terminal that cannot show a character): the
     command's outcome stands; further output goes nowhere."""
@@ -146,10 +80,6 @@ def _silence(stream: IO[str]) -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, descriptor)  # the interpreter's last flush then has nowhere to fail
     os.close(devnull)
-
-
-out = SafeConsole(highlight=False, soft_wrap=True, emoji=False)
-err = SafeConsole(stderr=True, highlight=False, soft_wrap=True, emoji=False)
 
 
 class _Forgiving(io.TextIOBase):
@@ -299,6 +229,10 @@ class OneLineErrors(click.Group):
 
 def report(message: str) -> None:
     """An error, on stderr: ``error: MESSAGE``, the message as text, secrets hidden."""
+    from rich.text import Text
+
+    from .console import err
+
     err.print(Text.assemble(("error:", "bold red"), " ", redact.text(message)))
 
 
@@ -342,3 +276,13 @@ def json_arg(value: str | None, option: str) -> dict[str, Any]:
         raise click.BadParameter(f"must be a JSON object, not {type(parsed).__name__}",
                                  param_hint=option)
     return parsed
+
+
+def __getattr__(name: str) -> Any:
+    """The consoles (``out``, ``err``) and :func:`markup`, from :mod:`.console` when first
+    asked for: rich is imported by a command that prints, not by ``lifecycle --help``."""
+    if name in ("out", "err", "markup", "SafeConsole"):
+        from . import console
+
+        return getattr(console, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
