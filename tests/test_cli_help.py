@@ -1,7 +1,7 @@
 """``lifecycle --help`` lists a machine's command from the machines' index, with the help
-the command's module gave it, without importing that module; the help is read again when
-the module changes. (A toy package with one command, installed as a ``.dist-info``
-directory on the path, is the machine package here.)"""
+the command's module gave it, without importing that module (nor rich: click prints the
+help); the help is read again when the module changes. (A toy package with one command,
+installed as a ``.dist-info`` directory on the path, is the machine package here.)"""
 
 from __future__ import annotations
 
@@ -76,6 +76,7 @@ def test_help_reads_a_machines_command_from_the_index_until_its_module_changes(
     assert PACKAGE not in loaded and "lifecycle.cli.kit" not in loaded
     assert not {m for m in loaded if m.endswith("_commands")}  # no command's module
     assert "importlib.metadata" not in loaded
+    assert not {m for m in loaded if m.split(".")[0] == "rich"}  # click prints the help
     module.write_text(MODULE.format(help="Pour the tea, slowly, into two cups."))
     line, loaded = _help(toy, cache)  # its module changed: the index is stale
     assert line.split(None, 1) == ["teapot", "Pour the tea, slowly, into two cups."]

@@ -146,9 +146,9 @@ class Commands(OneLineErrors):
         """As click lists them, from :data:`COMMANDS` and from the machines' index (no
         command's module imported); a machine's command the index has no help of yet is
         made once, and its help kept in the index."""
-        names = self.list_commands(ctx)
+        machines = _machine_commands()  # (the index read once)
+        names = sorted({*COMMANDS, *machines})
         limit = formatter.width - 6 - max(len(name) for name in names)
-        machines = _machine_commands()
         made: dict[str, tuple[str | None, str | None]] = {}
         for name, (_, short, help_) in machines.items():
             if short is None and help_ is None and (command := self.get_command(ctx, name)):
