@@ -93,10 +93,13 @@ if TYPE_CHECKING:  # what a type checker sees (explicit re-exports): the names o
 
 
 def _importing_from(frame: Any) -> bool:
-    """Whether ``frame`` is running ``from lifecycle import NAME`` (and not ``getattr``)."""
+    """Whether the caller of ``frame`` (``__getattr__``'s) is running ``from lifecycle import
+    NAME`` (and not ``getattr``)."""
     import dis
 
-    return bool(frame.f_code.co_code[frame.f_lasti] == dis.opmap["IMPORT_FROM"])
+    caller = frame.f_back if frame is not None else None
+    return caller is not None and caller.f_code.co_code[caller.f_lasti] == dis.opmap[
+        "IMPORT_FROM"]
 
 
 def __getattr__(name: str) -> Any:
@@ -105,9 +108,11 @@ def __getattr__(name: str) -> Any:
         home = _MOVED.get(name)
         if home is None:
             raise AttributeError(f"module 'lifecycle' has no attribute {name!r}")
+        import inspect
+
         message = (f"module 'lifecycle' has no attribute {name!r}: it lives in {home} "
                    f"(from {home} import {name})")
-        if _importing_from(sys._getframe(1)):
+        if _importing_from(inspect.currentframe()):
             # Python would replace an AttributeError's message by its own "cannot import
             # name"; an ImportError goes through as it is
             raise ImportError(message, name=__name__)

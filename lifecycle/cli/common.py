@@ -23,7 +23,6 @@ from __future__ import annotations
 import io
 import math
 import os
-import re
 import sys
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any, TypeVar
@@ -32,6 +31,7 @@ import click
 
 from .. import redact
 from ..errors import LifecycleError, SpecError
+from .plain import TAG, is_tag, silence
 
 if TYPE_CHECKING:
     from .console import SafeConsole
@@ -55,33 +55,6 @@ EXIT_REFUSED = 3
 EXIT_INTERNAL = 4
 TRACEBACK_VARIABLE = "LIFECYCLE_TRACEBACK"
 
-STYLES = frozenset({"bold", "dim", "italic", "red", "green", "yellow", "cyan", "magenta",
-                    "bold red", "bold green", "bold yellow"})
-_TAG = re.compile(r"(\\*)\[(/?)([a-z ]*)\]")
-
-
-def _is_tag(found: re.Match[str]) -> bool:
-    closing, style = found.group(2), found.group(3)
-    return style in STYLES or (bool(closing) and style == "")
-
-
-def lost_output(exc: Exception) -> None:
-    """Printing failed (a closed pipe, a terminal that cannot show a character): the
-    command's outcome stands; further output goes nowhere."""
-    if isinstance(exc, BrokenPipeError):
-        _silence(sys.stdout)
-
-
-def _silence(stream: IO[str]) -> None:
-    try:
-        descriptor = stream.fileno()
-    except (OSError, ValueError, io.UnsupportedOperation):
-        return
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, descriptor)  # the interpreter's last flush then has nowhere to fail
-    os.close(devnull)
-
-
 class _Forgiving(io.TextIOBase):
     """sys.stdout or sys.stderr for the length of a command: no URL's password gets through
     (what a handler's error or a log line says included), what cannot be encoded is written
@@ -102,7 +75,7 @@ class _Forgiving(io.TextIOBase):
             self._write(shown.encode(encoding, "backslashreplace").decode(encoding))
         except (BrokenPipeError, ValueError):  # ValueError: the stream was closed
             self.closed_pipe = True
-            _silence(self.stream)
+            silence(self.stream)
         except OSError as exc:  # a full disk: said once on stderr; the outcome stands
             self.closed_pipe = True
             if self.stream is not sys.__stderr__:
@@ -239,8 +212,8 @@ def report(message: str) -> None:
 def escape(text: str) -> str:
     """Data inside a string that holds markup, so that it prints as it is: a backslash
     before each of lifecycle's tags in it (and its own backslashes there doubled)."""
-    return _TAG.sub(lambda found: found.group(1) * 2 + "\\" + found.group()[len(
-        found.group(1)):] if _is_tag(found) else found.group(), text)
+    return TAG.sub(lambda found: found.group(1) * 2 + "\\" + found.group()[len(
+        found.group(1)):] if is_tag(found) else found.group(), text)
 
 
 def db_option(f: F) -> F:

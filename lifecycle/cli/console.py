@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.text import Text
 
 from .. import redact
-from .common import _TAG, _is_tag, lost_output
+from .plain import TAG, is_tag, lost_output
 
 
 def markup(source: str) -> Text:
@@ -19,8 +19,8 @@ def markup(source: str) -> Text:
     bracket is text. A backslash before a tag makes it text (``\\[bold]``), as in rich;
     backslashes anywhere else are text."""
     tokens = []  # (match, literal text or None for a tag)
-    for found in _TAG.finditer(source):
-        if not _is_tag(found):
+    for found in TAG.finditer(source):
+        if not is_tag(found):
             continue
         slashes = len(found.group(1))
         tag = found.group()[slashes:]
