@@ -1,6 +1,7 @@
 """The public API: one list of names (``lifecycle.PUBLIC``) that the lazy imports, ``dir()``,
-``__all__`` and what a type checker sees all follow, and the exception tree grouped by cause
-(a caller catches ``NotFound`` or ``InvalidInput`` instead of naming every error)."""
+``__all__``, what a type checker sees and the API page all follow; the names ``lifecycle``
+exported once (``lifecycle.MOVED``) say where they live now; and the exception tree grouped
+by cause (a caller catches ``NotFound`` or ``InvalidInput`` instead of naming every error)."""
 
 from __future__ import annotations
 
