@@ -125,6 +125,12 @@ class SingleWrites(Transitions):
         is journaled, then raises :class:`StaleObservation` (or, with ``on_stale="return"``,
         comes back as a result whose ``error`` is ``"StaleObservation"``). ``within`` adds
         writes of the caller's own to the same transaction (see :class:`Within`)."""
+        if within is None and trigger != EVENTLESS and self.store.sql.quick is not None:
+            # SQLite: the common fire in one pass (fire_once); the loop if it needs one
+            done = self.fire_once(key, trigger, key_document(key, payload, "payload", actor),
+                                  actor, on_stale)
+            if done is not None:
+                return done
         return self.drive(self.firing(key, trigger, payload, actor=actor, on_stale=on_stale,
                                       within=within))
 
