@@ -71,7 +71,7 @@ class Transitions(RetryLoop):
                 tx.rollback()
                 return None
             state = fetched[3]
-            plan = compiled.plans.get((state, trigger), False)
+            plan: Any = compiled.plans.get((state, trigger), False)  # False: not asked yet
             if plan is False:
                 plan = compiled.plan(state, trigger)
             if plan is not None and plan.plain and not payload:
