@@ -6,7 +6,9 @@ The path of a fire: :meth:`SingleWrites.fire` drives (:meth:`RetryLoop.drive`) t
 generator :meth:`SingleWrites.firing`, which checks the arguments and runs
 :meth:`~SingleWrites.firing_checked`: the retry loop around ``decide_and_write``, which
 reads the row (``rows.locate``), decides (``CompiledMachine.decide``) and writes
-(``write_transition``: ``Transaction.write``)."""
+(``write_transition``: ``Transaction.write``). On SQLite a fire without ``within`` is made
+in one pass first (:meth:`Transitions.fire_once`), and goes round the loop only when it
+needs to (a probe, a machine to load, a row that moved)."""
 
 from __future__ import annotations
 
