@@ -41,15 +41,13 @@ class Transitions(RetryLoop):
 
     def fire_once(self, key: str, trigger: str, payload: dict[str, Any], actor: str | None,
                   on_stale: OnStale) -> FireResult | None:
-        """A common fire on SQLite in one pass, without the retry loop's generator: one
-        transaction that reads the row (positional statements: :class:`QuickFire`), decides
-        and writes. A decision its machine knows before reading the row (:meth:`~lifecycle.
-        compiled.CompiledMachine.plan`: no guard, no freshness rule) that writes the move and
-        its journal row alone is written here, with tuples in the statements' order; any
-        other is :meth:`decide_and_write`'s, on the row read. None, with nothing written,
-        when the fire needs the loop (a probe to ask, a machine to load, a row that moved, a
-        key not found once): the caller then makes it there (:meth:`firing`), from the start.
-        The arguments are checked; ``trigger`` is not the eventless one."""
+        """A fire on SQLite in one pass, without the retry loop: one transaction that reads
+        the row and writes by position (``Statements.quick``). A decision known before the
+        row is read (``CompiledMachine.plan``) that writes the move and its journal row alone
+        is written here; any other is :meth:`decide_and_write`'s, on the row read. None, with
+        nothing written, when the fire needs the loop (a probe, a machine to load, a row that
+        moved, a key not found once): :meth:`firing` then makes it from the start. The
+        arguments are checked; ``trigger`` is not the eventless one."""
         store = self.store
         quick = store.sql.quick
         if quick is None:
