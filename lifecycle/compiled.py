@@ -177,7 +177,8 @@ class CompiledMachine:
                 edge = first.edge
                 plan = Plan(first.dest, edge, not (
                     self.on_entry or edge.effects or self.follows_transitions))
-        self.plans[state, trigger] = plan
+        if trigger in self.triggers or trigger == EVENTLESS:  # (no entry per unknown name)
+            self.plans[state, trigger] = plan
         return plan
 
     def _learn(self, state: str, trigger: str) -> tuple[_Entry, ...]:

@@ -573,3 +573,24 @@ def test_a_sqlite_fire_whose_row_moved_after_its_read_writes_nothing_and_goes_ag
             ("adopt", 1), ("transition", 2)]
         now = engine.get("s")
         assert (now.state, now.version) == ("claimed.busy", 2) and not engine.verify()
+
+
+def test_a_machine_plans_only_the_decisions_no_row_can_change(store: Store) -> None:
+    """``CompiledMachine.plan``: a trigger whose first edge from a leaf has no guard and no
+    freshness rule is decided before the row is read (``plain`` when it writes nothing but
+    the move and its journal row); a guarded one, one with no edge from the leaf, or an
+    unknown name is not, and an unknown name is not kept."""
+    effects = {**SLOT, "name": "with_effects", "transitions": [
+        *SLOT["transitions"],
+        {"trigger": "go", "source": "unclaimed", "dest": "gone", "effects": ["notify"]}]}
+    engine = Engine(store, [SLOT, effects], guards=GUARDS, effects={"notify": lambda _: None})
+    slot = engine.compiled("slot")
+    plan = slot.plan("claimed.busy", "release")
+    assert plan is not None and (plan.dest, plan.plain) == ("cleanup", True)
+    assert plan.edge.trigger == "release"
+    assert slot.plan("unclaimed", "claim") is None  # guarded: asked on the row
+    assert slot.plan("unclaimed", "activate") is None  # no edge from there
+    assert slot.plan("unclaimed", "nonsense") is None
+    assert ("unclaimed", "claim") in slot.plans and ("unclaimed", "nonsense") not in slot.plans
+    go = engine.compiled("with_effects").plan("unclaimed", "go")
+    assert go is not None and not go.plain
