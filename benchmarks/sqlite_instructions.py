@@ -101,14 +101,13 @@ def statements(path: Path) -> Iterator[Bench]:
     store = Store(f"sqlite:///{path}", upgrade=True)
     try:
         Engine(store, [toggle.spec(guarded=False)]).create(toggle.MACHINE, toggle.KEY)
-        read, (key_,) = _positional(store.sql.resource_by_key)
-        move, moved = _positional(store.sql.move[False, False])
-        journal, journaled = _positional(store.sql.insert_journal)
+        quick = store.sql.quick  # the statements lifecycle's fire runs, numbered (?N)
+        if quick is None or quick.MOVE != MOVED or quick.JOURNAL != JOURNALED:
+            raise BenchError("statements: lifecycle's fire binds its statements in another "
+                             "order now; bind them in that order here")
+        read, move, journal = quick.by_key, quick.move, quick.journal
     finally:
         store.dispose()
-    if key_ != "key" or moved != MOVED or journaled != JOURNALED:
-        raise BenchError(f"statements: lifecycle's statements take {moved} and {journaled}; "
-                         "bind them in that order here")
     connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     cursor = connection.cursor()
     for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON",
@@ -123,8 +122,8 @@ def statements(path: Path) -> Iterator[Bench]:
         rid, state, version, seq, spec_version = row[0], row[3], row[4], row[5], row[7]
         dest = "b" if state == "a" else "a"
         at = sqlite_time(dt.datetime.now(utc))
-        cursor.execute(move, (spec_version, dest, version + 1, seq + 1, at, at, rid, version,
-                              seq))
+        cursor.execute(move, (rid, version, seq, dest, version + 1, seq + 1, spec_version,
+                              at))
         if cursor.rowcount != 1:
             raise BenchError("statements: the compare-and-swap lost with no other writer")
         cursor.execute(journal, (rid, seq + 1, "transition", trigger, state, dest,
@@ -137,8 +136,8 @@ def statements(path: Path) -> Iterator[Bench]:
         connection.close()
 
 
-MOVED = ("new_spec_version", "new_state", "new_version", "new_seq", "now", "now", "id_",
-         "version_", "seq_")
+MOVED = ("id_", "version_", "seq_", "new_state", "new_version", "new_seq", "new_spec_version",
+         "now")
 JOURNALED = ("resource_id", "seq", "kind", "trigger", "source", "dest", "version",
              "spec_version", "actor", "at", "payload", "guards", "observation_id", "fence")
 _NAMED = re.compile(r":(\w+)")

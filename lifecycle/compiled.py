@@ -109,6 +109,9 @@ class CompiledMachine:
         # machine's tables are its events'; a nested machine's are learnt from its
         # HierarchicalMachine (see :class:`_Order`), once per leaf and trigger.
         self._table: dict[tuple[str, str], tuple[_Entry, ...]] = {}
+        self.plans: dict[tuple[str, str], Plan | None] = {}
+        """What :meth:`plan` found, by (leaf, trigger): read by the engine's common fire
+        before it asks (a dictionary look-up costs less than a call)."""
         self._order: _Order | None = None
         if nested:
             self._order = _Order(spec, guards)
@@ -159,11 +162,42 @@ class CompiledMachine:
         return Decision(False, None, None, context.guards,
                         _Why(context.guards, self, state, trigger))
 
+    def plan(self, state: str, trigger: str) -> Plan | None:
+        """The decision of ``trigger`` from leaf ``state`` when it is the same whatever the
+        resource holds: the first edge to try has no condition at all (no guard, no
+        freshness rule). None when the decision must be asked (:meth:`decide`). Found once per
+        leaf and trigger (kept in :attr:`plans`)."""
+        plan = None
+        if trigger in self._candidates.by_leaf.get(state, ()):
+            entries = self._table.get((trigger, state))
+            if entries is None:
+                entries = self._learn(state, trigger)
+            if entries and not entries[0].conditions:
+                first = entries[0]
+                edge = first.edge
+                plan = Plan(first.dest, edge, not (
+                    self.on_entry or edge.effects or self.follows_transitions))
+        if trigger in self.triggers or trigger == EVENTLESS:  # (no entry per unknown name)
+            self.plans[state, trigger] = plan
+        return plan
+
     def _learn(self, state: str, trigger: str) -> tuple[_Entry, ...]:
         assert self._order is not None
         entries = self._order.entries(state, trigger)
         self._table[trigger, state] = entries
         return entries
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A decision known before the resource is read (:meth:`CompiledMachine.plan`): the
+    transition fires, to ``dest`` by ``edge``, with no guard asked. ``plain``: it writes the
+    move and its journal row and nothing else (no effect, no state entered that asks for
+    anything, no data the model computes), when the fire has no payload."""
+
+    dest: str
+    edge: Edge
+    plain: bool
 
 
 @dataclass(frozen=True, slots=True)

@@ -448,3 +448,145 @@ def test_the_positional_statements_bind_what_the_named_ones_do(sqlite_url: str) 
             assert text.count("?") == len(names)
             assert bind(params) == tuple(params[name] for name in names)
             assert re.sub(r":\w+", "?", named) == text
+
+
+def test_the_numbered_statements_of_a_sqlite_fire_are_the_catalogues(sqlite_url: str) -> None:
+    """A common fire on SQLite runs the catalogue's read, move and journal insert with each
+    parameter numbered (``?N``) by its place in the tuple the engine builds: naming each
+    number back gives the named text, every name once. A numbering that leaves a name out
+    (or adds one) is refused when the statements are compiled."""
+    from lifecycle.store.statements import QuickFire
+    from lifecycle.store.statements.compiling import numbered
+
+    with Store(sqlite_url, upgrade=True) as store:
+        sql, quick = store.sql, store.sql.quick
+        assert quick is not None
+        for text, named, order in (
+                (quick.by_key, sql.resource_by_key, ("key",)),
+                (quick.by_machine_key, sql.resource_by_machine_key, ("machine", "key")),
+                (quick.move, sql.move[False, False], QuickFire.MOVE),
+                (quick.journal, sql.insert_journal, QuickFire.JOURNAL)):
+            assert ":" not in re.sub(r"'[^']*'", "", text)
+            assert sorted({int(n) for n in re.findall(r"\?(\d+)", text)}) == list(
+                range(1, len(order) + 1))
+            parts = re.split(r"\?(\d+)", text)  # text, number, text, ...: names put back
+            assert "".join(part if i % 2 == 0 else f":{order[int(part) - 1]}"
+                           for i, part in enumerate(parts)) == named
+        with pytest.raises(ValueError, match="takes"):
+            numbered(sql.move[False, False], QuickFire.MOVE[:-1])
+        with pytest.raises(ValueError, match="takes"):
+            numbered(sql.resource_by_key, ("key", "machine"))
+
+
+def _loop_only(engine: Engine) -> None:
+    """Make ``engine`` fire through the retry loop alone (what it did before the one-pass
+    fire), for comparison."""
+    engine.fire_once = lambda *_args: None  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("fired", [
+    [("s", "activate", None), ("slot:s", "deactivate", None), ("s", "release", None),
+     ("s", "retire", None)],
+    [("s", "claim", {"claim_id": "c1"}), ("s", "release", {"why": "done"})],
+    [("s", "activate", {"n": 1}), ("slot:s", "retire", {"n": 2})],
+])
+def test_a_sqlite_fire_in_one_pass_writes_what_the_loop_writes(
+        sqlite_url: str, fired: list[tuple[str, str, dict[str, Any] | None]]) -> None:
+    """The same fires, made in one pass and through the retry loop alone, on two databases
+    at the same times: the same results, rows and journals (unguarded edges, whose decision
+    is known before the row is read; a guard asked on the row read; payloads; plain and
+    ``MACHINE:KEY`` keys; nested states)."""
+    seen = []
+    for one_pass in (True, False):
+        clock = SimulatedClock("2026-03-01T12:00:00Z")
+        with Store(sqlite_url.replace(".db", f"-{one_pass}.db"), upgrade=True) as store:
+            engine = Engine(store, [SLOT], guards=GUARDS, clock=clock)
+            if not one_pass:
+                _loop_only(engine)
+            start = "claimed.idle" if fired[0][1] == "activate" else None
+            engine.create("slot", "s", {"m": 1}, state=start)
+            results = []
+            for key, trigger, payload in fired:
+                clock.advance(1)
+                results.append(engine.fire(key, trigger, payload, actor="me"))
+            seen.append((results, engine.get("s"), engine.history("s")))
+            assert not engine.verify()
+    assert seen[0] == seen[1]
+    assert all(result.fired for result in seen[0][0])
+
+
+def test_a_plain_sqlite_fire_does_not_go_round_the_loop(sqlite_url: str,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fire whose decision needs no probe is made in one pass (without the retry loop's
+    generator), whether its machine decides it before the row is read or asks a guard on
+    the row: what keeps a SQLite fire's cost near the database's own."""
+    with Store(sqlite_url, upgrade=True) as store:
+        engine = Engine(store, [SLOT], guards=GUARDS)
+        engine.create("slot", "s")
+
+        def looped(*_args: Any, **_kwargs: Any) -> Any:
+            raise AssertionError("the fire went round the retry loop")
+        monkeypatch.setattr(engine, "firing", looped)
+        assert engine.fire("s", "claim", {"claim_id": "c"}).dest == "claimed.idle"
+        assert engine.fire("slot:s", "activate").dest == "claimed.busy"
+        refused = engine.fire("s", "claim", {"claim_id": "c"})
+        assert not refused and refused.reason is not None and "claim" in refused.reason
+        # what needs the loop goes round it
+        with pytest.raises(AssertionError, match="retry loop"):
+            engine.fire("nobody", "activate")
+
+
+class _MovingClock(SimulatedClock):
+    """A clock that, asked the time once (between a fire's read and its write), moves the
+    resource underneath in the fire's own transaction: what another writer's commit would
+    do between the two, were SQLite's writers not in turn."""
+
+    store: Store | None = None
+
+    def now(self) -> Any:
+        store, self.store = self.store, None
+        if store is not None:
+            with store.reading() as tx:  # inside the thread's write transaction
+                tx.execute("UPDATE lifecycle_resources SET version = version + 1, "
+                           "seq = seq + 1")
+        return super().now()
+
+
+def test_a_sqlite_fire_whose_row_moved_after_its_read_writes_nothing_and_goes_again(
+        sqlite_url: str) -> None:
+    """The one-pass fire's compare-and-swap finds the row moved: nothing it did is kept
+    (the move underneath with it, in the same transaction), and the fire is made again by
+    the retry loop, once, on the row as it is."""
+    clock = _MovingClock("2026-03-01T12:00:00Z")
+    with Store(sqlite_url, upgrade=True) as store:
+        engine = Engine(store, [SLOT], clock=clock, guards=GUARDS)
+        engine.create("slot", "s", state="claimed.idle")
+        clock.store = store
+        result = engine.fire("s", "activate")
+        assert clock.store is None  # it did move the row
+        assert (result.dest, result.version, result.seq) == ("claimed.busy", 2, 2)
+        assert [(e.kind, e.version) for e in engine.history("s")] == [
+            ("adopt", 1), ("transition", 2)]
+        now = engine.get("s")
+        assert (now.state, now.version) == ("claimed.busy", 2) and not engine.verify()
+
+
+def test_a_machine_plans_only_the_decisions_no_row_can_change(store: Store) -> None:
+    """``CompiledMachine.plan``: a trigger whose first edge from a leaf has no guard and no
+    freshness rule is decided before the row is read (``plain`` when it writes nothing but
+    the move and its journal row); a guarded one, one with no edge from the leaf, or an
+    unknown name is not, and an unknown name is not kept."""
+    effects = {**SLOT, "name": "with_effects", "transitions": [
+        *SLOT["transitions"],
+        {"trigger": "go", "source": "unclaimed", "dest": "gone", "effects": ["notify"]}]}
+    engine = Engine(store, [SLOT, effects], guards=GUARDS, effects={"notify": lambda _: None})
+    slot = engine.compiled("slot")
+    plan = slot.plan("claimed.busy", "release")
+    assert plan is not None and (plan.dest, plan.plain) == ("cleanup", True)
+    assert plan.edge.trigger == "release"
+    assert slot.plan("unclaimed", "claim") is None  # guarded: asked on the row
+    assert slot.plan("unclaimed", "activate") is None  # no edge from there
+    assert slot.plan("unclaimed", "nonsense") is None
+    assert ("unclaimed", "claim") in slot.plans and ("unclaimed", "nonsense") not in slot.plans
+    go = engine.compiled("with_effects").plan("unclaimed", "go")
+    assert go is not None and not go.plain

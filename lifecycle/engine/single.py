@@ -6,7 +6,9 @@ The path of a fire: :meth:`SingleWrites.fire` drives (:meth:`RetryLoop.drive`) t
 generator :meth:`SingleWrites.firing`, which checks the arguments and runs
 :meth:`~SingleWrites.firing_checked`: the retry loop around ``decide_and_write``, which
 reads the row (``rows.locate``), decides (``CompiledMachine.decide``) and writes
-(``write_transition``: ``Transaction.write``)."""
+(``write_transition``: ``Transaction.write``). On SQLite a fire without ``within`` is made
+in one pass first (:meth:`Transitions.fire_once`), and goes round the loop only when it
+needs to (a probe, a machine to load, a row that moved)."""
 
 from __future__ import annotations
 
@@ -125,6 +127,12 @@ class SingleWrites(Transitions):
         is journaled, then raises :class:`StaleObservation` (or, with ``on_stale="return"``,
         comes back as a result whose ``error`` is ``"StaleObservation"``). ``within`` adds
         writes of the caller's own to the same transaction (see :class:`Within`)."""
+        if within is None and trigger != EVENTLESS and self.store.sql.quick is not None:
+            # SQLite: the common fire in one pass (fire_once); the loop if it needs one
+            done = self.fire_once(key, trigger, key_document(key, payload, "payload", actor),
+                                  actor, on_stale)
+            if done is not None:
+                return done
         return self.drive(self.firing(key, trigger, payload, actor=actor, on_stale=on_stale,
                                       within=within))
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..clock import Clock
 from ..compiled import CompiledMachine, Decision, GuardContext
-from ..errors import InvalidData, UnknownTrigger
+from ..errors import InvalidData, StaleObservation, UnknownTrigger
 from ..freshness import ProbeRequest, clock_time, rule_text
 from ..graph import EVENTLESS
 from ..results import FireResult
@@ -24,6 +24,7 @@ from .outcomes import (
     STALE_TIMER,
     Again,
     Entry,
+    OnStale,
     Row,
     Stale,
     Tries,
@@ -32,11 +33,72 @@ from .outcomes import (
     unsure_or,
 )
 from .retry import RetryLoop
-from .rows import locate
+from .rows import locate, row_of
 
 
 class Transitions(RetryLoop):
     """Deciding and writing one fire, inside the retry loop's transaction."""
+
+    def fire_once(self, key: str, trigger: str, payload: dict[str, Any], actor: str | None,
+                  on_stale: OnStale) -> FireResult | None:
+        """A fire on SQLite in one pass, without the retry loop: one transaction that reads
+        the row and writes by position (``Statements.quick``). A decision known before the
+        row is read (``CompiledMachine.plan``) that writes the move and its journal row alone
+        is written here; any other is :meth:`decide_and_write`'s, on the row read. None, with
+        nothing written, when the fire needs the loop (a probe, a machine to load, a row that
+        moved, a key not found once): :meth:`firing` then makes it from the start. The
+        arguments are checked; ``trigger`` is not the eventless one."""
+        store = self.store
+        quick = store.sql.quick
+        if quick is None:
+            return None
+        machine, sep, plain = key.partition(":")
+        with store.write() as tx:
+            execute = tx.execute
+            if sep and machine and plain:
+                execute(quick.by_machine_key, (machine, plain))
+            else:
+                execute(quick.by_key, (key,))
+            rows = tx.fetchall()
+            if len(rows) != 1:  # unknown or ambiguous: the loop says which
+                tx.rollback()
+                return None
+            fetched = rows[0]
+            compiled = self._compiled.get(fetched[1])
+            if compiled is None:
+                tx.rollback()
+                return None
+            state = fetched[3]
+            plan: Any = compiled.plans.get((state, trigger), False)  # False: not asked yet
+            if plan is False:
+                plan = compiled.plan(state, trigger)
+            if plan is not None and plan.plain and not payload:
+                rid, version, seq = fetched[0], fetched[4], fetched[5]
+                dest, spec_version = plan.dest, compiled.spec.version
+                at = store.time_param(self.clock.now())
+                execute(quick.move, (rid, version, seq, dest, version + 1, seq + 1,
+                                     spec_version, at))
+                if tx.cursor.rowcount != 1:  # moved underneath: the loop decides again
+                    tx.rollback()
+                    return None
+                execute(quick.journal, (rid, seq + 1, "transition", trigger, state, dest,
+                                        version + 1, spec_version, actor, at, None, None,
+                                        None, None))
+                outcome: Any = FireResult(True, fetched[1], fetched[2], trigger, state, dest,
+                                          version + 1, None, {}, None, None, False, seq + 1, 0)
+            else:
+                outcome = self.decide_and_write(tx, key, trigger, payload, actor, None,
+                                                Tries(), row_of(store, fetched))
+                if isinstance(outcome, Again):
+                    tx.rollback()
+                    return None
+        if type(outcome) is Stale:  # a journaled refusal, as the loop gives it
+            if on_stale == "raise":
+                raise StaleObservation(outcome.result, dest=outcome.dest,
+                                       probe_error=outcome.probe_error)
+            outcome = outcome.result
+        result: FireResult = outcome  # (typing.cast is a call: it costs every fire)
+        return result
 
     def decide_and_write(self, tx: Transaction, key: str, trigger: str,
                          payload: dict[str, Any], actor: str | None, within: Within | None,

@@ -102,7 +102,7 @@ class Transaction:
     A write transaction commits when the block that opened it ends, and rolls back if it
     raises; nothing here commits."""
 
-    __slots__ = ("_cursor", "dialect", "execute", "executemany", "fetchall", "fetchmany",
+    __slots__ = ("_cursor", "cursor", "dialect", "execute", "executemany", "fetchall", "fetchmany",
                  "fetchone", "json", "paramstyle", "sql", "time")
 
     json_value = staticmethod(json_value)
@@ -110,6 +110,9 @@ class Transaction:
 
     def __init__(self, cursor: Any, dialect: str, sql: Statements | None = None) -> None:
         self._cursor = cursor
+        self.cursor = cursor
+        """The DBAPI cursor (on PostgreSQL the transaction's first; its statements run on
+        cursors of their own): on SQLite, the engine's common fire reads ``rowcount`` here."""
         self.dialect = dialect
         self.paramstyle = "named" if dialect == "sqlite" else "pyformat"
         self.sql: Statements | None = sql

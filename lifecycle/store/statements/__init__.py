@@ -23,9 +23,13 @@ builds SQL.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import Dialect
 
+from .compiling import numbered
 from .effects import EffectStatements
 from .journal import JournalStatements
 from .resources import ResourceStatements
@@ -47,6 +51,35 @@ class Statements(ResourceStatements, JournalStatements, EffectStatements, TimerS
         self._effects()
         self._timers()
         self._writes()
+        self.quick: QuickFire | None = QuickFire(
+            by_key=numbered(self.resource_by_key, ("key",)),
+            by_machine_key=numbered(self.resource_by_machine_key, ("machine", "key")),
+            move=numbered(self.move[False, False], QuickFire.MOVE),
+            journal=numbered(self.insert_journal, QuickFire.JOURNAL),
+        ) if dialect.name == "sqlite" else None
+        """On SQLite, what a common fire runs (see :class:`QuickFire`); None on PostgreSQL."""
 
 
-__all__ = ["Statements"]
+@dataclass(frozen=True, slots=True)
+class QuickFire:
+    """A common fire's statements on SQLite, each bound by position from a tuple the engine
+    builds in a fixed order (no dict, no binding step): the read of the resource (``by_key``:
+    ``(key,)``; ``by_machine_key``: ``(machine, key)``), the compare-and-swap of a move that
+    rests on no observation and changes no data (``move``: :attr:`MOVE`'s order), and the
+    journal row (``journal``: :attr:`JOURNAL`'s). The catalogue's own statements, their
+    parameters numbered (``?N``)."""
+
+    MOVE: ClassVar[tuple[str, ...]] = (
+        "id_", "version_", "seq_", "new_state", "new_version", "new_seq", "new_spec_version",
+        "now")
+    JOURNAL: ClassVar[tuple[str, ...]] = (
+        "resource_id", "seq", "kind", "trigger", "source", "dest", "version", "spec_version",
+        "actor", "at", "payload", "guards", "observation_id", "fence")
+
+    by_key: str
+    by_machine_key: str
+    move: str
+    journal: str
+
+
+__all__ = ["QuickFire", "Statements"]

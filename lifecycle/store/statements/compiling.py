@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from operator import itemgetter
 from typing import Any
@@ -37,6 +38,18 @@ class Compiling:
         return text
 
 
+def numbered(text: str, order: tuple[str, ...]) -> str:
+    """A statement of the catalogue (``:name`` parameters, SQLite's compiled form) with each
+    parameter numbered (``?N``) by its place in ``order``: bound by position from a tuple
+    built in that order, whatever order the statement names them in (a name used twice is
+    one parameter). Every name of ``order`` must be the statement's, and the other way round."""
+    found = re.findall(r":(\w+)", text)
+    if sorted(set(found)) != sorted(order) or len(set(order)) != len(order):
+        raise ValueError(f"the statement takes {sorted(set(found))}, not {sorted(order)}")
+    place = {name: index for index, name in enumerate(order, 1)}
+    return re.sub(r":(\w+)", lambda match: f"?{place[match.group(1)]}", text)
+
+
 def _binding(names: tuple[str, ...]) -> Binding:
     if len(names) == 1:
         name = names[0]
@@ -50,4 +63,4 @@ def constant(value: str) -> Any:
     return literal_column(f"'{value}'")
 
 
-__all__ = ["Binding", "Compiling", "constant"]
+__all__ = ["Binding", "Compiling", "constant", "numbered"]
