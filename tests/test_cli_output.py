@@ -211,4 +211,6 @@ def test_the_demo_next_steps_run_as_printed_and_show_the_story(demo: Demo) -> No
         assert picture.strip() == "wrote drone.svg"
         assert "<svg" in (folder / "drone.svg").read_text()
     else:
-        assert (folder / "drone.mmd").read_text().startswith("stateDiagram-v2")
+        # front matter (title, the risky edges' CSS) comes first, then the diagram itself
+        mermaid = (folder / "drone.mmd").read_text()
+        assert mermaid.startswith("---\n") and "\n---\nstateDiagram-v2\n" in mermaid, mermaid[:300]
