@@ -43,14 +43,12 @@ $(VENV)/.bench-installed: $(STAMP)
 demo: $(RUNTIME)
 	$(BIN)/lifecycle demo
 
-# --dist loadgroup: tests that share one expensive fixture (the demo) run on one worker
 test: $(STAMP)
-	$(TEST_ENV) $(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadgroup $(PYTEST_ARGS)
+	$(TEST_ENV) $(BIN)/python -m pytest -n $(TEST_JOBS) $(PYTEST_ARGS)
 
 # the whole suite again with every core kept busy: no test may depend on the machine's speed
 test-loaded: $(STAMP)
-	$(TEST_ENV) $(BIN)/python tests/under_load.py $(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadgroup \
-		$(PYTEST_ARGS)
+	$(TEST_ENV) $(BIN)/python tests/under_load.py $(BIN)/python -m pytest -n $(TEST_JOBS) $(PYTEST_ARGS)
 
 bench: $(VENV)/.bench-installed
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)

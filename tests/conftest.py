@@ -32,7 +32,8 @@ def templates(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Templates]:
 @pytest.fixture
 def postgres_url(templates: Templates) -> Iterator[str]:
     """A PostgreSQL database of this test's own at the code's revision (a copy of the
-    session's migrated template); its connections are named after it and counted at the end."""
+    session's migrated template, or one an earlier test left as it was and that was emptied);
+    its connections are named after it and counted at the end."""
     with templates.postgres() as url:
         yield url
 

@@ -1,10 +1,10 @@
-"""The tests' databases: a fresh one per test, at the code's revision without migrating it.
+"""The tests' databases: one per test, at the code's revision without migrating it.
 
 Migrating through Alembic costs 0.1 to 0.5 s a store on an idle machine (seconds under load),
 more than most tests themselves; so the schema is built once per session (per pytest-xdist
 worker) and copied per test: a SQLite file migrated once and copied with a file copy, and a
 PostgreSQL database migrated once and used as the template of each test's own database
-(``CREATE DATABASE ... TEMPLATE``, milliseconds). The migration tests ask for empty databases
+(``CREATE DATABASE ... TEMPLATE``). The migration tests ask for empty databases
 (``empty=True``) and migrate them for real.
 
 A test's PostgreSQL connections carry its database's name as their ``application_name``:
@@ -12,13 +12,16 @@ a test that leaves one open fails (a Store not disposed, a process still running
 role may not create databases, each test gets a schema of its own in the configured
 database instead, migrated when it asks for one at the code's revision.
 
-Making and dropping a database each take 0.2 to 1 s on a loaded machine (both write and sync
-files; a drop also waits for every backend of the server to let go of the dropped files), so
-neither is on a test's path: a thread of each process's makes the next test's database while
-a test runs and drops a test's database after it (``_Janitor``). What a test must wait for,
-the check that it left no connection open, counts a backend whose client has closed its end
-of the connection as gone: the server ends such a backend at its own pace (tenths of a second
-under load), and waiting for it proved nothing."""
+Making and dropping a PostgreSQL database each take 0.2 to 1 s on a loaded machine (both
+write and sync files; a drop also waits for every backend of the server to let go of the
+dropped files), more than most tests. So a database a test leaves as its template made it
+(its schema, settings and the template's rows; checked, ``_Reset``) is emptied and its
+sequences restarted, in milliseconds, and the next test of the process gets it; one the test
+changed otherwise, or left a connection open to, is dropped. Making and dropping run on a
+thread of each process's, beside the tests (``_Janitor``): the next new database is made
+while a test runs. The check that a test left no connection open counts a backend whose
+client has closed its end of the connection as gone: the server ends such a backend at its
+own pace (tenths of a second under load), and waiting for it proved nothing."""
 
 from __future__ import annotations
 
@@ -192,8 +195,8 @@ class Templates:
 
     @contextmanager
     def postgres(self, *, empty: bool = False) -> Iterator[str]:
-        """The URL of a PostgreSQL database of the caller's own, dropped afterwards; fails
-        when a connection to it is still open at the end."""
+        """The URL of a PostgreSQL database of the caller's own, emptied for the next caller
+        or dropped afterwards; fails when a connection to it is still open at the end."""
         require_postgres()
         if self._can_create_databases():
             name = self._database(empty)

@@ -155,13 +155,6 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Demo:
     return Demo(folder, **json.loads(seen.read_text()))
 
 
-DEMO = pytest.mark.xdist_group("demo")
-"""The tests that read the demo run on one pytest-xdist worker (``--dist loadgroup``, as
-``make test`` runs them): else the one that did not run it waits for it, idle, for the
-length of two demos."""
-
-
-@DEMO
 def test_lifecycle_demo_twice_in_one_folder_prints_the_same_figures(demo: Demo) -> None:
     assert figures_of(demo.first) == figures_of(demo.second)
     assert len(figures_of(demo.first)) >= 3
@@ -172,7 +165,6 @@ def test_lifecycle_demo_twice_in_one_folder_prints_the_same_figures(demo: Demo) 
         assert {key: len(engine.history(key)) for key in demo.journals} == demo.journals
 
 
-@DEMO
 def test_the_demo_next_steps_run_as_printed_and_show_the_story(demo: Demo) -> None:
     text, folder = demo.first, demo.folder
     after = text.split("Look further with:\n", 1)[1]
