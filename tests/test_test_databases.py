@@ -15,6 +15,12 @@ import pytest
 from databases import Templates, libpq
 from sqlalchemy.engine import make_url
 
+from lifecycle import Engine, Store
+from lifecycle.spec import load_spec
+
+SPEC = {"name": "switch", "initial": "off", "states": ["off", "on"], "final": ["on"],
+        "transitions": [{"trigger": "flip", "source": "off", "dest": "on"}]}
+
 LEFT_ONE = "left 1 connections to PostgreSQL open"
 
 
@@ -69,3 +75,31 @@ def test_a_closed_connection_whose_backend_lingers_is_not_a_leak(
                                 "AND application_name = %s",
                                 ("SELECT pg_sleep%", make_url(url).query["application_name"]))
             assert row.fetchall() == [("active",)]  # the backend is still there, sleeping
+
+
+def _tables_and_rows(url: str) -> tuple[set[str], int]:
+    with psycopg.connect(libpq(url)) as connection:
+        tables = {row[0] for row in connection.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
+        rows = connection.execute("SELECT count(*) FROM lifecycle_resources").fetchone()
+    return tables, int(rows[0]) if rows else -1
+
+
+def test_the_next_test_gets_a_database_as_the_template_made_it(templates: Templates) -> None:
+    """Rows a test wrote are gone and the ids start again; a table it made is not met."""
+    with templates.postgres() as url:
+        fresh, _ = _tables_and_rows(url)
+        with Store(url) as store:
+            engine = Engine(store, [load_spec(SPEC)])
+            engine.create("switch", "s1")
+        with psycopg.connect(libpq(url)) as connection:
+            first_id = connection.execute("SELECT id FROM lifecycle_resources").fetchone()
+            connection.execute("CREATE TABLE left_behind (n INT)")
+    for _ in range(2):  # the same database emptied, or a new one: either is as made
+        with templates.postgres() as url:
+            assert _tables_and_rows(url) == (fresh, 0)
+            with Store(url) as store:
+                Engine(store, [load_spec(SPEC)]).create("switch", "s1")
+            with psycopg.connect(libpq(url)) as connection:
+                assert connection.execute(
+                    "SELECT id FROM lifecycle_resources").fetchone() == first_id
