@@ -250,7 +250,11 @@ class Templates:
             self._next = self._copy(janitor, template)
         (name, made), self._next = self._next, self._copy(janitor, template)
         made.result()
-        self._resets[name] = _Reset(name)
+        try:
+            self._resets[name] = _Reset(name)
+        except BaseException:
+            janitor.run(f'DROP DATABASE "{name}" WITH (FORCE)')
+            raise
         return name
 
     @staticmethod
