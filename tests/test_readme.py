@@ -285,8 +285,16 @@ def page_database(page: Path, request: pytest.FixtureRequest) -> str | None:
 
 
 LOCK = Path(tempfile.gettempdir()) / "lifecycle-readme-examples.lock"
-"""Held while a page's examples run: an example may serve a fixed port (the job_exit tour's
-mail server on 8025), so two test runs on one machine take turns instead of colliding."""
+"""Held while a page whose examples serve (a command in the background, which may listen on
+a fixed port) runs: two such pages, of one test run or of two on one machine, take turns
+instead of colliding. A page that serves nothing runs beside the others."""
+
+
+def serves(page: Path) -> bool:
+    """Whether one of the page's examples runs in the background (a server)."""
+    return any(command.text.rstrip().endswith("&")
+               for block in runnable(page, postgres="any") if block.lang == "console"
+               for command in commands(block))
 
 
 def run_page(page: Path, directory: Path, *, exclusive: bool = True,
@@ -336,7 +344,8 @@ def _name(page: Path) -> str:
 def test_examples_run_as_shown(page: Path, tmp_path: Path,
                                request: pytest.FixtureRequest) -> None:
     failures = []
-    for failure in run_page(page, tmp_path, postgres=page_database(page, request)):
+    for failure in run_page(page, tmp_path, exclusive=serves(page),
+                            postgres=page_database(page, request)):
         failures.append(failure)
         if len(failures) == 3:  # later examples usually fail because of the first
             break
@@ -404,6 +413,7 @@ def test_the_checker_runs_a_page_and_reports_what_differs(tmp_path: Path) -> Non
     ]) + "\n")
     work = tmp_path / "work"
     work.mkdir()
+    assert not serves(page)
     failures = list(run_page(page, work, exclusive=False))  # it serves no port
     assert len(failures) == 3, failures
     assert "expected:\nhello\nactual:\nhi" in failures[0]
