@@ -126,6 +126,17 @@ class ResourceStatements(Compiling):
         else:
             keys = r.key.in_(select(literal_column("value")).select_from(
                 func.json_each(bindparam("keys"))).scalar_subquery())
+        # a machine's resources in some states, key and data alone, in key order: what a
+        # heartbeat asks its site about (``lifecycle.machines.drone.live_drones``), in one
+        # read; the states are one parameter, ``states``, as ``keys`` is
+        if self.dialect.name == "postgresql":
+            states: Any = r.state == any_(bindparam("states", type_=ARRAY(String)))
+        else:
+            states = r.state.in_(select(literal_column("value")).select_from(
+                func.json_each(bindparam("states"))).scalar_subquery())
+        self.keys_and_data_by_states = sql(
+            select(r.key, r.data).where(r.machine == bindparam("machine"), states)
+            .order_by(r.key))
         self.resources_by_machine_keys = sql(
             select(*(r[n] for n in self.RESOURCE_COLUMNS),
                    *(o[n] for n in self.OBSERVATION_COLUMNS))
