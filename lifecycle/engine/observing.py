@@ -6,7 +6,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 from .. import storable
@@ -95,16 +94,16 @@ class Observing(MachineRegistry):
         :class:`UnknownResource`. What gives the outcomes once the transaction committed (an
         observation's id may come with the commit)."""
         store = self.store
-        out: list[Observation | LifecycleError] = []
+        refused: dict[int, LifecycleError] = {}
         written: list[tuple[Target, Any, dt.datetime, dt.datetime]] = []
-        for target, document, observed_at, recorded_at in items:
+        documents: list[dict[str, Any]] = []
+        for n, (target, document, observed_at, recorded_at) in enumerate(items):
             try:
                 status = store.json_param(document)
             except (TypeError, ValueError) as exc:
-                out.append(InvalidData(target[1], target[2], f"status is not JSON: {exc}"))
+                refused[n] = InvalidData(target[1], target[2], f"status is not JSON: {exc}")
                 continue
-            out.append(Observation(id=0, status=document, observed_at=observed_at,
-                                   recorded_at=recorded_at, source=source))
+            documents.append(document)
             written.append((target, status, observed_at, recorded_at))
         if not written:
             ids: Callable[[], Sequence[int | None]] = list
@@ -116,17 +115,18 @@ class Observing(MachineRegistry):
                  "observed_at": store.time_param(observed_at),
                  "recorded_at": store.time_param(recorded_at)}
                 for (resource_id, _, _), status, observed_at, recorded_at in written], source)
-        targets = [target for target, *_ in written]
 
         def outcomes() -> list[Observation | LifecycleError]:
-            given = zip(ids(), targets, strict=True)
-            out_ = []
-            for o in out:
-                if isinstance(o, Observation):
-                    oid, (_, machine, key) = next(given)
-                    o = replace(o, id=oid) if oid is not None else UnknownResource(key, machine)
-                out_.append(o)
-            return out_
+            # each Observation made once its id is known (not made, then copied with it)
+            made: list[Observation | LifecycleError] = [
+                UnknownResource(key, machine) if oid is None else
+                Observation(oid, document, observed_at, recorded_at, source)
+                for oid, document, ((_, machine, key), _, observed_at, recorded_at)
+                in zip(ids(), documents, written, strict=True)]
+            if not refused:
+                return made
+            given = iter(made)
+            return [refused[n] if n in refused else next(given) for n in range(len(items))]
         return outcomes
 
 
