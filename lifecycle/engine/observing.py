@@ -74,6 +74,38 @@ class Observing(MachineRegistry):
             observed_at = recorded_at
         return document, observed_at, recorded_at
 
+    def checked_observations(self, statuses: list[tuple[str, Mapping[str, Any]]],
+                             observed_at: dt.datetime | None, source: str
+                             ) -> list[Checked | LifecycleError]:
+        """:meth:`checked_observation` of a batch (``(key, status)`` pairs) given at one
+        ``observed_at``: the source and the time are checked once for all of them, the clock
+        read once (they are recorded in one statement), each key and status on its own. Each
+        in order: as it is to be recorded, or the :class:`InvalidData` that refuses it."""
+        recorded_at = self.clock.now()
+        problem = storable.text_problem(source, NAME_MAX)
+        refusal = None if problem is None else f"source {problem}"
+        if refusal is not None or observed_at is None:
+            observed_at = recorded_at
+        elif observed_at.tzinfo is None or not in_range(observed_at):
+            refusal = (f"observed_at {observed_at} has no time zone"
+                       if observed_at.tzinfo is None else
+                       f"observed_at {observed_at} is not a time in UTC's years 1-9999")
+        elif observed_at > recorded_at:
+            log.warning("%d observations (%s first) from %s are ahead of the clock (%s); "
+                        "taken as now", len(statuses), statuses[0][0] if statuses else "-",
+                        observed_at.isoformat(), recorded_at.isoformat())
+            observed_at = recorded_at
+        out: list[Checked | LifecycleError] = []
+        for key, status in statuses:
+            try:
+                document = key_document(key, status, "status")
+            except LifecycleError as exc:
+                out.append(exc)
+                continue
+            out.append(InvalidData("?", key, refusal) if refusal is not None else
+                       (document, observed_at, recorded_at))
+        return out
+
     def target(self, tx: Transaction, key: str) -> Target:
         """The resource an observation of ``key`` is for: on PostgreSQL a ``MACHINE:KEY``
         as it is (its write finds it: no round trip to read it first), else read here."""
