@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -19,8 +20,14 @@ from .machines import MachineRegistry
 from .rows import locate
 
 log = logger("lifecycle.engine")
-_TEXT = json.JSONEncoder(ensure_ascii=False).encode
-"""A key or machine name as JSON text."""
+_ENCODE = json.JSONEncoder(ensure_ascii=False).encode
+_VERBATIM = re.compile(r'[ !#-\[\]-~]*').fullmatch
+"""Text that is its own JSON string's body: printable ASCII without a quote or backslash."""
+
+
+def _text(name: str) -> str:
+    """A key or machine name as JSON text (most are quoted as they are: no encoder call)."""
+    return f'"{name}"' if _VERBATIM(name) else _ENCODE(name)
 
 Target = tuple[int | None, str, str]
 """The resource an observation is for: (id, machine, key); on PostgreSQL the id may be None,
@@ -168,7 +175,7 @@ def observed_rows(tx: Transaction, written: list[tuple[Target, Any, dt.datetime,
     its rows one JSON document (each status's text as it was encoded, the times in ISO
     form with their offset), each resource found by (machine, key). What gives each
     observation's id, None for a resource not found, once the transaction committed."""
-    parts = [f'[{_TEXT(machine)},{_TEXT(key)},{status},"{observed_at.isoformat()}",'
+    parts = [f'[{_text(machine)},{_text(key)},{status},"{observed_at.isoformat()}",'
              f'"{recorded_at.isoformat()}"]'
              for (_, machine, key), status, observed_at, recorded_at in written]
     assert tx.sql is not None
