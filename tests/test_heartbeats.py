@@ -18,6 +18,7 @@ from lifecycle import (
     GuardContext,
     GuardError,
     InvalidData,
+    InvalidInput,
     LifecycleError,
     Observation,
     SimulatedClock,
@@ -277,6 +278,8 @@ def test_the_heartbeat_lists_live_drones_with_a_job_in_one_read(store: Store) ->
         drone.Drone("d3", "j3", {"remote_id": "j3", "demand": 1}),
         drone.Drone("d4", "j4", {"remote_id": "j4", "note": 'q"uote ü'})]
     assert [d.name for d in drone.heartbeat_drones(engine, "drone_tardis")] == ["d5"]
+    with pytest.raises(InvalidInput, match="machine name"):
+        drone.heartbeat_drones(engine, "drone\x00")
 
 
 def test_a_batch_of_observations_is_refused_whole_for_its_source_or_time(

@@ -52,6 +52,7 @@ from ..adapters.sites import (
 )
 from ..compiled import GuardContext
 from ..effects import Effect, EffectCall, FollowUp, Retry
+from ..engine.checks import argument
 from ..errors import LifecycleError, SetupError
 from ..freshness import ProbeRequest
 from ..results import json_value
@@ -506,6 +507,7 @@ def heartbeat_drones(engine: Any, machine: str = "drone") -> list[Drone]:
     whose deploy has not run has nothing to ask about), by key, as the site and the pool are
     asked about them: one read of their keys and data, not a ``Resource`` each page by
     page (the heartbeat decides on the rows its step reads, not on these)."""
+    argument(machine, "machine name")
     store = engine.store
     sql = store.sql
     with store.reading() as cursor:
