@@ -19,8 +19,8 @@ keys and statuses, and deciding each drone. Its statements are the chatty client
 statement and COMMIT waited for; the inserts, then the marks, pipelined by
 ``executemany``); lifecycle's are two round trips per batch (one statement that
 finds the drones by key, inserts their observations and marks them newest; the read its
-steps decide on, which writes nothing), and its listing pages through the live drones
-(``Engine.resources``, a page of 1,000 a round trip) where the floor reads them at once.
+steps decide on, which writes nothing); both list the live drones in one read of their
+keys and data (``drone.heartbeat_drones``).
 
 Each runs on the server directly and, as ``heartbeat.lifecycle.N.1ms`` and
 ``heartbeat.floor.N.1ms``, through :mod:`benchmarks.netproxy` holding each message to the

@@ -15,7 +15,7 @@ import datetime as dt
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from transitions import Machine
 from transitions.core import Condition
@@ -433,9 +433,15 @@ class _Unknown:
 
 
 class _Why:
-    """Why nothing fired: which guard held each candidate edge back."""
+    """Why nothing fired: which guard held each candidate edge back. The sentence depends
+    on the machine, the state, the trigger and the guards' verdicts alone, so it is worded
+    once for each such case (:attr:`worded`): a heartbeat refuses thousands of resources for
+    the same few reasons, and a refusal's result carries its reason."""
 
     __slots__ = ("compiled", "state", "trigger", "verdicts")
+    worded: ClassVar[dict[tuple[Any, ...], str]] = {}
+    """Sentences by (machine, state, trigger, verdicts), at most :attr:`WORDED` of them."""
+    WORDED: ClassVar[int] = 4096
 
     def __init__(self, verdicts: dict[str, bool], compiled: CompiledMachine, state: str,
                  trigger: str) -> None:
@@ -443,6 +449,16 @@ class _Why:
             verdicts, compiled, state, trigger)
 
     def __call__(self) -> str:
+        case = (self.compiled, self.state, self.trigger, *self.verdicts.items())
+        worded = _Why.worded
+        sentence = worded.get(case)
+        if sentence is None:
+            if len(worded) >= _Why.WORDED:
+                worded.clear()
+            sentence = worded[case] = self.word()
+        return sentence
+
+    def word(self) -> str:
         verdicts, reasons = self.verdicts, []
         for edge in self.compiled.candidates(self.state, self.trigger):
             if edge.fresh and verdicts.get("fresh") is False:

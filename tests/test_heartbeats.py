@@ -15,6 +15,7 @@ from lifecycle import (
     Engine,
     FireResult,
     GuardContext,
+    InvalidInput,
     LifecycleError,
     Observation,
     SimulatedClock,
@@ -252,3 +253,73 @@ def test_batch_arguments_are_checked(store: Store) -> None:
     engine.create("t", "x")
     [refused] = engine.step_many(["t:x"], actor="\x00")
     assert isinstance(refused, LifecycleError) and engine.get("x").version == 1
+
+
+def test_the_heartbeat_lists_live_drones_with_a_job_in_one_read(store: Store) -> None:
+    """The drones a heartbeat asks the site about: those of the machine named, in a live
+    state, with a job at the site (a remote_id), in key order, with their data."""
+    from sqlalchemy import insert
+
+    from lifecycle.store import resources
+
+    past = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    rows = [("drone", "d3", "available", {"remote_id": "j3", "demand": 1}),
+            ("drone", "d1", "booting", {"remote_id": "j1"}),
+            ("drone", "d2", "request", {}),  # not deployed yet: nothing to ask about
+            ("drone", "d0", "down", {"remote_id": "j0"}),  # gone
+            ("drone", "d4", "cleanup", {"remote_id": "j4", "note": 'q"uote ü'}),
+            ("drone_tardis", "d5", "available", {"remote_id": "j5"})]  # another machine
+    with store.begin() as db:
+        db.execute(insert(resources), [
+            {"machine": machine, "key": key, "spec_version": drone.SPEC.version, "state": state,
+             "version": 1, "seq": 1, "data": data, "created_at": past, "updated_at": past,
+             "last_transition_at": past} for machine, key, state, data in rows])
+    engine = Engine(store, [drone.SPEC], guards=drone.GUARDS, strict=False)
+    assert drone.heartbeat_drones(engine) == [
+        drone.Drone("d1", "j1", {"remote_id": "j1"}),
+        drone.Drone("d3", "j3", {"remote_id": "j3", "demand": 1}),
+        drone.Drone("d4", "j4", {"remote_id": "j4", "note": 'q"uote ü'})]
+    assert [d.name for d in drone.heartbeat_drones(engine, "drone_tardis")] == ["d5"]
+    with pytest.raises(InvalidInput, match="machine name"):
+        drone.heartbeat_drones(engine, "drone\x00")
+
+
+def test_a_batch_of_observations_is_refused_whole_for_its_source_or_time(
+        store: Store) -> None:
+    """observe_many checks the source and the time once for the batch: a bad one refuses
+    every observation, each with its own key; a time ahead of the clock is taken as now."""
+    engine = Engine(store, [FLIP], guards={"ok": _ok},
+                    clock=SimulatedClock("2026-06-01T00:00:00Z"))
+    engine.create("t", "x")
+    engine.create("t", "y")
+    batch = [("t:x", {"n": 1}), ("t:y", {"n": 2}), ("t:\x00", {"n": 3})]
+    naive = dt.datetime(2026, 5, 1)
+    for observed_at, source, problem in ((naive, "api", "has no time zone"),
+                                         (None, "s\x00", "source contains a NUL")):
+        refused = engine.observe_many(batch, observed_at, source=source)
+        assert [type(r) for r in refused[:2]] == [InvalidData, InvalidData]
+        assert problem in str(refused[0]) and "x" in str(refused[0])
+        assert problem in str(refused[1]) and "y" in str(refused[1])
+        assert "invalid key" in str(refused[2])
+    assert engine.observations("t:x") == []
+    ahead = dt.datetime(2027, 1, 1, tzinfo=dt.UTC)
+    seen = engine.observe_many(batch[:2], ahead, source="site")
+    now = engine.clock.now()
+    assert [(o.observed_at, o.recorded_at) for o in seen  # type: ignore[union-attr]
+            ] == [(now, now), (now, now)]
+
+
+def test_refusals_in_one_batch_each_say_their_own_reason(store: Store) -> None:
+    """Refusal reasons are worded once per machine, state and guards' verdicts: resources
+    held back by different guards keep their own reasons within one batch."""
+    spec = {"name": "held", "states": ["a", "b"], "initial": "a", "final": ["b"],
+            "eventless": [{"source": "a", "dest": "b", "guards": ["p"], "unless": ["q"]}]}
+    guards = {"p": lambda c: bool(c.data.get("p")), "q": lambda c: bool(c.data.get("q"))}
+    engine = Engine(store, [spec], guards=guards)
+    for key, data in (("r1", {"p": False}), ("r2", {"p": True, "q": True}),
+                      ("r3", {"p": False, "q": True})):
+        engine.create("held", key, data)
+    results = engine.step_many(["held:r1", "held:r2", "held:r3", "held:r2"])
+    assert [(r.fired, r.reason) for r in results] == [  # type: ignore[union-attr]
+        (False, "guard 'p' is false"), (False, "unless guard 'q' is true"),
+        (False, "guard 'p' is false"), (False, "unless guard 'q' is true")]

@@ -19,7 +19,7 @@ from ..graph import EVENTLESS
 from ..results import FireResult, Observation
 from ..store import Transaction
 from ..within import Within
-from .checks import key_document
+from .checks import KEY_MAX, key_document, looked_up
 from .observing import Checked
 from .outcomes import MOVED, Again, OnStale, Row, Stale, Tries, Unsure
 from .retry import Deciding
@@ -47,11 +47,11 @@ class BulkWrites(SingleWrites):
         items = list(statuses)
         checked: dict[int, Checked] = {}
         results: dict[int, Observation | LifecycleError] = {}
-        for i, (key, status) in enumerate(items):
-            try:
-                checked[i] = self.checked_observation(key, status, observed_at, source)
-            except LifecycleError as exc:
-                results[i] = exc
+        for i, one in enumerate(self.checked_observations(items, observed_at, source)):
+            if isinstance(one, LifecycleError):
+                results[i] = one
+            else:
+                checked[i] = one
         if batch < 1:
             raise ValueError("batch: at least 1")
         todo = list(checked)
@@ -107,9 +107,15 @@ class BulkWrites(SingleWrites):
         after each transaction."""
         order = list(keys)
         refused: dict[int, LifecycleError] = {}
+        # the actor is checked once (it is every key's), then each key alone
+        each = key_document if actor is not None and storable.text_problem(
+            actor, KEY_MAX) is not None else None
         for i, key in enumerate(order):
             try:
-                key_document(key, None, "payload", actor)
+                if each is None:
+                    looked_up(key)
+                else:
+                    each(key, None, "payload", actor)
             except LifecycleError as exc:
                 refused[i] = exc
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 from .. import storable
@@ -20,8 +20,14 @@ from .machines import MachineRegistry
 from .rows import locate
 
 log = logger("lifecycle.engine")
-_TEXT = json.JSONEncoder(ensure_ascii=False).encode
-"""A key or machine name as JSON text."""
+_ENCODE = json.JSONEncoder(ensure_ascii=False).encode
+_VERBATIM = re.compile(r'[ !#-\[\]-~]*').fullmatch
+"""Text that is its own JSON string's body: printable ASCII without a quote or backslash."""
+
+
+def _text(name: str) -> str:
+    """A key or machine name as JSON text (most are quoted as they are: no encoder call)."""
+    return f'"{name}"' if _VERBATIM(name) else _ENCODE(name)
 
 Target = tuple[int | None, str, str]
 """The resource an observation is for: (id, machine, key); on PostgreSQL the id may be None,
@@ -75,6 +81,38 @@ class Observing(MachineRegistry):
             observed_at = recorded_at
         return document, observed_at, recorded_at
 
+    def checked_observations(self, statuses: list[tuple[str, Mapping[str, Any]]],
+                             observed_at: dt.datetime | None, source: str
+                             ) -> list[Checked | LifecycleError]:
+        """:meth:`checked_observation` of a batch (``(key, status)`` pairs) given at one
+        ``observed_at``: the source and the time are checked once for all of them, the clock
+        read once (they are recorded in one statement), each key and status on its own. Each
+        in order: as it is to be recorded, or the :class:`InvalidData` that refuses it."""
+        recorded_at = self.clock.now()
+        problem = storable.text_problem(source, NAME_MAX)
+        refusal = None if problem is None else f"source {problem}"
+        if refusal is not None or observed_at is None:
+            observed_at = recorded_at
+        elif observed_at.tzinfo is None or not in_range(observed_at):
+            refusal = (f"observed_at {observed_at} has no time zone"
+                       if observed_at.tzinfo is None else
+                       f"observed_at {observed_at} is not a time in UTC's years 1-9999")
+        elif observed_at > recorded_at:
+            log.warning("%d observations (%s first) from %s are ahead of the clock (%s); "
+                        "taken as now", len(statuses), statuses[0][0] if statuses else "-",
+                        observed_at.isoformat(), recorded_at.isoformat())
+            observed_at = recorded_at
+        out: list[Checked | LifecycleError] = []
+        for key, status in statuses:
+            try:
+                document = key_document(key, status, "status")
+            except LifecycleError as exc:
+                out.append(exc)
+                continue
+            out.append(InvalidData("?", key, refusal) if refusal is not None else
+                       (document, observed_at, recorded_at))
+        return out
+
     def target(self, tx: Transaction, key: str) -> Target:
         """The resource an observation of ``key`` is for: on PostgreSQL a ``MACHINE:KEY``
         as it is (its write finds it: no round trip to read it first), else read here."""
@@ -95,16 +133,16 @@ class Observing(MachineRegistry):
         :class:`UnknownResource`. What gives the outcomes once the transaction committed (an
         observation's id may come with the commit)."""
         store = self.store
-        out: list[Observation | LifecycleError] = []
+        refused: dict[int, LifecycleError] = {}
         written: list[tuple[Target, Any, dt.datetime, dt.datetime]] = []
-        for target, document, observed_at, recorded_at in items:
+        documents: list[dict[str, Any]] = []
+        for n, (target, document, observed_at, recorded_at) in enumerate(items):
             try:
                 status = store.json_param(document)
             except (TypeError, ValueError) as exc:
-                out.append(InvalidData(target[1], target[2], f"status is not JSON: {exc}"))
+                refused[n] = InvalidData(target[1], target[2], f"status is not JSON: {exc}")
                 continue
-            out.append(Observation(id=0, status=document, observed_at=observed_at,
-                                   recorded_at=recorded_at, source=source))
+            documents.append(document)
             written.append((target, status, observed_at, recorded_at))
         if not written:
             ids: Callable[[], Sequence[int | None]] = list
@@ -116,17 +154,18 @@ class Observing(MachineRegistry):
                  "observed_at": store.time_param(observed_at),
                  "recorded_at": store.time_param(recorded_at)}
                 for (resource_id, _, _), status, observed_at, recorded_at in written], source)
-        targets = [target for target, *_ in written]
 
         def outcomes() -> list[Observation | LifecycleError]:
-            given = zip(ids(), targets, strict=True)
-            out_ = []
-            for o in out:
-                if isinstance(o, Observation):
-                    oid, (_, machine, key) = next(given)
-                    o = replace(o, id=oid) if oid is not None else UnknownResource(key, machine)
-                out_.append(o)
-            return out_
+            # each Observation made once its id is known (not made, then copied with it)
+            made: list[Observation | LifecycleError] = [
+                UnknownResource(key, machine) if oid is None else
+                Observation(oid, document, observed_at, recorded_at, source)
+                for oid, document, ((_, machine, key), _, observed_at, recorded_at)
+                in zip(ids(), documents, written, strict=True)]
+            if not refused:
+                return made
+            given = iter(made)
+            return [refused[n] if n in refused else next(given) for n in range(len(items))]
         return outcomes
 
 
@@ -136,7 +175,7 @@ def observed_rows(tx: Transaction, written: list[tuple[Target, Any, dt.datetime,
     its rows one JSON document (each status's text as it was encoded, the times in ISO
     form with their offset), each resource found by (machine, key). What gives each
     observation's id, None for a resource not found, once the transaction committed."""
-    parts = [f'[{_TEXT(machine)},{_TEXT(key)},{status},"{observed_at.isoformat()}",'
+    parts = [f'[{_text(machine)},{_text(key)},{status},"{observed_at.isoformat()}",'
              f'"{recorded_at.isoformat()}"]'
              for (_, machine, key), status, observed_at, recorded_at in written]
     assert tx.sql is not None

@@ -52,8 +52,10 @@ from ..adapters.sites import (
 )
 from ..compiled import GuardContext
 from ..effects import Effect, EffectCall, FollowUp, Retry
+from ..engine.checks import argument
 from ..errors import LifecycleError, SetupError
 from ..freshness import ProbeRequest
+from ..results import json_value
 from ..spec import MachineSpec
 from .builtin import Builtin
 from .drone_sim import ScenarioBatch, ScenarioSite
@@ -500,6 +502,27 @@ def live_drones(engine: Any, machine: str = "drone") -> list[Any]:
                   key=lambda r: r.key)
 
 
+def heartbeat_drones(engine: Any, machine: str = "drone") -> list[Drone]:
+    """The live drones of ``machine`` that have a job at the site (a ``remote_id``: one
+    whose deploy has not run has nothing to ask about), by key, as the site and the pool are
+    asked about them: one read of their keys and data, not a ``Resource`` each page by
+    page (the heartbeat decides on the rows its step reads, not on these)."""
+    argument(machine, "machine name")
+    store = engine.store
+    sql = store.sql
+    with store.reading() as cursor:
+        cursor.execute(sql.keys_and_data_by_states,
+                       {"machine": machine, "states": sql.keys_param(list(LIVE_STATES))})
+        rows = cursor.fetchall()
+    drones = []
+    for key, data in rows:
+        data = json_value(data)
+        remote_id = data.get("remote_id")
+        if remote_id:
+            drones.append(Drone(key, remote_id, data))
+    return drones
+
+
 HEARTBEAT_BATCH = 1000
 """Drones observed, then stepped, per transaction in a heartbeat."""
 
@@ -518,15 +541,13 @@ def reconcile(engine: Any, site: Site, batch: BatchSystem, *, machine: str = "dr
     stepped: the drones keep their state, and no risky edge fires on an old picture. A drone
     that cannot be observed or stepped (it went away; it lost the race with another writer
     too often) is counted in ``errors`` and leaves the others untouched."""
-    # a drone without a job at the site yet (its deploy has not run) has nothing to ask about
-    drones = [r for r in live_drones(engine, machine) if r.data.get("remote_id")]
-    report = _report(drones)
-    if not drones:
+    refs = heartbeat_drones(engine, machine)
+    report = _report(refs)
+    if not refs:
         return report
     # an answer is true at the moment the question was asked, not when it arrived: both
     # statuses are stamped with the time the site was asked, the earlier of the two
     asked_at = engine.clock.now()
-    refs = [Drone(r.key, r.data.get("remote_id"), r.data) for r in drones]
     with ThreadPoolExecutor(2, thread_name_prefix="reconcile") as pool:
         asking = pool.submit(site.status, refs), pool.submit(batch.machine_status, refs)
         try:
@@ -534,12 +555,14 @@ def reconcile(engine: Any, site: Site, batch: BatchSystem, *, machine: str = "dr
         except SiteError as exc:
             report["site_error"] = str(exc)
             return report
-    for done, unseen, keys, statuses in _batches(drones, site_status, pool_status, machine):
-        observed = engine.observe_many(statuses, asked_at, source="reconcile")
-        stepped = engine.step_many(keys, actor="reconcile", on_stale="return", probes=probes)
+    for done, unseen, keys, statuses in _batches(refs, site_status, pool_status, machine):
+        observed = engine.observe_many(statuses, asked_at, source="reconcile",
+                                       batch=HEARTBEAT_BATCH)
+        stepped = engine.step_many(keys, actor="reconcile", on_stale="return", probes=probes,
+                                   batch=HEARTBEAT_BATCH)
         _tally(report, observed, stepped, unseen)
         if progress is not None:
-            progress(done, len(drones))
+            progress(done, len(refs))
     return report
 
 
@@ -565,17 +588,18 @@ async def reconcile_async(engine: Any, site: Any, batch: Any, *, machine: str = 
     except SiteError as exc:
         report["site_error"] = str(exc)
         return report
-    for done, unseen, keys, statuses in _batches(drones, site_status, pool_status, machine):
-        observed = await engine.observe_many(statuses, asked_at, source="reconcile")
+    for done, unseen, keys, statuses in _batches(refs, site_status, pool_status, machine):
+        observed = await engine.observe_many(statuses, asked_at, source="reconcile",
+                                             batch=HEARTBEAT_BATCH)
         stepped = await engine.step_many(keys, actor="reconcile", on_stale="return",
-                                         probes=probes)
+                                         probes=probes, batch=HEARTBEAT_BATCH)
         _tally(report, observed, stepped, unseen)
         if progress is not None:
             progress(done, len(drones))
     return report
 
 
-def _batches(drones: Sequence[Any], site_status: Mapping[str, str],
+def _batches(drones: Sequence[Drone], site_status: Mapping[str, str],
              pool_status: Mapping[str, str], machine: str
              ) -> Iterator[tuple[int, int, list[str], list[tuple[str, dict[str, str]]]]]:
     """A heartbeat's batches: (drones done after it, how many of its drones could not be
@@ -583,7 +607,7 @@ def _batches(drones: Sequence[Any], site_status: Mapping[str, str],
     for start in range(0, len(drones), HEARTBEAT_BATCH):
         chunk = drones[start:start + HEARTBEAT_BATCH]
         # a drone whose own status call failed is neither observed nor stepped this time
-        known = [(f"{machine}:{d.key}", _status(site_status, pool_status, d.key))
+        known = [(f"{machine}:{d.name}", _status(site_status, pool_status, d.name))
                  for d in chunk]
         seen = [(key, status) for key, status in known if UNKNOWN not in status.values()]
         yield start + len(chunk), len(chunk) - len(seen), [key for key, _ in seen], seen
