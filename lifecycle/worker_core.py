@@ -221,8 +221,9 @@ class WorkerCore:
         self.poll = poll
         self.batch = batch or max(BATCH, 4 * concurrency)
         self._most = batch or max(MOST_HELD, 4 * concurrency)
-        self._pace = HOLD_FOR
-        """The handlers' recent average time, seconds (a moving average)."""
+        self._pace = concurrency * HOLD_FOR / self.batch
+        """The handlers' recent average time, seconds (a moving average; at first what makes
+        the worker hold ``batch``)."""
         self._began: dict[int, float] = {}
         """When (monotonic) each running handler started (under ``_lock``)."""
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{id(self) & 0xFFFF:04x}"
@@ -306,7 +307,7 @@ class WorkerCore:
             self._results[call.id] = (kind, value)
             began = self._began.pop(call.id, None)
             if began is not None:
-                self._pace += (self.monotonic() - began - self._pace) / 8
+                self._pace += (self.monotonic() - began - self._pace) / 4
         if wake:
             self._wake()
         return True
@@ -790,7 +791,7 @@ class WorkerCore:
                     self._written_off.add((call.id, call.attempt))
                     began = self._began.pop(call.id, None)
                     if began is not None:  # (it counts toward the pace, as long as it ran)
-                        self._pace += (now - began - self._pace) / 8
+                        self._pace += (now - began - self._pace) / 4
                     slot = self._slot.get(call.id)  # the rest of its run goes elsewhere
                     taken_back += [c for c, _ in self._running.values()
                                    if c.id in self._unstarted and self._slot.get(c.id) == slot]
