@@ -43,7 +43,10 @@ IDLE_THREAD_SECONDS = 5.0
 class Worker:
     """Claims due effects and timers and carries them out, ``concurrency`` handlers at once
     (threads). The other arguments are :class:`~lifecycle.worker_core.WorkerCore`'s: the
-    worker holds at most ``batch`` effects, running or waiting for a free thread; a claim
+    worker holds at most ``batch`` effects, running or waiting for a free thread (by
+    default 10, and up to 100 while its handlers are short: what they start in 50 ms); a
+    thread runs the effects handed to it one after another, each only on a claim still
+    held; a claim
     holds for ``lease`` seconds and is renewed every ``heartbeat`` seconds while held;
     ``name`` must be unique among the workers of a database (the default is); ``seed`` makes
     the backoff jitter reproducible. The core is :attr:`core`: its steps (claim, record,

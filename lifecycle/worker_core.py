@@ -469,12 +469,12 @@ class WorkerCore:
             busy = self._fire_due_timers() > 0 or busy
         if found_none and self.monotonic() - self._dead_seen >= DEAD_LOOK:
             busy = self._take_over_the_dead() > 0 or busy
-        lapsed = []
+        lapsed: list[EffectCall] = []
         while self._queue and len(self._slot_left) < self.concurrency and not self._stop.is_set():
             # with runs, the slots free share what waits; else one each
             size = (-(-len(self._queue) // (self.concurrency - len(self._slot_left)))
                     if self._runs else 1)
-            calls = []
+            calls: list[EffectCall] = []
             while self._queue and len(calls) < size:
                 call = self._queue.popleft()
                 (calls if self.still_held(call.id) else lapsed).append(call)
