@@ -221,11 +221,6 @@ class WorkerCore:
         self.poll = poll
         self.batch = batch or max(BATCH, 4 * concurrency)
         self._most = batch or max(MOST_HELD, 4 * concurrency)
-        self._pace = concurrency * HOLD_FOR / self.batch
-        """The handlers' recent average time, seconds (a moving average; at first what makes
-        the worker hold ``batch``)."""
-        self._began: dict[int, float] = {}
-        """When (monotonic) each running handler started (under ``_lock``)."""
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{id(self) & 0xFFFF:04x}"
         self.rng = random.Random(seed)
         self.stats = WorkerStats()
@@ -237,17 +232,7 @@ class WorkerCore:
         self._wake, self._abandoned, self._timed, self._runs = wake, abandoned, timed, runs
         self._stop = threading.Event()
         self._fast = threading.Event()
-        self._running: dict[int, tuple[EffectCall, float]] = {}
-        """Effects handed to the driver (their handlers run, or wait in their :class:`Run`),
-        with when each runs out of time (monotonic; never, while it waits in its run)."""
-        self._slot: dict[int, int] = {}
-        """The slot (the hand-off) of each effect in ``_running``, under ``_lock``."""
-        self._slot_left: dict[int, int] = {}
-        """How many effects of each busy slot are in ``_running`` (under ``_lock``): as many
-        slots are busy as it has keys."""
-        self._unstarted: set[int] = set()
-        """Effects of ``_running`` waiting in their run, not started yet (under ``_lock``)."""
-        self._slots = 0
+        self._slots_kept()
         self._starting: list[Need] = []
         self._written_off: set[tuple[int, int]] = set()
         """(effect, attempt) of handlers that ran out of time or were abandoned: their late
@@ -276,6 +261,25 @@ class WorkerCore:
         """When (monotonic) the oldest outcome in ``_unrecorded`` finished."""
         self._dead_seen = 0.0
         self._outage = 0.0
+
+    def _slots_kept(self) -> None:
+        """What the core keeps of the handlers handed to its driver, and of their pace."""
+        self._running: dict[int, tuple[EffectCall, float]] = {}
+        """Effects handed to the driver (their handlers run, or wait in their :class:`Run`),
+        with when each runs out of time (monotonic; never, while it waits in its run)."""
+        self._slot: dict[int, int] = {}
+        """The slot (the hand-off) of each effect in ``_running``, under ``_lock``."""
+        self._slot_left: dict[int, int] = {}
+        """How many effects of each busy slot are in ``_running`` (under ``_lock``): as many
+        slots are busy as it has keys."""
+        self._unstarted: set[int] = set()
+        """Effects of ``_running`` waiting in their run, not started yet (under ``_lock``)."""
+        self._slots = 0
+        self._pace = self.concurrency * HOLD_FOR / self.batch
+        """The handlers' recent average time, seconds (a moving average; at first what makes
+        the worker hold ``batch``)."""
+        self._began: dict[int, float] = {}
+        """When (monotonic) each running handler started (under ``_lock``)."""
 
     # -- the driver's side ---------------------------------------------------------------
 
