@@ -79,6 +79,15 @@ BATCH = 10
 """Effects a worker holds at most by default (as pgqueuer's default batch): each claim and
 each record of outcomes is a transaction, and a no-op effect cost 1.2 ms of worker CPU in
 batches of 4, 0.6 ms in batches of 10 (benchmarks, section queues)."""
+MOST_HELD = 100
+"""Effects a worker holds at most by default when its handlers are short (see ``HOLD_FOR``):
+a no-op effect cost 270 µs of worker CPU in claims of 10, 60 µs in claims of 100, most of it
+the transaction that records a batch and claims the next (benchmarks, section queues)."""
+HOLD_FOR = 0.05
+"""Seconds of handler time a worker claims ahead, by default: as many effects as its handlers
+(by their recent average) start in that time, at least ``batch``, at most ``MOST_HELD``; so
+short handlers are claimed and recorded many to a transaction, and long ones are not held
+back from other workers."""
 RECORD_WITHIN = 0.01
 """Seconds a finished outcome waits, at most, for others to be recorded with it in one
 transaction (while the worker has handlers to start; it never waits when it would idle)."""
@@ -138,7 +147,19 @@ class Abandon:
     calls: tuple[EffectCall, ...]
 
 
-Need = Start | Wait | Pause | Abandon
+@dataclass(frozen=True, slots=True)
+class Run:
+    """Run these handlers one after another on one of the driver's handler slots (a core
+    made with ``runs=True`` asks for this instead of :class:`Start`): before each, ask
+    :meth:`WorkerCore.starting` whether it may start (skip it if not), and hand its outcome
+    to :meth:`WorkerCore.handler_ended`. One hand-off for many short handlers, instead of
+    one per handler."""
+
+    calls: tuple[EffectCall, ...]
+    slot: int
+
+
+Need = Start | Run | Wait | Pause | Abandon
 Working = Generator[Need, None, WorkerStats]
 
 
@@ -167,26 +188,30 @@ def _checked(concurrency: int, lease: float, heartbeat: float | None, poll: floa
 
 class WorkerCore:
     """What a worker decides and records (see the module). ``concurrency`` handlers run at
-    once; the core holds at most ``batch`` effects (default ``BATCH``, or four per handler
-    if more), running or waiting for a free slot: when fewer wait than slots are free, it
-    claims what that leaves room for, in the transaction that records the outcomes of the
-    handlers that finished since (see :meth:`record`). A claim holds for ``lease`` seconds
-    of the engine's clock and is renewed every ``heartbeat`` seconds (default: a third of
-    the lease) while the worker holds it, however long its handler runs. ``name`` must be
-    unique among the workers of a database (the default is). ``seed`` makes the backoff
-    jitter reproducible.
+    once; the core holds at most ``batch`` effects, running or waiting for a free slot
+    (default: ``BATCH``, or four per handler if more, and more while its handlers are short:
+    what they start in ``HOLD_FOR`` seconds, up to ``MOST_HELD`` or four per handler): when
+    fewer wait than slots are free, it claims what that leaves room for, in the transaction
+    that records the outcomes of the handlers that finished since (see :meth:`record`). A
+    claim holds for ``lease`` seconds of the engine's clock and is renewed every
+    ``heartbeat`` seconds (default: a third of the lease) while the worker holds it, however
+    long its handler runs. ``name`` must be unique among the workers of a database (the
+    default is). ``seed`` makes the backoff jitter reproducible.
 
     The driver passes ``wake`` (called, from any thread, when a handler ended or a stop was
     asked: it ends a :class:`Wait`), ``abandoned`` (whether what runs the handlers is gone
     for good: then the heartbeat gives every claim back instead of renewing it) and ``timed``
     (whether the core times handlers out by its clock; a driver that times them itself says
-    False)."""
+    False). With ``runs`` the driver takes :class:`Run` (several handlers for one slot, each
+    started only once :meth:`starting` allows it) instead of one :class:`Start` per handler:
+    the free slots share the effects waiting, and a handler that runs out of time gives the
+    rest of its run back to the queue."""
 
     def __init__(self, engine: Engine, *, concurrency: int = 1, lease: float = DEFAULT_LEASE,
                  poll: float = 0.5, name: str | None = None, seed: int | None = None,
                  batch: int | None = None, heartbeat: float | None = None,
                  wake: Callable[[], None] = _nothing, abandoned: Callable[[], bool] = _never,
-                 timed: bool = True) -> None:
+                 timed: bool = True, runs: bool = False) -> None:
         heartbeat = _checked(concurrency, lease, heartbeat, poll)
         self.engine = engine
         self.store = engine.store
@@ -195,6 +220,7 @@ class WorkerCore:
         self.heartbeat = heartbeat
         self.poll = poll
         self.batch = batch or max(BATCH, 4 * concurrency)
+        self._most = batch or max(MOST_HELD, 4 * concurrency)
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{id(self) & 0xFFFF:04x}"
         self.rng = random.Random(seed)
         self.stats = WorkerStats()
@@ -203,12 +229,11 @@ class WorkerCore:
                                                       time.monotonic)
         """The worker's own clock for leases and waits: the engine clock's monotonic source
         if it has one, else the process's (never the wall clock, which may jump)."""
-        self._wake, self._abandoned, self._timed = wake, abandoned, timed
+        self._wake, self._abandoned, self._timed, self._runs = wake, abandoned, timed, runs
         self._stop = threading.Event()
         self._fast = threading.Event()
-        self._running: dict[int, tuple[EffectCall, float]] = {}
-        """Effects whose handlers run, with when each runs out of time (monotonic)."""
-        self._starting: list[EffectCall] = []
+        self._slots_kept()
+        self._starting: list[Need] = []
         self._written_off: set[tuple[int, int]] = set()
         """(effect, attempt) of handlers that ran out of time or were abandoned: their late
         outcomes are not recorded."""
@@ -237,6 +262,25 @@ class WorkerCore:
         self._dead_seen = 0.0
         self._outage = 0.0
 
+    def _slots_kept(self) -> None:
+        """What the core keeps of the handlers handed to its driver, and of their pace."""
+        self._running: dict[int, tuple[EffectCall, float]] = {}
+        """Effects handed to the driver (their handlers run, or wait in their :class:`Run`),
+        with when each runs out of time (monotonic; never, while it waits in its run)."""
+        self._slot: dict[int, int] = {}
+        """The slot (the hand-off) of each effect in ``_running``, under ``_lock``."""
+        self._slot_left: dict[int, int] = {}
+        """How many effects of each busy slot are in ``_running`` (under ``_lock``): as many
+        slots are busy as it has keys."""
+        self._unstarted: set[int] = set()
+        """Effects of ``_running`` waiting in their run, not started yet (under ``_lock``)."""
+        self._slots = 0
+        self._pace = self.concurrency * HOLD_FOR / self.batch
+        """The handlers' recent average time, seconds (a moving average; at first what makes
+        the worker hold ``batch``)."""
+        self._began: dict[int, float] = {}
+        """When (monotonic) each running handler started (under ``_lock``)."""
+
     # -- the driver's side ---------------------------------------------------------------
 
     @property
@@ -252,17 +296,45 @@ class WorkerCore:
         self._stop.set()
         self._wake()
 
-    def handler_ended(self, call: EffectCall, kind: str, value: Any) -> bool:
+    def handler_ended(self, call: EffectCall, kind: str, value: Any, *,
+                      wake: bool = True) -> bool:
         """A driver's handler for ``call`` ended: ``kind`` "ok" with its answer, or "error"
         with what it raised (from any thread). False when its outcome is not wanted (it ran
-        out of time or was abandoned: another attempt may hold the effect by now)."""
+        out of time or was abandoned: another attempt may hold the effect by now). Not
+        ``wake``: a handler of a :class:`Run` that is not its last wakes the driver only if
+        no other outcome waits for it already."""
         with self._lock:
             if (call.id, call.attempt) in self._written_off:
                 self._written_off.discard((call.id, call.attempt))
                 return False
+            wake = wake or not self._results
             self._results[call.id] = (kind, value)
-        self._wake()
+            began = self._began.pop(call.id, None)
+            if began is not None:
+                self._pace += (self.monotonic() - began - self._pace) / 4
+        if wake:
+            self._wake()
         return True
+
+    def starting(self, call: EffectCall, slot: int) -> bool:
+        """A driver is about to start ``call``'s handler, the next of its :class:`Run`
+        ``slot`` (from its thread): whether it may. Only on a claim still held (see
+        :meth:`still_held`), while the worker does not stop, and if the call is still the
+        run's (a handler before it ran out of time: the rest of the run went back to the
+        queue). A call refused for its claim or a stop is given back by the core."""
+        with self._lock:
+            if call.id not in self._unstarted or self._slot.get(call.id) != slot:
+                return False  # taken back from the run, or abandoned
+            self._unstarted.discard(call.id)
+            if not self._stop.is_set() and self._held_now(call.id):
+                timeout = self.engine.handlers[call.name].timeout
+                now = self._began[call.id] = self.monotonic()
+                self._running[call.id] = (call, now + timeout
+                                          if self._timed and timeout else math.inf)
+                return True
+            self._results[call.id] = ("unstarted", None)
+        self._wake()
+        return False
 
     def heartbeat_alive(self) -> bool:
         """Whether the heartbeat thread runs (renewing the claims held)."""
@@ -292,9 +364,8 @@ class WorkerCore:
         heartbeat stopped. Returns the stats, cumulative."""
         while not self._stop.is_set():
             busy = yield from self._guarded(self._cycle)
-            for call in self._starting:
-                yield Start(call)
-            self._starting.clear()
+            starting, self._starting = self._starting, []
+            yield from starting
             if busy is None:  # the database failed: backed off, try again
                 continue
             if until_idle and not (self._running or self._queue or self._unrecorded):
@@ -316,13 +387,15 @@ class WorkerCore:
                 if self._running:
                     yield from self._waiting(self.poll)
         if self._fast.is_set():
-            running = tuple(call for call, _ in self._running.values())
+            with self._lock:
+                running = tuple(call for call, _ in self._running.values())
+                self._written_off.update((c.id, c.attempt) for c in running
+                                         if c.id not in self._unstarted)
+                self._unstarted.clear()  # (never started now)
             if running:
-                with self._lock:
-                    self._written_off.update((c.id, c.attempt) for c in running)
                 yield Abandon(running)
             yield from self._guarded(self.reap)  # what finished is recorded
-            self._running.clear()
+            self._drop_running()
             self.give_back(list(running))  # stopped on purpose: their attempts returned
         self.heartbeat_stopped()
         return self.stats
@@ -386,27 +459,30 @@ class WorkerCore:
         busy = self._collect() > 0
         self._forget_lost()
         found_none = False
-        free = self.concurrency - len(self._running)
+        free = self.concurrency - len(self._slot_left)
         if len(self._queue) < free and not self._stop.is_set():
             recorded, claimed = self.record(
-                claim=max(free, self.batch - len(self._running)) - len(self._queue))
+                claim=max(free, self.holding() - len(self._running)) - len(self._queue))
             self._queue.extend(claimed)
             busy, found_none = bool(recorded or claimed) or busy, not claimed
         elif self._unrecorded and (
-                len(self._unrecorded) >= self.batch or not (self._running or self._queue)
+                len(self._unrecorded) >= self.holding() or not (self._running or self._queue)
                 or self.monotonic() - self._finished_at >= RECORD_WITHIN):
             busy = self.record()[0] > 0 or busy
         if found_none or self.monotonic() - self._timers_seen >= TIMER_LOOK:
             busy = self._fire_due_timers() > 0 or busy
         if found_none and self.monotonic() - self._dead_seen >= DEAD_LOOK:
             busy = self._take_over_the_dead() > 0 or busy
-        lapsed = []
-        while self._queue and len(self._running) < self.concurrency and not self._stop.is_set():
-            call = self._queue.popleft()
-            if self.still_held(call.id):
-                self._start(call)
-            else:
-                lapsed.append(call)
+        lapsed: list[EffectCall] = []
+        while self._queue and len(self._slot_left) < self.concurrency and not self._stop.is_set():
+            # with runs, the slots free share what waits; else one each
+            size = (-(-len(self._queue) // (self.concurrency - len(self._slot_left)))
+                    if self._runs else 1)
+            calls: list[EffectCall] = []
+            while self._queue and len(calls) < size:
+                call = self._queue.popleft()
+                (calls if self.still_held(call.id) else lapsed).append(call)
+            self._start(calls)
             busy = True
         if lapsed:
             self._drop_lapsed(lapsed)
@@ -434,7 +510,7 @@ class WorkerCore:
         in one transaction (on PostgreSQL one round trip: every answer is read after the
         COMMIT)."""
         # at most a batch; no handlers: nothing this worker can do
-        limit = min(limit, self.batch) if self.engine.handlers else 0
+        limit = min(limit, self.holding()) if self.engine.handlers else 0
         if limit <= 0 and not batch:
             return []
         now = self.engine.clock.now()
@@ -462,6 +538,12 @@ class WorkerCore:
                            dict(value(progress) or {}), now, saver=self.save_progress)
                 for (id_, name, args, idempotency_key, fence, attempts, seq, progress, machine,
                      key, data, trigger, payload) in rows]
+
+    def holding(self) -> int:
+        """How many effects the worker holds at most now: what its handlers start in
+        ``HOLD_FOR`` seconds at their recent pace, at least ``batch``, at most the most."""
+        ahead = self.concurrency * HOLD_FOR / max(self._pace, 1e-6)
+        return max(self.batch, min(self._most, int(ahead)))
 
     def _claim_sql(self) -> tuple[str, dict[str, Any]]:
         """The claim's statement, compiled once per worker (the names of its handlers are
@@ -504,10 +586,14 @@ class WorkerCore:
         frozen, a long GC) longer than that knows it may have lost the claim, and starts
         nothing on it."""
         with self._lock:
-            if effect_id in self._lost or effect_id not in self._claims:
-                return False
-            since = self.monotonic() - self._confirmed.get(effect_id, -math.inf)
-            return since < self.lease - self.heartbeat
+            return self._held_now(effect_id)
+
+    def _held_now(self, effect_id: int) -> bool:
+        """:meth:`still_held`, under ``_lock``."""
+        if effect_id in self._lost or effect_id not in self._claims:
+            return False
+        since = self.monotonic() - self._confirmed.get(effect_id, -math.inf)
+        return since < self.lease - self.heartbeat
 
     def _drop_lapsed(self, calls: list[EffectCall]) -> None:
         """Claimed effects whose claims may have lapsed before their handlers started: none
@@ -595,12 +681,14 @@ class WorkerCore:
             log.warning("worker %s: could not record %d finished outcomes (%s)", self.name,
                         len(self._unrecorded), exc)
         with self._lock:
-            started = [call for call, _ in self._running.values()]
+            started = [call for call, _ in self._running.values()
+                       if call.id not in self._unstarted]
             started += [call for call, _, _ in self._unrecorded]
             waiting = list(self._queue)
-            self._running.clear()
+            waiting += [call for call, _ in self._running.values() if call.id in self._unstarted]
             self._unrecorded.clear()
             self._queue.clear()
+        self._drop_running()
         self.give_back(waiting)
         self.give_back(started, refund=False)
         return len(waiting), len(started)
@@ -626,18 +714,58 @@ class WorkerCore:
 
     # -- running ---------------------------------------------------------------------
 
-    def _start(self, call: EffectCall) -> None:
-        """Start ``call``'s handler (the driver is told with a :class:`Start`), or record
-        its failure at once when no handler of this worker can run it."""
-        effect = self.engine.handlers.get(call.name)
-        if effect is None:  # recorded with the finished ones
-            self.outcome(call, "failed", PermanentError(
-                f"no handler for effect {call.name!r} is registered in this worker"))
+    def _start(self, calls: list[EffectCall]) -> None:
+        """Hand ``calls`` to a free slot of the driver: a :class:`Run` (each started when
+        the driver's thread comes to it and :meth:`starting` allows it), else one
+        :class:`Start`; or record a call's failure at once when no handler of this worker
+        can run it."""
+        handed = []
+        for call in calls:
+            if call.name in self.engine.handlers:
+                handed.append(call)
+            else:  # recorded with the finished ones
+                self.outcome(call, "failed", PermanentError(
+                    f"no handler for effect {call.name!r} is registered in this worker"))
+        if not handed:
             return
-        deadline = (self.monotonic() + effect.timeout if self._timed and effect.timeout
-                    else math.inf)
-        self._running[call.id] = (call, deadline)
-        self._starting.append(call)
+        slot = self._slots = self._slots + 1
+        with self._lock:
+            self._slot_left[slot] = len(handed)
+            for call in handed:
+                self._slot[call.id] = slot
+                self._running[call.id] = (call, math.inf)
+            if self._runs:
+                self._unstarted.update(call.id for call in handed)
+                self._starting.append(Run(tuple(handed), slot))
+                return
+        call, = handed
+        timeout = self.engine.handlers[call.name].timeout
+        now = self.monotonic()
+        with self._lock:
+            self._began[call.id] = now
+            if self._timed and timeout:
+                self._running[call.id] = (call, now + timeout)
+        self._starting.append(Start(call))
+
+    def _drop_running(self, ids: list[int] | None = None) -> None:
+        """Take effects (``ids``, or all) out of ``_running``, freeing their slots."""
+        with self._lock:
+            if ids is None:
+                self._began.clear()
+                self._running.clear()
+                self._slot.clear()
+                self._slot_left.clear()
+                self._unstarted.clear()
+                return
+            for effect_id in ids:
+                self._began.pop(effect_id, None)
+                self._running.pop(effect_id, None)
+                self._unstarted.discard(effect_id)
+                slot = self._slot.pop(effect_id, None)
+                if slot is not None:
+                    self._slot_left[slot] -= 1
+                    if not self._slot_left[slot]:
+                        del self._slot_left[slot]
 
     def cancel(self) -> list[EffectCall]:
         """The driver's handlers are being cancelled (its task was): stop at once; the
@@ -645,9 +773,10 @@ class WorkerCore:
         self._fast.set()
         self._stop.set()
         self._heart.set()
-        running = [call for call, _ in self._running.values()]
         with self._lock:
-            self._written_off.update((c.id, c.attempt) for c in running)
+            running = [call for call, _ in self._running.values()]
+            self._written_off.update((c.id, c.attempt) for c in running
+                                     if c.id not in self._unstarted)
         return running
 
     def _collect(self) -> int:
@@ -655,17 +784,37 @@ class WorkerCore:
         waiting to be recorded (``_unrecorded``); how many."""
         now = self.monotonic()
         with self._lock:
-            ready = [(effect_id, self._results.pop(effect_id, None))
-                     for effect_id, (_, deadline) in list(self._running.items())
+            if not self._results and not any(d <= now for _, d in self._running.values()):
+                return 0
+            ready = [(call, self._results.pop(effect_id, None))
+                     for effect_id, (call, deadline) in list(self._running.items())
                      if effect_id in self._results or deadline <= now]
-        for effect_id, outcome in ready:
-            call, _deadline = self._running.pop(effect_id)
+            taken_back: list[EffectCall] = []
+            for call, outcome in ready:
+                if outcome is None:  # its handler hangs: written off (a thread, replaced)
+                    self._written_off.add((call.id, call.attempt))
+                    began = self._began.pop(call.id, None)
+                    if began is not None:  # (it counts toward the pace, as long as it ran)
+                        self._pace += (now - began - self._pace) / 4
+                    slot = self._slot.get(call.id)  # the rest of its run goes elsewhere
+                    taken_back += [c for c, _ in self._running.values()
+                                   if c.id in self._unstarted and self._slot.get(c.id) == slot]
+        self._drop_running([call.id for call, _ in ready] + [c.id for c in taken_back])
+        self._queue.extendleft(reversed(taken_back))
+        unstarted = []
+        for call, outcome in ready:
             if outcome is None:
-                with self._lock:  # its handler hangs: written off (a thread, replaced)
-                    self._written_off.add((effect_id, call.attempt))
                 timeout = self.engine.handlers[call.name].timeout or 0.0
                 outcome = ("error", RetryableError(f"handler timed out after {timeout:g} s"))
+            elif outcome[0] == "unstarted":  # refused by starting(): given back below
+                unstarted.append(call)
+                continue
             self.outcome(call, *outcome)
+        if unstarted:
+            if self._stop.is_set():
+                self.give_back(unstarted)
+            else:
+                self._drop_lapsed(unstarted)
         return len(ready)
 
     def outcome(self, call: EffectCall, kind: str, value: Any) -> None:
@@ -1079,4 +1228,4 @@ def _answer(tx: Transaction, cursor: Any) -> Callable[[], list[Any]]:
 
 
 __all__ = ["BATCH", "DEFAULT_LEASE", "TIMER_LOOK", "Abandon", "HeldClaims", "Need", "Pause",
-           "Start", "Wait", "WorkerCore", "WorkerStats", "Working"]
+           "Run", "Start", "Wait", "WorkerCore", "WorkerStats", "Working"]

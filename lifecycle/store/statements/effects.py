@@ -156,7 +156,11 @@ def claim(dialect: Dialect, names: list[str]) -> tuple[str, dict[str, Any]]:
                                    e.c.name.in_([literal(n) for n in names]))
               .order_by(e.c.next_attempt_at, e.c.id).limit(bindparam("limit")))
     if dialect.name == "postgresql":
-        picked = picked.with_for_update(skip_locked=True, of=e)
+        # picked once: as a subquery of the UPDATE's join, the planner may run it again for
+        # larger limits, and SKIP LOCKED then finds the next rows each time (a claim of 100
+        # took 745, in 0.6 s)
+        picked = select(picked.with_for_update(skip_locked=True, of=e)
+                        .cte("picked").prefix_with("MATERIALIZED").c.id)
     t = outbox.c
     taking = (update(outbox).where(t.id.in_(picked))
               .values(status=RUNNING, claimed_by=bindparam("claimed_by"),
