@@ -42,7 +42,9 @@ def test_a_connection_another_process_holds_fails_the_test(templates: Templates,
                                                            no_grace: None) -> None:
     holds = textwrap.dedent("""
         import sys, psycopg
-        with psycopg.connect(sys.argv[1]) as connection:
+        # autocommit: leaving the block only closes, and the teardown may already have ended
+        # the backend (a COMMIT would then fail with AdminShutdown)
+        with psycopg.connect(sys.argv[1], autocommit=True) as connection:
             connection.execute("SELECT 1")
             print("connected", flush=True)
             sys.stdin.read()  # until the test closes it

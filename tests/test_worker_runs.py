@@ -13,7 +13,8 @@ from procs import gated
 from sqlalchemy import update
 from waiting import until
 
-from lifecycle import Effect, Engine, Store, effect_records
+from lifecycle import Effect, Engine, Store
+from lifecycle.outbox_admin import effect_records
 from lifecycle.spec import load_spec
 from lifecycle.store import outbox
 from lifecycle.worker_core import BATCH, Run, Start, Wait, WorkerCore, Working
