@@ -45,11 +45,13 @@ class GuardContext:
     guards: dict[str, bool] = field(default_factory=dict)
     edge: Edge | None = None
     stale: list[tuple[Edge, str]] = field(default_factory=list)
+    status: Mapping[str, Any] = field(init=False)
+    """The newest observation's status, or an empty mapping when there is none (a plain
+    attribute, set when the context is made: a status table's guards each read it)."""
 
-    @property
-    def status(self) -> Mapping[str, Any]:
-        """The newest observation's status, or an empty mapping when there is none."""
-        return self.observation.status if self.observation is not None else {}
+    def __post_init__(self) -> None:
+        observation = self.observation
+        self.status = observation.status if observation is not None else {}
 
 
 @dataclass(slots=True)
@@ -150,17 +152,28 @@ class CompiledMachine:
         entries = self._table.get((trigger, state))
         if entries is None:
             entries = self._learn(state, trigger)
-        event: _Event | None = None
+        # Each edge's conditions in ``transitions``' order, asked directly (no event object,
+        # no ``transitions`` call): a named guard is asked at most once per decision (its
+        # verdict is kept in ``context.guards``, as it always was), so a status table's edges
+        # that share a first guard cost a dictionary look-up each after the first.
+        verdicts = context.guards
         for entry in entries:
-            conditions = entry.conditions
-            if not conditions:  # an unguarded edge: nothing to ask
-                return Decision(True, entry.dest, entry.edge, context.guards)
-            if event is None:
-                event = _Event(context)
-            if all(c.func(event) == c.target for c in conditions):
-                return Decision(True, entry.dest, entry.edge, context.guards)
-        return Decision(False, None, None, context.guards,
-                        _Why(context.guards, self, state, trigger))
+            for name, ask, target in entry.steps:
+                if name is None:  # the freshness rule, or a guard that is never kept
+                    verdict = ask(context)
+                else:
+                    verdict = verdicts.get(name)
+                    if verdict is None:
+                        try:
+                            verdict = bool(ask(context))
+                        except Exception as exc:
+                            raise _raised(context, name, exc) from exc
+                        verdicts[name] = verdict
+                if verdict is not target:
+                    break
+            else:
+                return Decision(True, entry.dest, entry.edge, verdicts)
+        return Decision(False, None, None, verdicts, _Why(verdicts, self, state, trigger))
 
     def plan(self, state: str, trigger: str) -> Plan | None:
         """The decision of ``trigger`` from leaf ``state`` when it is the same whatever the
@@ -203,11 +216,48 @@ class Plan:
 @dataclass(frozen=True, slots=True)
 class _Entry:
     """One transition to try: its conditions (``transitions``' ``Condition``s, the
-    unless-conditions and the freshness rule last), the edge, and the leaf it ends in."""
+    unless-conditions and the freshness rule last), the edge, and the leaf it ends in;
+    ``steps`` are the conditions as :meth:`CompiledMachine.decide` asks them (see
+    :func:`_steps`)."""
 
     conditions: Sequence[Any]
     edge: Edge
     dest: str
+    steps: tuple[Step, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "steps", _steps(self.conditions))
+
+
+Step = tuple[str | None, Callable[[GuardContext], Any], bool]
+"""One condition as :meth:`CompiledMachine.decide` asks it: (the guard's name, the guard,
+the verdict that lets the edge through); with no name, a callable that keeps its own verdict
+(the freshness rule; a guard that is missing or named ``fresh``, the rule's own name)."""
+
+
+def _steps(conditions: Sequence[Any]) -> tuple[Step, ...]:
+    steps: list[Step] = []
+    for condition in conditions:
+        func, target = condition.func, condition.target
+        if type(func) is _Guard and func.guard is not None and func.name != "fresh":
+            steps.append((func.name, func.guard, target))
+        elif isinstance(func, _Guard | _Stale):
+            steps.append((None, func.ask, target))
+        else:  # (not made by _deciding: asked as transitions would ask it)
+            steps.append((None, _Asked(func), target))
+    return tuple(steps)
+
+
+class _Asked:
+    """A condition that is not one of ours, asked with the event it expects."""
+
+    __slots__ = ("func",)
+
+    def __init__(self, func: Callable[[Any], Any]) -> None:
+        self.func = func
+
+    def __call__(self, context: GuardContext) -> bool:
+        return bool(self.func(_Event(context)))
 
 
 Conditions = Callable[[Edge], tuple[list[Any], list[Any]]]
@@ -355,39 +405,65 @@ def _tree(states: tuple[StateSpec, ...]) -> list[Any]:
 
 
 def _check(name: str, guard: Callable[[GuardContext], bool] | None,
-           wanted: bool) -> Callable[[Any], bool]:
-    def condition(event: Any) -> bool:
-        context: GuardContext = event.kwargs["ctx"]
+           wanted: bool) -> _Guard:
+    return _Guard(name, guard)
+
+
+class _Guard:
+    """A named guard as a ``transitions`` condition (called with the event) and as
+    :meth:`CompiledMachine.decide` asks it (:meth:`ask`, with the context)."""
+
+    __slots__ = ("guard", "name")
+
+    def __init__(self, name: str, guard: Callable[[GuardContext], bool] | None) -> None:
+        self.name, self.guard = name, guard
+
+    def __call__(self, event: Any) -> bool:
+        return self.ask(event.kwargs["ctx"])
+
+    def ask(self, context: GuardContext) -> bool:
+        name, guard = self.name, self.guard
         if guard is None:
             raise GuardError(f"machine {context.machine!r}: guard {name!r} is not registered "
                              "in this process")
         try:
             verdict = bool(guard(context))
         except Exception as exc:
-            raise GuardError(f"{context.machine}:{context.key}: guard {name!r} raised "
-                             f"{type(exc).__name__}: {exc}") from exc
+            raise _raised(context, name, exc) from exc
         context.guards[name] = verdict
         return verdict
 
-    return condition
+
+def _raised(context: GuardContext, name: str, exc: Exception) -> GuardError:
+    return GuardError(f"{context.machine}:{context.key}: guard {name!r} raised "
+                      f"{type(exc).__name__}: {exc}")
 
 
-def _stale(edge: Edge) -> Callable[[Any], bool]:
+def _stale(edge: Edge) -> _Stale:
+    return _Stale(edge)
+
+
+class _Stale:
     """The implicit last condition of a risky edge (an unless-condition): its freshness
     rule is not met."""
-    rule = edge.fresh
-    assert rule is not None
 
-    def condition(event: Any) -> bool:
-        context: GuardContext = event.kwargs["ctx"]
+    __slots__ = ("edge", "rule")
+
+    def __init__(self, edge: Edge) -> None:
+        assert edge.fresh is not None
+        self.edge, self.rule = edge, edge.fresh
+
+    def __call__(self, event: Any) -> bool:
+        return self.ask(event.kwargs["ctx"])
+
+    def ask(self, context: GuardContext) -> bool:
         assert context.last_transition_at is not None
-        problem = staleness(rule, context.observation, context.last_transition_at, context.now)
+        problem = staleness(self.rule, context.observation, context.last_transition_at,
+                            context.now)
         context.guards["fresh"] = problem is None
         if problem is not None:
-            context.stale.append((edge, problem))
+            context.stale.append((self.edge, problem))
         return problem is not None
-
-    return condition
 
 
 class _Event:

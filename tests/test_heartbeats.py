@@ -79,6 +79,20 @@ def test_an_error_on_one_resource_loses_none_of_the_others(store: Store) -> None
     assert engine.observations("t:bad") == []
 
 
+def test_a_batch_of_observations_of_several_machines_finds_each_resource(
+        store: Store) -> None:
+    """Machines interleaved in one batch (the write names each row's machine, made text once
+    per run of one machine): each observation lands on its own machine's resource."""
+    engine = Engine(store, [FLIP, {**FLIP, "name": "u"}], guards={"ok": _ok})
+    for machine in ("t", "u"):
+        engine.create(machine, "k")
+    observed = engine.observe_many([("t:k", {"n": 1}), ("u:k", {"n": 2}), ("t:k", {"n": 3}),
+                                    ("u:k", {"n": 4}), ("u:k", {"n": 5})])
+    assert all(isinstance(o, Observation) for o in observed)
+    assert [o.status for o in engine.observations("t:k")] == [{"n": 1}, {"n": 3}]
+    assert [o.status for o in engine.observations("u:k")] == [{"n": 2}, {"n": 4}, {"n": 5}]
+
+
 def test_observations_find_their_resources_by_key_whatever_the_key_holds(
         store: Store) -> None:
     """On PostgreSQL a batch of observations is one statement that finds each resource by

@@ -1,10 +1,10 @@
 """A nested machine decides from tables learnt from ``transitions``' HierarchicalMachine
 (``CompiledMachine``); these tests ask both, the tables and the hierarchical machine's own
 trigger path, the same questions, and require the same answers: whether it fired, to which
-leaf, by which edge, which guards were asked in which order with which verdicts, and which
-risky edges were held back by their freshness rule. On the built-in nested machines and on
-generated nested machines (parents' edges inherited by children, ``*`` sources, initial
-children entered, eventless edges, unless guards, risky edges).
+leaf, by which edge, which guards were asked in which order (each once) with which verdicts,
+and which risky edges were held back by their freshness rule. On the built-in nested
+machines and on generated nested machines (parents' edges inherited by children, ``*``
+sources, initial children entered, eventless edges, unless guards, risky edges).
 """
 
 from __future__ import annotations
@@ -79,7 +79,8 @@ def _compare(spec: MachineSpec, verdicts: dict[str, bool], observed: str) -> int
             took = model.trigger(trigger, ctx=theirs)  # type: ignore[attr-defined]
             where = f"{spec.name}: {trigger!r} from {leaf!r} with {verdicts}, {observed}"
             assert decision.fired == took, where
-            assert tables.asked == reference.asked, where
+            # each guard asked once per decision, in the order the machine first asks it
+            assert tables.asked == list(dict.fromkeys(reference.asked)), where
             assert ours.guards == theirs.guards, where
             assert [(id(e), p) for e, p in ours.stale] == [
                 (id(e), p) for e, p in theirs.stale], where
@@ -202,3 +203,30 @@ def test_a_parent_edge_is_inherited_and_the_initial_child_entered() -> None:
     assert (decision.dest, decision.edge) == ("a.x", spec.transitions[1])
     decision = compiled.decide("a.x", "go", _context(spec, "a.x", "none"))
     assert (decision.dest, decision.edge) == ("b.p", spec.transitions[0])
+
+
+def test_a_guard_is_asked_once_per_decision_however_many_edges_name_it() -> None:
+    """The drone's status table from ``available``: ``rs_running`` is the first guard of
+    three edges and is asked once; the verdicts kept are those of every guard asked."""
+    from lifecycle.machines import drone
+
+    asked: list[str] = []
+
+    def counting(name: str, guard: Any) -> Any:
+        def counted(context: GuardContext) -> bool:
+            asked.append(name)
+            return bool(guard(context))
+        return counted
+
+    compiled = CompiledMachine(drone.SPEC, {name: counting(name, guard)
+                                            for name, guard in drone.GUARDS.items()})
+    observation = Observation(1, {"resource_status": "Running", "machine_status": "Available"},
+                              NOW, NOW, "test")
+    context = GuardContext("drone", "d1", "available", 3, {"demand": 1}, {}, NOW, observation,
+                           NOW - dt.timedelta(hours=1))
+    decision = compiled.decide("available", EVENTLESS, context)
+    assert not decision.fired
+    assert sorted(asked) == sorted(set(asked)) and asked.count("rs_running") == 1
+    assert list(context.guards) == asked
+    assert context.guards["rs_running"] is True and context.guards["ms_draining"] is False
+    assert decision.reason is not None and "'ms_draining' is false" in decision.reason

@@ -175,9 +175,20 @@ def observed_rows(tx: Transaction, written: list[tuple[Target, Any, dt.datetime,
     its rows one JSON document (each status's text as it was encoded, the times in ISO
     form with their offset), each resource found by (machine, key). What gives each
     observation's id, None for a resource not found, once the transaction committed."""
-    parts = [f'[{_text(machine)},{_text(key)},{status},"{observed_at.isoformat()}",'
-             f'"{recorded_at.isoformat()}"]'
-             for (_, machine, key), status, observed_at, recorded_at in written]
+    # a batch's observations share their times (the same objects) and mostly their machine:
+    # each is made text once
+    observed = recorded = named = None
+    observed_text = recorded_text = machine_text = ""
+    parts = []
+    for (_, machine, key), status, observed_at, recorded_at in written:
+        if observed_at is not observed:
+            observed, observed_text = observed_at, observed_at.isoformat()
+        if recorded_at is not recorded:
+            recorded, recorded_text = recorded_at, recorded_at.isoformat()
+        if machine != named:
+            named, machine_text = machine, _text(machine)
+        parts.append(f'[{machine_text},{_text(key)},{status},"{observed_text}",'
+                     f'"{recorded_text}"]')
     assert tx.sql is not None
     cursor = tx.execute(tx.sql.observed, {"rows": JsonText("[" + ",".join(parts) + "]"),
                                           "source": source})
