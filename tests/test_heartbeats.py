@@ -337,3 +337,37 @@ def test_refusals_in_one_batch_each_say_their_own_reason(store: Store) -> None:
     assert [(r.fired, r.reason) for r in results] == [  # type: ignore[union-attr]
         (False, "guard 'p' is false"), (False, "unless guard 'q' is true"),
         (False, "guard 'p' is false"), (False, "unless guard 'q' is true")]
+
+
+def test_a_batch_records_its_observations_in_the_order_given_whatever_the_join(
+        postgres_url: str) -> None:
+    """The batch finds its resources by a join whose plan depends on the table's statistics:
+    a hash join built on the batch's side hands back one resource's rows last given first.
+    The observations' ids (the order they were recorded) still follow the batch."""
+    import psycopg
+    from databases import libpq
+
+    store = Store(postgres_url, upgrade=True)
+    try:
+        engine = Engine(store, [FLIP], guards={"ok": _ok},
+                        clock=SimulatedClock("2026-06-01T00:00:00Z"))
+        for key in ("k0", "k1"):
+            engine.create("t", key)
+        with psycopg.connect(libpq(postgres_url), autocommit=True) as admin:
+            # the resources look huge, and only a hash join is allowed: the planner hashes
+            # the batch and probes it with the resources (this database is not reused)
+            admin.execute("UPDATE pg_class SET reltuples = 1e7, relpages = 1 "
+                          "WHERE relname = 'lifecycle_resources'")
+            name = admin.execute("SELECT current_database()").fetchone()[0]  # type: ignore[index]
+            for setting in ("enable_nestloop", "enable_mergejoin"):
+                admin.execute(f'ALTER DATABASE "{name}" SET {setting} = off')
+        store.dispose()
+        at = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
+        given = [("t:k0", {"n": n}) for n in range(6)] + [("t:k1", {"n": 9})]
+        observed = engine.observe_many(given, at)
+        ids = [o.id for o in observed if isinstance(o, Observation)]
+        assert ids == sorted(ids), ids
+        assert [o.status for o in engine.observations("t:k0")] == [{"n": n} for n in range(6)]
+        assert engine.get("t:k0").observation.status == {"n": 5}  # type: ignore[union-attr]
+    finally:
+        store.dispose()

@@ -42,13 +42,16 @@ class WriteStatements(Compiling):
             # one JSON document of [machine, key, status, observed_at, recorded_at] rows
             # (a parameter encoded once, not arrays of values dumped one by one), each
             # resource found by its (machine, key) here: no read of the ids before it; the
-            # sequence looked up once (an InitPlan), not once per row
+            # sequence looked up once (an InitPlan), not once per row; ids drawn in the
+            # order given, whatever join the plan picks (PostgreSQL evaluates a volatile
+            # target such as nextval after the ORDER BY)
             "WITH given AS (SELECT nextval((SELECT pg_get_serial_sequence("
             f"'{observations.name}', 'id')::regclass)) AS id, r.id AS resource_id, "
             "g.o->2 AS status, (g.o->>3)::timestamptz AS observed_at, "
             "(g.o->>4)::timestamptz AS recorded_at, g.n "
             "FROM jsonb_array_elements(%(rows)s::jsonb) WITH ORDINALITY AS g(o, n) "
-            f"JOIN {resources.name} AS r ON r.machine = g.o->>0 AND r.key = g.o->>1), "
+            f"JOIN {resources.name} AS r ON r.machine = g.o->>0 AND r.key = g.o->>1 "
+            "ORDER BY g.n), "
             f"recorded AS (INSERT INTO {observations.name} (id, resource_id, status, "
             "observed_at, recorded_at, source) SELECT id, resource_id, status, observed_at, "
             "recorded_at, %(source)s FROM given), "
