@@ -495,13 +495,6 @@ TARDIS_BUILTIN = Builtin(
 # -- the reconcile loop ---------------------------------------------------------------------
 
 
-def live_drones(engine: Any, machine: str = "drone") -> list[Any]:
-    """The drones of ``machine`` that are not down (``Resource``s, by key), read by state:
-    a pool keeps every drone it ever had, and the ones down outnumber the live ones."""
-    return sorted((r for state in LIVE_STATES for r in engine.resources(machine, state)),
-                  key=lambda r: r.key)
-
-
 def heartbeat_drones(engine: Any, machine: str = "drone") -> list[Drone]:
     """The live drones of ``machine`` that have a job at the site (a ``remote_id``: one
     whose deploy has not run has nothing to ask about), by key, as the site and the pool are
