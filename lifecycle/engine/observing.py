@@ -63,23 +63,11 @@ class Observing(MachineRegistry):
 
     def checked_observation(self, key: str, status: Mapping[str, Any],
                             observed_at: dt.datetime | None, source: str) -> Checked:
-        """An observation as it is to be recorded, or :class:`InvalidData`."""
-        document = key_document(key, status, "status")
-        problem = storable.text_problem(source, NAME_MAX)
-        if problem is not None:
-            raise InvalidData("?", key, f"source {problem}")
-        recorded_at = self.clock.now()
-        if observed_at is None:
-            observed_at = recorded_at
-        elif observed_at.tzinfo is None or not in_range(observed_at):
-            raise InvalidData("?", key, f"observed_at {observed_at} has no time zone"
-                              if observed_at.tzinfo is None else
-                              f"observed_at {observed_at} is not a time in UTC's years 1-9999")
-        elif observed_at > recorded_at:
-            log.warning("%s: observation from %s is ahead of the clock (%s); taken as now",
-                        key, observed_at.isoformat(), recorded_at.isoformat())
-            observed_at = recorded_at
-        return document, observed_at, recorded_at
+        """An observation as it is to be recorded, or :class:`InvalidData`: a batch of one."""
+        checked = self.checked_observations([(key, status)], observed_at, source)[0]
+        if isinstance(checked, LifecycleError):
+            raise checked
+        return checked
 
     def checked_observations(self, statuses: list[tuple[str, Mapping[str, Any]]],
                              observed_at: dt.datetime | None, source: str
@@ -98,7 +86,7 @@ class Observing(MachineRegistry):
                        if observed_at.tzinfo is None else
                        f"observed_at {observed_at} is not a time in UTC's years 1-9999")
         elif observed_at > recorded_at:
-            log.warning("%d observations (%s first) from %s are ahead of the clock (%s); "
+            log.warning("%d observation(s) (%s first) from %s ahead of the clock (%s); "
                         "taken as now", len(statuses), statuses[0][0] if statuses else "-",
                         observed_at.isoformat(), recorded_at.isoformat())
             observed_at = recorded_at
