@@ -15,6 +15,7 @@ import queue
 import signal
 import threading
 import time
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
@@ -63,8 +64,7 @@ class Worker:
         self.engine, self.store, self.name = engine, core.store, core.name
         self.concurrency, self.lease, self.heartbeat = concurrency, core.lease, core.heartbeat
         self.poll, self.batch, self.rng, self.claimant = poll, core.batch, core.rng, core.claimant
-        self._inbox: queue.SimpleQueue[Run] = queue.SimpleQueue()
-        self._idle = 0
+        self._idle: list[_Hand] = []  # threads waiting for a run, the latest idle last
         self._lock = threading.Lock()
         self._sigterms = 0
 
@@ -77,7 +77,10 @@ class Worker:
     def run_until_idle(self) -> WorkerStats:
         """Carry out every effect and timer due now (by the engine's clock), including those
         their completion makes due, then return. The stats are the worker's, cumulative."""
-        return self._drive(self.core.working(until_idle=True))
+        try:
+            return self._drive(self.core.working(until_idle=True))
+        finally:
+            self._dismiss()
 
     def run(self, *, handle_signals: bool = False) -> WorkerStats:
         """Work until :meth:`stop` (or, with ``handle_signals``, SIGTERM: graceful, finishing
@@ -89,7 +92,10 @@ class Worker:
             signal.signal(signal.SIGINT, self._on_signal)
         log.info("worker %s: started (concurrency %d, lease %g s, heartbeat %g s)",
                  self.name, self.concurrency, self.lease, self.heartbeat)
-        stats = self._drive(self.core.working())
+        try:
+            stats = self._drive(self.core.working())
+        finally:
+            self._dismiss()
         log.info("worker %s: stopped (%s)", self.name, stats.to_json())
         return stats
 
@@ -138,53 +144,80 @@ class Worker:
             self._woken.clear()
 
     def _launch(self, run: Run) -> None:
-        """Hand the run to a handler thread (an idle one, or a new one)."""
+        """Hand the run to a handler thread (the one idle the shortest time, or a new one)."""
         with self._lock:
-            if self._idle == 0:
-                self._spawn()
-            else:
-                self._idle -= 1
-        self._inbox.put(run)
+            hand = self._idle.pop() if self._idle else None
+        if hand is None:
+            hand = _Hand(self._serve, f"lifecycle-effects-{self.name}")
+        hand.inbox.put(run)
 
-    def _spawn(self) -> None:
-        """A handler thread. Threads are kept for the next effects (starting one per effect
-        cost a fifth of an effect's time) and leave after a while idle."""
-        thread = threading.Thread(target=self._serve, name=f"lifecycle-effects-{self.name}",
-                                  daemon=True)
-        thread.start()
+    def _dismiss(self) -> None:
+        """Let the idle handler threads go, and wait until they have (each gives its
+        database connection back as it ends): once :meth:`run_until_idle` or :meth:`run`
+        returns, the worker holds no thread and no connection but those of handlers still
+        running after a fast stop or a lapsed claim."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for hand in idle:
+            hand.inbox.put(None)
+        for hand in idle:
+            hand.thread.join()
 
-    def _serve(self) -> None:
-        core, handlers = self.core, self.engine.handlers
+    def _serve(self, hand: _Hand) -> None:
+        """A handler thread's life: it carries out the runs handed to it, one after another,
+        and is kept for the next (starting one per effect cost a fifth of an effect's time);
+        it leaves when dismissed, after IDLE_THREAD_SECONDS idle, or when its handler's
+        outcome is no longer wanted."""
+        while (run := self._next(hand)) is not None and self._carry_out(run, hand):
+            pass
+
+    def _next(self, hand: _Hand) -> Run | None:
+        """The next run handed to this thread; None when it is to leave."""
         while True:
             try:
-                run = self._inbox.get(timeout=IDLE_THREAD_SECONDS)
+                return hand.inbox.get(timeout=IDLE_THREAD_SECONDS)
             except queue.Empty:
                 with self._lock:
-                    if self._inbox.empty() and self._idle > 0:
-                        self._idle -= 1
-                        return
+                    if hand in self._idle:  # else a run is on its way to it
+                        self._idle.remove(hand)
+                        return None
+
+    def _carry_out(self, run: Run, hand: _Hand) -> bool:
+        """Run the run's handlers in turn, each only on a claim still held, and then wait
+        idle; False when this thread is to leave instead (its handler ran out of time and
+        was replaced, or was abandoned)."""
+        core, handlers = self.core, self.engine.handlers
+        last = run.calls[-1]
+        for call in run.calls:
+            if not core.starting(call, run.slot):  # its claim may have lapsed, or a stop
                 continue
-            last = run.calls[-1]
-            for call in run.calls:
-                if not core.starting(call, run.slot):  # its claim may have lapsed, or a stop
-                    continue
-                try:
-                    # a coroutine handler runs to its end in this thread
-                    outcome: tuple[str, Any] = ("ok", run_to_end(handlers[call.name].handler(call)))
-                except BaseException as exc:  # the handler's failure is recorded, not raised
-                    outcome = ("error", exc)
-                if call is not last:
-                    if not core.handler_ended(call, *outcome, wake=False):
-                        return  # it ran out of time (and was replaced) or was abandoned
-                    continue
+            try:
+                # a coroutine handler runs to its end in this thread
+                outcome: tuple[str, Any] = ("ok", run_to_end(handlers[call.name].handler(call)))
+            except BaseException as exc:  # the handler's failure is recorded, not raised
+                outcome = ("error", exc)
+            if call is last:
                 with self._lock:  # idle before the driver, woken, launches the next
                     if not core.handler_ended(call, *outcome):
-                        return
-                    self._idle += 1
-                break
-            else:  # the last was not started
-                with self._lock:
-                    self._idle += 1
+                        return False
+                    self._idle.append(hand)
+                return True
+            if not core.handler_ended(call, *outcome, wake=False):
+                return False
+        with self._lock:  # the last was not started
+            self._idle.append(hand)
+        return True
+
+
+class _Hand:
+    """A handler thread, with its own inbox: a run to carry out, or None to leave."""
+
+    __slots__ = ("inbox", "thread")
+
+    def __init__(self, serve: Callable[[_Hand], None], name: str) -> None:
+        self.inbox: queue.SimpleQueue[Run | None] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=serve, args=(self,), name=name, daemon=True)
+        self.thread.start()
 
 
 __all__ = ["BATCH", "DEFAULT_LEASE", "IDLE_THREAD_SECONDS", "TIMER_LOOK", "HeldClaims", "Worker",

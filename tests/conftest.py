@@ -66,25 +66,14 @@ def empty_postgres_url(templates: Templates) -> Iterator[str]:
 _CACHE: list[str] = []
 
 
-IDLE_THREAD_SECONDS = 0.2
-"""How long a Worker's idle handler thread waits for another effect before it leaves, in the
-tests' own process (5 s in lifecycle). A test that ran a worker and did not dispose of its
-store otherwise keeps a connection in such a thread for those 5 s, and its database's check
-for connections left open (tests/databases.py) waits for them."""
-
-
 def pytest_configure(config: pytest.Config) -> None:
     """The machines' index (lifecycle/machines/index.py) is a cache file in
     $XDG_CACHE_HOME: the tests, in process and the commands they start, write theirs in a
-    directory of this session's (of each xdist worker's), never in the user's ~/.cache.
-    Idle handler threads leave soon (IDLE_THREAD_SECONDS)."""
+    directory of this session's (of each xdist worker's), never in the user's ~/.cache."""
     import tempfile
-
-    import lifecycle.worker
 
     _CACHE.append(tempfile.mkdtemp(prefix="lifecycle-test-cache-"))
     os.environ["XDG_CACHE_HOME"] = _CACHE[-1]
-    lifecycle.worker.IDLE_THREAD_SECONDS = IDLE_THREAD_SECONDS
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -172,3 +172,27 @@ def test_an_explicit_batch_is_the_most_held(store: Store) -> None:
             assert core.handler_ended(call, "ok", None, wake=call is run.calls[-1])
     _finish(core, working)
     assert max(sizes) == 7 and core.stats.done == 60
+
+
+def test_a_worker_holds_no_handler_thread_once_run_until_idle_returns(store: Store) -> None:
+    """Its idle handler threads (each with its own database connection) leave before
+    run_until_idle returns, not a while later; the next call starts new ones."""
+    import threading
+
+    from lifecycle import Worker
+
+    done: list[str] = []
+    engine = Engine(store, [load_spec(gated.SPEC)],
+                    effects={"work": lambda call: done.append(call.key)})
+
+    def handler_threads(worker: Worker) -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name == f"lifecycle-effects-{worker.name}"]
+
+    worker = Worker(engine, concurrency=3, seed=0)
+    for round_ in range(2):
+        for i in range(12):
+            engine.create("gated", f"r{round_}-{i:02d}")
+            engine.fire(f"r{round_}-{i:02d}", "go")
+        worker.run_until_idle()
+        assert handler_threads(worker) == []
+        assert sorted(done) == sorted(f"r{r}-{i:02d}" for r in range(round_ + 1) for i in range(12))
