@@ -76,7 +76,8 @@ class Worker:
 
     def run_until_idle(self) -> WorkerStats:
         """Carry out every effect and timer due now (by the engine's clock), including those
-        their completion makes due, then return. The stats are the worker's, cumulative."""
+        their completion makes due, then return, with the worker's handler threads (and
+        their connections) gone. The stats are the worker's, cumulative."""
         try:
             return self._drive(self.core.working(until_idle=True))
         finally:
