@@ -31,9 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import functools
 import json
-import sqlite3
 import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -227,25 +225,11 @@ def replay(path: str | Path, machines: Mapping[str, Playable] | None = None) -> 
     ``machines`` by name, or a spec file beside the scenario."""
     scenario = load(path)
     with tempfile.TemporaryDirectory(prefix="lifecycle-scenario-") as directory:
-        database = Path(directory) / "scenario.db"
-        database.write_bytes(_migrated_database())
-        store = Store(f"sqlite:///{database}")  # (refuses a copy not at the code's revision)
+        store = Store.new_sqlite(Path(directory) / "scenario.db")
         try:
             return _run(scenario, store, machines or {})
         finally:
             store.dispose()
-
-
-@functools.cache
-def _migrated_database() -> bytes:
-    """An empty SQLite database at the code's schema revision, as the bytes of its file:
-    migrated by Alembic once per process, so that each replay after the first starts from a
-    copy instead of running every revision again (most of a short scenario's time)."""
-    with tempfile.TemporaryDirectory(prefix="lifecycle-scenario-") as directory:
-        path = Path(directory) / "schema.db"
-        Store(f"sqlite:///{path}", upgrade=True).dispose()
-        with contextlib.closing(sqlite3.connect(path)) as connection:
-            return connection.serialize()  # (with what a write-ahead log still held)
 
 
 def _machine(scenario: Scenario, world: World,
