@@ -225,7 +225,7 @@ def replay(path: str | Path, machines: Mapping[str, Playable] | None = None) -> 
     ``machines`` by name, or a spec file beside the scenario."""
     scenario = load(path)
     with tempfile.TemporaryDirectory(prefix="lifecycle-scenario-") as directory:
-        store = Store(f"sqlite:///{Path(directory) / 'scenario.db'}", upgrade=True)
+        store = Store.new_sqlite(Path(directory) / "scenario.db")
         try:
             return _run(scenario, store, machines or {})
         finally:

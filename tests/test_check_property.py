@@ -13,6 +13,7 @@ makes them slower)."""
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from lifecycle.check import (
     SetWorld,
     View,
     check,
+    text,
     write_scenario,
 )
 from lifecycle.check.explore import STUTTER, Machine, enabled
@@ -307,3 +309,35 @@ def test_runs_begun_and_finished_replay_as_the_checker_ran_them(machine: Machine
         kind = "expect_actions" if name == "no_poke_at_2" else "expect"
         assert result.failure is not None and result.failure.kind == kind, name
         assert result.failure.step == result.steps, (name, result.failure)
+
+
+def test_checking_a_machine_again_reuses_its_handlers_calls_and_finds_the_same() -> None:
+    """The checker remembers what each handler call did with the machine (a handler is a
+    function of its call, the world and the clock): checking the same machine again calls
+    no handler and reports the same; from another start time, the calls are other calls."""
+    calls = []
+
+    def simulation(world: Any) -> tuple[Any, Any, Any]:
+        guards, effects, probes = _simulation(world)
+
+        def poke(call: Any) -> Any:
+            calls.append(call.key)
+            return effects["poke"](call)
+        return guards, {"poke": poke}, probes
+
+    spec = MachineSpec.model_validate({
+        "name": "generated", "initial": "s0", "states": ["s0", "s1", "s2"],
+        "transitions": [{"trigger": "go", "source": "s0", "dest": "s1", "effects": ["poke"]},
+                        {"trigger": "go", "source": "s1", "dest": "s2"},
+                        {"trigger": "poked", "source": ["s0", "s1", "s2"], "dest": "s0"}]})
+    model = _world(Machine(spec, GUARDS, simulation))
+    bounds = Bounds(depth=5, horizon=30)
+    first = check(model, bounds, until_all=False)
+    made = len(calls)
+    assert made > 0 and "no_poke_at_2" in first.violations
+    again = check(model, bounds, until_all=False)
+    assert len(calls) == made
+    assert text(again) == text(first) and again.states == first.states
+    later = check(dataclasses.replace(model, start=model.start + dt.timedelta(hours=1)),
+                  bounds, until_all=False)
+    assert len(calls) == 2 * made and later.states == first.states

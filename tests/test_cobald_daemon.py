@@ -36,7 +36,7 @@ Sites:
     quota: 3
 Fake:
   api_response_delay: !RandomGauss {mu: 0, sigma: 0}
-  resource_boot_time: !RandomGauss {mu: 1, sigma: 0}
+  resource_boot_time: !RandomGauss {mu: 0.25, sigma: 0}
   MachineTypes: [m1]
   MachineMetaData:
     m1: {Cores: 1, Memory: 1, Disk: 1}
@@ -52,9 +52,10 @@ pipeline:
   - __type__: cobald.controller.linear.LinearController
     low_utilisation: 0.5
     high_allocation: 0.5
-    rate: 1
+    rate: 12
+    interval: 0.25
   - !LifecyclePoolFactory {configuration: tardis.yml, database: "sqlite:///drones.db",
-                           interval: 1, heartbeat: 1}
+                           interval: 0.25, heartbeat: 0.25}
 """
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Sequence
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -134,16 +135,27 @@ def test_reconcile_survives_a_site_that_is_down(store: Store) -> None:
     assert [e.kind for e in engine.history("d1")] == ["adopt"]
 
 
-def test_simulation_is_deterministic_and_the_guard_saves_the_payloads() -> None:
-    options = {"drones": 12, "hours": 0.5}
-    first = simulate(seed=7, **options)
-    second = simulate(seed=7, **options)
-    first.pop("timing")
+SEED_7 = {"drones": 12, "hours": 0.5}
+
+
+@pytest.fixture(scope="module")
+def seed_7() -> dict[str, Any]:
+    """The drone race's report for seed 7 and :data:`SEED_7`, without its ``timing``: run
+    once for the module; the tests only read it."""
+    report = simulate(seed=7, **SEED_7)
+    report.pop("timing")
+    return report
+
+
+def test_simulation_is_deterministic_and_the_guard_saves_the_payloads(
+        seed_7: dict[str, Any]) -> None:
+    first = seed_7
+    second = simulate(seed=7, **SEED_7)
     second.pop("timing")
     assert json.dumps(first, sort_keys=True) == json.dumps(second, sort_keys=True)
     assert first["after"]["payloads_killed"] == 0
     assert first["after"]["removed_while_running"] == 0
-    third = simulate(seed=8, **options)
+    third = simulate(seed=8, **SEED_7)
     third.pop("timing")
     assert third != first
 
@@ -161,9 +173,9 @@ SEED_7_REPORT = {
 }
 
 
-def test_simulation_reports_what_it_did_before_it_read_only_live_drones() -> None:
-    report = simulate(seed=7, drones=12, hours=0.5)
-    assert {k: report[k] for k in SEED_7_REPORT} == SEED_7_REPORT
+def test_simulation_reports_what_it_did_before_it_read_only_live_drones(
+        seed_7: dict[str, Any]) -> None:
+    assert {k: seed_7[k] for k in SEED_7_REPORT} == SEED_7_REPORT
 
 
 def test_simulate_cli_json_is_reproducible() -> None:
@@ -365,7 +377,7 @@ def test_drone_pool_reports_what_tardis_drones_report(store: Store) -> None:
         DronePool(engine, figures, policy="oldest")
 
 
-def drive_with_cobald(url: str, *, race_guard: bool, seed: int) -> dict[str, Any]:
+def drive_with_cobald(path: Path, *, race_guard: bool, seed: int) -> dict[str, Any]:
     """COBalD's LinearController regulates a DronePool over the simulated site and pool of
     the drone race, every minute, for two hours; payload comes for the first hour."""
     from cobald.controller.linear import LinearController
@@ -374,7 +386,7 @@ def drive_with_cobald(url: str, *, race_guard: bool, seed: int) -> dict[str, Any
     from lifecycle.sim.drone_race import START, SimulatedPool
     from lifecycle.sim.loop import EventLoop
 
-    store = Store(url, upgrade=True)
+    store = Store.new_sqlite(path)
     clock = SimulatedClock(START)
     loop = EventLoop(clock, seed)
     world = SimulatedPool(loop, {
@@ -420,9 +432,9 @@ def drive_with_cobald(url: str, *, race_guard: bool, seed: int) -> dict[str, Any
             "killed": world.killed_payloads, "removed_running": world.removed_running}
 
 
-def test_cobalds_linear_controller_drives_a_drone_pool(tmp_path: Any) -> None:
+def test_cobalds_linear_controller_drives_a_drone_pool(tmp_path: Path) -> None:
     pytest.importorskip("cobald")
-    run = drive_with_cobald(f"sqlite:///{tmp_path / 'pool.db'}", race_guard=True, seed=1)
+    run = drive_with_cobald(tmp_path / "pool.db", race_guard=True, seed=1)
     demands = run["demands"]
     peak = demands.index(max(demands))
     assert max(demands) >= 8 and demands[0] < max(demands)        # demand rises ...
@@ -431,9 +443,9 @@ def test_cobalds_linear_controller_drives_a_drone_pool(tmp_path: Any) -> None:
     assert run["deployed"] == len(run["drones"]) > max(demands)    # each drone deployed
     assert len(run["released"]) >= 10                              # and released by COBalD
     assert run["killed"] == 0 and run["removed_running"] == 0      # none removed running
-    again = drive_with_cobald(f"sqlite:///{tmp_path / 'again.db'}", race_guard=True, seed=1)
+    again = drive_with_cobald(tmp_path / "again.db", race_guard=True, seed=1)
     assert again == run                                            # the same seed, the same run
-    tardis = drive_with_cobald(f"sqlite:///{tmp_path / 'tardis.db'}", race_guard=False, seed=1)
+    tardis = drive_with_cobald(tmp_path / "tardis.db", race_guard=False, seed=1)
     assert tardis["demands"][:20] == demands[:20]   # the same controller's decisions ...
     assert tardis["removed_running"] > 0    # ... on TARDIS's machine remove a running drone
 

@@ -254,3 +254,23 @@ def test_the_dashboard_and_show_read_the_core_revision_beside_a_branch(
             peek(empty_db_url, "x", ["pending"], ["pending"])
     finally:
         dashboard.dispose()
+
+
+def test_a_new_sqlite_store_is_a_fresh_migrated_database_of_its_own(tmp_path: Path) -> None:
+    """``Store.new_sqlite`` copies a database migrated once per process: each copy is at the
+    code's revision with the tables the migrations make, holds only what is written to it,
+    and an existing file is refused, not overwritten."""
+    first = Store.new_sqlite(tmp_path / "first.db")
+    second = Store.new_sqlite(tmp_path / "second.db")
+    try:
+        assert first.revisions() == [migrate.head_revision()]
+        assert differences(first) == []
+        Engine(first, [TOGGLE]).create("toggle", "t1")
+        assert Engine(second, [TOGGLE]).resources("toggle") == []
+    finally:
+        first.dispose()
+        second.dispose()
+    with pytest.raises(FileExistsError):
+        Store.new_sqlite(tmp_path / "first.db")
+    with Store(f"sqlite:///{tmp_path / 'first.db'}") as again:
+        assert [r.key for r in Engine(again, [TOGGLE]).resources("toggle")] == ["t1"]

@@ -808,13 +808,12 @@ def test_the_collector_gets_the_full_advertised_id_privately(published: Slot) ->
 
 
 def test_the_simulation_reproduces_the_incident_and_the_fix() -> None:
+    """On the demo's options. (That a seed gives the same report again is
+    tests/test_sim.py's test_the_same_seed_gives_identical_json, for every simulation.)"""
     from lifecycle.sim import simulations
 
     simulation = simulations()["startd-fetch"]
     first = simulation.run(seed=3, **simulation.demo)
-    again = simulation.run(seed=3, **simulation.demo)
-    assert {k: v for k, v in first.items() if k != "timing"} == {
-        k: v for k, v in again.items() if k != "timing"}
     report, today = first["cycles"]["report"], first["cycles"]["today"]
     assert (first["before"], first["after"]) == (today["before"], today["after"])
     before, after = report["before"], report["after"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 import random
+import weakref
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -104,8 +105,9 @@ class Memory:
         self.handlers: dict[str, Effect] = {n: as_effect(h) for n, h in effects.items()}
         self.probes = dict(probes)
         self._follows = getattr(self.spec.data_model, "follows_transitions", False) is True
-        self._calls: dict[tuple[Any, ...], tuple[Frozen, Any, Frozen, tuple[Any, ...]]] = {}
-        """What each handler call did (see :meth:`_call`)."""
+        self._calls = _calls_of(machine, start)
+        """What each handler call did (see :meth:`_call`): kept with ``machine``, so that
+        checking it again (other bounds, other moves of its world) reuses the calls."""
 
     def time(self, seconds: float) -> dt.datetime:
         return self.start + dt.timedelta(seconds=seconds)
@@ -424,6 +426,28 @@ class _NoJitter(random.Random):
 
 
 _NO_JITTER = _NoJitter()
+
+
+Calls = dict[tuple[Any, ...], tuple[Frozen, Any, Frozen, tuple[Any, ...]]]
+"""What each handler call did, by :func:`_memo`: the progress it saved, its answer or
+failure, the world's status after it and what it did in the world."""
+
+_CALLS: dict[int, dict[dt.datetime, Calls]] = {}
+"""The calls of each machine (by its identity, while it lives) from each start."""
+
+
+def _calls_of(machine: Playable, start: dt.datetime) -> Calls:
+    """The calls remembered for ``machine`` from ``start`` (a machine that cannot be
+    referred to weakly gets a memory of its own)."""
+    key = id(machine)
+    kept = _CALLS.get(key)
+    if kept is None:
+        try:
+            weakref.finalize(machine, _CALLS.pop, key, None)
+        except TypeError:
+            return {}
+        kept = _CALLS[key] = {}
+    return kept.setdefault(start, {})
 
 
 def _memo(resource: Res, head: Pending, now: float, world: Frozen) -> tuple[Any, ...]:

@@ -126,6 +126,16 @@ class State:
     resources: tuple[Res, ...]
     world: Frozen
     extra: Frozen = EMPTY
+    _hash: int | None = field(default=None, init=False, repr=False, compare=False)
+    """The hash, computed once: a state is looked up many times (each explored move's state
+    in the graph's maps), and hashing one walks every nested value."""
+
+    def __hash__(self) -> int:
+        found = self._hash
+        if found is None:
+            found = hash((self.now, self.resources, self.world, self.extra))
+            object.__setattr__(self, "_hash", found)
+        return found
 
     def find(self, key: str) -> tuple[int, Res]:
         for index, resource in enumerate(self.resources):

@@ -352,8 +352,7 @@ def simulate(*, seed: int = 1, progress: Progress | None = None, store: Store | 
                 if progress is not None:
                     progress(i * total + done, 2 * total)
 
-            target = store or Store(f"sqlite:///{Path(directory) / f'run{i}.db'}",
-                                    upgrade=True)
+            target = store or Store.new_sqlite(Path(directory) / f"run{i}.db")
             runs.append(run_variant(seed=seed, race_guard=race_guard, options=options,
                                     store=target, prefix=prefix, progress=step_progress))
             if own:

@@ -193,7 +193,7 @@ class _DyingWorker:
 
 def after(plan: Plan, loop: EventLoop, clock: SimulatedClock, directory: Path,
           progress: Progress | None) -> dict[str, Any]:
-    store = Store(f"sqlite:///{directory / 'job_exit.db'}", upgrade=True)
+    store = Store.new_sqlite(directory / "job_exit.db")
     queue = SimQueue(loop, plan.outage)
     mailer = SimMailer()
     machine = job_exit.make(queue=queue, mailer=mailer, clock=clock, timeout=None,

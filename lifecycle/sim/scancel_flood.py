@@ -446,7 +446,7 @@ def simulate(*, seed: int = 1, progress: Progress | None = None, store: Store | 
     started = time.perf_counter()
     old, today = before(seed, options), master(seed, options)
     with tempfile.TemporaryDirectory(prefix="lifecycle-scancel-flood-") as directory:
-        target = store or Store(f"sqlite:///{Path(directory) / 'run.db'}", upgrade=True)
+        target = store or Store.new_sqlite(Path(directory) / "run.db")
         try:
             new = after(seed, options, target, prefix, progress)
         finally:

@@ -310,8 +310,7 @@ def simulate(*, seed: int = 1, progress: Progress | None = None, store: Store | 
                 if progress is not None:
                     progress(i * total + done, len(variants) * total)
 
-            target = store or Store(f"sqlite:///{Path(directory) / f'run{i}.db'}",
-                                    upgrade=True)
+            target = store or Store.new_sqlite(Path(directory) / f"run{i}.db")
             try:
                 runs[cycle]["after" if keep else "before"] = Run(
                     seed=seed, keep=keep, cycle=cycle, options=options, store=target,

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import sqlite3
+import tempfile
 import weakref
 from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, closing, contextmanager
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection
@@ -80,6 +84,16 @@ class Store:
             dbapi.OperationalError, dbapi.InterfaceError)
         if check:
             self.check_schema(upgrade=upgrade)
+
+    @classmethod
+    def new_sqlite(cls, path: str | os.PathLike[str]) -> Store:
+        """A store on a new SQLite file at ``path`` (refused if one is there), at the code's
+        schema revision: a copy of an empty database that Alembic migrated once in this
+        process, so that a process making many fresh databases (the simulations' variants,
+        one replay after another) runs the revisions once, not once per database."""
+        with open(path, "xb") as file:
+            file.write(_migrated_sqlite())
+        return cls(f"sqlite:///{path}")  # (checks the copy is at the code's revision)
 
     # -- schema ------------------------------------------------------------------------
 
@@ -225,6 +239,17 @@ class Store:
 
     json_value = staticmethod(json_value)
     time_value = staticmethod(time_value)
+
+
+@functools.cache
+def _migrated_sqlite() -> bytes:
+    """The file of an empty SQLite database Alembic migrated to the code's revision (read
+    through SQLite, so with anything a write-ahead log still held)."""
+    with tempfile.TemporaryDirectory(prefix="lifecycle-schema-") as directory:
+        path = Path(directory) / "schema.db"
+        Store(f"sqlite:///{path}", upgrade=True).dispose()
+        with closing(sqlite3.connect(path)) as connection:
+            return connection.serialize()
 
 
 def _close(held: HeldConnections, engine: Any) -> None:
