@@ -39,7 +39,7 @@ from ..machines import drone as drone_machine
 from ..store import Store
 from ..worker import Worker
 from .loop import EventLoop, Progress
-from .simulation import Option, Simulation
+from .simulation import Option, Simulation, new_database
 
 START = "2026-01-01T00:00:00Z"
 
@@ -352,8 +352,7 @@ def simulate(*, seed: int = 1, progress: Progress | None = None, store: Store | 
                 if progress is not None:
                     progress(i * total + done, 2 * total)
 
-            target = store or Store(f"sqlite:///{Path(directory) / f'run{i}.db'}",
-                                    upgrade=True)
+            target = store or new_database(Path(directory) / f"run{i}.db")
             runs.append(run_variant(seed=seed, race_guard=race_guard, options=options,
                                     store=target, prefix=prefix, progress=step_progress))
             if own:

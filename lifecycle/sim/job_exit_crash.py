@@ -48,7 +48,7 @@ from ..outbox_admin import retry_failed
 from ..store import Store
 from ..worker_core import Pause, Start, Wait, WorkerCore, Working
 from .loop import EventLoop, Progress
-from .simulation import Option, Simulation
+from .simulation import Option, Simulation, new_database
 
 START = "2026-01-01T00:00:00Z"
 STEPS = ("write_terminated_event", "write_output_ad", "update_job_queue",
@@ -193,7 +193,7 @@ class _DyingWorker:
 
 def after(plan: Plan, loop: EventLoop, clock: SimulatedClock, directory: Path,
           progress: Progress | None) -> dict[str, Any]:
-    store = Store(f"sqlite:///{directory / 'job_exit.db'}", upgrade=True)
+    store = new_database(directory / "job_exit.db")
     queue = SimQueue(loop, plan.outage)
     mailer = SimMailer()
     machine = job_exit.make(queue=queue, mailer=mailer, clock=clock, timeout=None,

@@ -39,7 +39,7 @@ from ..machines.startd_claims import ClaimIds
 from ..store import Store
 from ..worker import Worker
 from .loop import EventLoop, Progress
-from .simulation import Option, Simulation
+from .simulation import Option, Simulation, new_database
 
 START = "2026-01-01T00:00:00Z"
 ADDRESS = "192.168.1.10:9618"
@@ -310,8 +310,7 @@ def simulate(*, seed: int = 1, progress: Progress | None = None, store: Store | 
                 if progress is not None:
                     progress(i * total + done, len(variants) * total)
 
-            target = store or Store(f"sqlite:///{Path(directory) / f'run{i}.db'}",
-                                    upgrade=True)
+            target = store or new_database(Path(directory) / f"run{i}.db")
             try:
                 runs[cycle]["after" if keep else "before"] = Run(
                     seed=seed, keep=keep, cycle=cycle, options=options, store=target,
