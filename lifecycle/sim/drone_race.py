@@ -37,9 +37,9 @@ from ..clock import SimulatedClock
 from ..engine import Engine
 from ..machines import drone as drone_machine
 from ..store import Store
-from ..worker import Worker
 from .loop import EventLoop, Progress
 from .simulation import Option, Simulation
+from .worker import InlineWorker
 
 START = "2026-01-01T00:00:00Z"
 
@@ -251,7 +251,7 @@ def run_variant(*, seed: int, race_guard: bool, options: dict[str, Any], store: 
     engine = Engine(store, [spec], guards=drone_machine.GUARDS,
                     effects=drone_machine.effects(world, world), probes={"site": probe},
                     clock=clock)
-    worker = Worker(engine, seed=seed)
+    worker = InlineWorker(engine, seed=seed)
     machine = spec.name
     duration = options["hours"] * 3600.0
     heartbeat = options["heartbeat"]

@@ -69,9 +69,9 @@ from ..engine import Engine
 from ..machines import slurm_dispatch as machine
 from ..store import Store
 from ..store.statements import timers as timer_rows
-from ..worker import Worker
 from .loop import EventLoop, Progress
 from .simulation import Option, Simulation
+from .worker import InlineWorker
 
 START = "2026-01-01T00:00:00Z"
 RUNNING_STEP = 1
@@ -345,7 +345,7 @@ def after(seed: int, options: dict[str, Any], store: Store, prefix: str,
     api = MemoryContainerAPI({key: RUNNING for key in keys})
     engine = Engine(store, [machine.SPEC], guards=machine.GUARDS,
                     effects=machine.effects(slurm, api), clock=clock)
-    worker = Worker(engine, seed=seed)
+    worker = InlineWorker(engine, seed=seed)
     logger = logging.getLogger(f"{__name__}.after")
     logger.propagate = False
     logger.setLevel(logging.INFO)

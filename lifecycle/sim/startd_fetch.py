@@ -37,9 +37,9 @@ from ..engine import Engine
 from ..machines import startd as sd
 from ..machines.startd_claims import ClaimIds
 from ..store import Store
-from ..worker import Worker
 from .loop import EventLoop, Progress
 from .simulation import Option, Simulation
+from .worker import InlineWorker
 
 START = "2026-01-01T00:00:00Z"
 ADDRESS = "192.168.1.10:9618"
@@ -114,7 +114,7 @@ class Run:
         self.queue = FetchQueue()
         self.engine = Engine(store, [sd.SPEC], guards=sd.GUARDS, clock=self.clock,
                              effects=sd.effects(self.queue, self.collector, Released(), ids))
-        self.worker = Worker(self.engine, seed=seed)
+        self.worker = InlineWorker(self.engine, seed=seed)
         slots = int(options["slots"])
         self.startd = sd.Startd(self.engine, address=ADDRESS, ids=ids, slots=slots)
         self.names = [f"{prefix}{cycle}-{'renewed' if not keep else 'kept'}-slot{i + 1}"
