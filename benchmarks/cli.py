@@ -173,8 +173,10 @@ SECTIONS: list[tuple[str, list[Comparison]]] = [
     ]) for db, title in (("sqlite", "SQLite"), ("postgresql", "PostgreSQL"))],
     (f"11 · a drone pool's heartbeat on PostgreSQL, µs per heartbeat (goal: 100,000 drones "
      f"within {heartbeat.GOAL_SECONDS:g} s)", [
-        *[Comparison(f"heartbeat.lifecycle.{size}", f"heartbeat.floor.{size}", None)
-          for size in heartbeat.SIZES],
+        *[Comparison(f"heartbeat.lifecycle.{size}", f"heartbeat.floor.{size}", None, cpu=cpu)
+          for size in heartbeat.SIZES for cpu in (False, True)],
+        *[Comparison(heartbeat.case_id("lifecycle", size, 1.0),
+                     heartbeat.case_id("floor", size, 1.0), None) for size in heartbeat.SIZES],
         Comparison(f"heartbeat.lifecycle.{heartbeat.SIZES[-1]}", None,
                    Goal(heartbeat.GOAL_SECONDS * 1000, unit="ms")),
     ]),

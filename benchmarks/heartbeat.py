@@ -103,8 +103,11 @@ def _pool(workspace: Workspace, size: int,
             proxy.close()
 
 
-def _suffix(delay_ms: float) -> str:
-    return "." + f"{delay_ms:g}".replace(".", "_") + "ms" if delay_ms else ""
+def case_id(kind: str, size: int, delay_ms: float = 0.0) -> str:
+    """``heartbeat.lifecycle.10000``, ``heartbeat.floor.100000.1ms``: ``kind`` is
+    ``lifecycle`` or ``floor``."""
+    suffix = "." + f"{delay_ms:g}".replace(".", "_") + "ms" if delay_ms else ""
+    return f"heartbeat.{kind}.{size}{suffix}"
 
 
 def _where(delay_ms: float) -> str:
@@ -124,7 +127,7 @@ def _lifecycle(size: int, delay_ms: float = 0.0) -> Case:
 
             yield Bench(op)
 
-    return Case(f"heartbeat.lifecycle.{size}{_suffix(delay_ms)}",
+    return Case(case_id("lifecycle", size, delay_ms),
                 f"reconcile, {size:,} drones{_where(delay_ms)}", open_, needs="postgres")
 
 
@@ -179,7 +182,7 @@ def _floor(size: int, delay_ms: float = 0.0) -> Case:
             finally:
                 connection.close()
 
-    return Case(f"heartbeat.floor.{size}{_suffix(delay_ms)}",
+    return Case(case_id("floor", size, delay_ms),
                 f"raw psycopg, batched, {size:,} drones{_where(delay_ms)}", open_,
                 needs="postgres")
 

@@ -21,9 +21,9 @@ from ..store import Transaction
 from ..within import Within
 from .checks import KEY_MAX, key_document, looked_up
 from .observing import Checked
-from .outcomes import MOVED, Again, OnStale, Row, Stale, Tries, Unsure
+from .outcomes import MOVED, UNTRIED, Again, OnStale, Row, Stale, Tries, Unsure
 from .retry import Deciding
-from .rows import read_rows
+from .rows import read_rows, row_of
 from .single import SingleWrites
 
 T = TypeVar("T")
@@ -198,8 +198,8 @@ class BulkWrites(SingleWrites):
                 return results
             for machine in {a.machine for _, a in again if a.machine is not None}:
                 self.load(machine)
-            asked = [(tries[i], *a.probe) for i, a in again
-                     if a.probe is not None and tries[i].asking(a.probe[1])]
+            asked = [(tried, *a.probe) for i, a in again if a.probe is not None and (
+                tried := tries.setdefault(i, Tries())).asking(a.probe[1])]
             if asked:
                 asked_at = self.clock.now()
                 answers = yield ProbeBatch(tuple(ProbeCall(name, request)
@@ -223,12 +223,14 @@ class BulkWrites(SingleWrites):
             with self.store.write() as tx:
                 rows = read_rows(self.store, tx, [keys[i] for i in chunk])
                 for i in chunk:
-                    row = rows[keys[i]]
-                    if isinstance(row, LifecycleError):
-                        done[i] = row
+                    fetched = rows[keys[i]]
+                    if isinstance(fetched, LifecycleError):
+                        done[i] = fetched
                         continue
                     try:
-                        outcome = attempt(tx, row, i, tries.setdefault(i, Tries()))
+                        # a Tries of its own only once a probe was asked for it
+                        outcome = attempt(tx, row_of(self.store, fetched), i,
+                                          tries.get(i, UNTRIED))
                     except LifecycleError as exc:
                         failed = (i, exc)
                         tx.rollback()

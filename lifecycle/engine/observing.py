@@ -14,7 +14,7 @@ from ..errors import InvalidData, LifecycleError, UnknownResource
 from ..logs import logger
 from ..results import Observation
 from ..store import Transaction
-from ..store.transaction import JsonText
+from ..store.transaction import JsonText, json_text
 from .checks import NAME_MAX, in_range, key_document
 from .machines import MachineRegistry
 from .rows import locate
@@ -126,7 +126,10 @@ class Observing(MachineRegistry):
         documents: list[dict[str, Any]] = []
         for n, (target, document, observed_at, recorded_at) in enumerate(items):
             try:
-                status = store.json_param(document)
+                # plain text on both databases (SQLite's parameter; a part of PostgreSQL's
+                # one document): a batch's tuples of it are then left alone by the garbage
+                # collector, which keeps scanning a str subclass such as JsonText
+                status = json_text(document)
             except (TypeError, ValueError) as exc:
                 refused[n] = InvalidData(target[1], target[2], f"status is not JSON: {exc}")
                 continue

@@ -101,6 +101,11 @@ class Tries:
         return True
 
 
+UNTRIED = Tries()
+"""The tries of a resource no probe was asked for (read, never changed: a batch makes a
+:class:`Tries` of its own only for a resource it asks a probe for)."""
+
+
 @dataclass(slots=True)
 class Entry:
     """What crossing into a state asks for, in the transition's transaction."""
@@ -116,8 +121,10 @@ class Entry:
 
 
 def not_fired(row: Row, trigger: str, reason: str | None,
-              guards: Mapping[str, bool] | None = None, *, error: str | None = None,
+              guards: dict[str, bool] | None = None, *, error: str | None = None,
               probed: bool = False) -> FireResult:
-    return FireResult(fired=False, machine=row.machine, key=row.key, trigger=shown(trigger),
-                      source=row.state, dest=None, version=row.version, reason=reason,
-                      guards=dict(guards or {}), error=error, probed=probed)
+    """A refusal's result. ``guards`` becomes the result's own (a decision's verdicts, made
+    for it: not copied)."""
+    return FireResult(False, row.machine, row.key, shown(trigger), row.state, None,
+                      row.version, reason, {} if guards is None else guards, error, None,
+                      probed)

@@ -1,5 +1,6 @@
 """Reading resources inside a write: one by key (:func:`locate`), a batch's
-(:func:`read_rows`), each as the :class:`Row` the decision and the write use."""
+(:func:`read_rows`), each as the :class:`Row` the decision and the write use (a batch's
+made one at a time, :func:`row_of`, as its turn comes)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,11 @@ from .outcomes import Row
 
 def locate(store: Store, tx: Transaction, key: str) -> Row:
     """The resource ``key`` (``MACHINE:KEY`` or a plain key) read in ``tx``."""
+    return row_of(store, located(store, tx, key))
+
+
+def located(store: Store, tx: Transaction, key: str) -> Any:
+    """:func:`locate`'s row as the database gave it."""
     machine, plain = storable.split_key(key)
     if machine is not None:
         tx.execute(store.sql.resource_by_machine_key, {"machine": machine, "key": plain})
@@ -24,7 +30,7 @@ def locate(store: Store, tx: Transaction, key: str) -> Row:
         raise UnknownResource(plain, machine)
     if len(rows) > 1:
         raise AmbiguousKey(plain, [row[1] for row in rows])
-    return row_of(store, rows[0])
+    return rows[0]
 
 
 def row_of(store: Store, fetched: Any) -> Row:
@@ -39,9 +45,12 @@ def row_of(store: Store, fetched: Any) -> Row:
 
 def read_rows(store: Store, tx: Transaction, keys: list[str], *,
               whole: bool = True) -> dict[str, Any]:
-    """The resources of ``keys`` read in the transaction of ``tx`` (:class:`Row`s; with
-    ``whole=False`` only ``(id, machine, key)``), or why not (a ``LifecycleError``): one
-    statement per machine named (``MACHINE:KEY``), one per plain key."""
+    """The resources of ``keys`` read in the transaction of ``tx``, or why not (a
+    ``LifecycleError``): one statement per machine named (``MACHINE:KEY``), one per plain
+    key. Each row as the database gave it, for :func:`row_of` to make a :class:`Row` of
+    when its turn comes (a batch's rows are plain tuples until then, which the garbage
+    collector stops tracking: a thousand :class:`Row` s held through a batch were scanned
+    again and again); with ``whole=False`` only ``(id, machine, key)``."""
     found: dict[str, Any] = {}
     by_machine: dict[str, dict[str, str]] = {}
     for key in dict.fromkeys(keys):
@@ -50,8 +59,8 @@ def read_rows(store: Store, tx: Transaction, keys: list[str], *,
             by_machine.setdefault(machine, {})[plain] = key
             continue
         try:
-            row = locate(store, tx, key)
-            found[key] = row if whole else (row.id, row.machine, row.key)
+            fetched = located(store, tx, key)
+            found[key] = fetched if whole else tuple(fetched[:3])
         except LifecycleError as exc:
             found[key] = exc
     sql = store.sql
@@ -59,7 +68,8 @@ def read_rows(store: Store, tx: Transaction, keys: list[str], *,
     for machine, named in by_machine.items():
         tx.execute(statement, {"machine": machine, "keys": sql.keys_param(list(named))})
         for fetched in tx.fetchall():
-            found[named[fetched[2]]] = row_of(store, fetched) if whole else tuple(fetched[:3])
+            found[named[fetched[2]]] = fetched if whole else tuple(fetched[:3])
         for plain, key in named.items():
-            found.setdefault(key, UnknownResource(plain, machine))
+            if key not in found:
+                found[key] = UnknownResource(plain, machine)
     return found

@@ -548,12 +548,14 @@ def reconcile(engine: Any, site: Site, batch: BatchSystem, *, machine: str = "dr
         except SiteError as exc:
             report["site_error"] = str(exc)
             return report
+    # each batch's results are counted and let go before the next batch is made: a
+    # heartbeat's report is counts, and results held across batches are what the garbage
+    # collector scans again and again
     for done, unseen, keys, statuses in _batches(refs, site_status, pool_status, machine):
-        observed = engine.observe_many(statuses, asked_at, source="reconcile",
-                                       batch=HEARTBEAT_BATCH)
-        stepped = engine.step_many(keys, actor="reconcile", on_stale="return", probes=probes,
-                                   batch=HEARTBEAT_BATCH)
-        _tally(report, observed, stepped, unseen)
+        report["errors"] += unseen + _errors(engine.observe_many(
+            statuses, asked_at, source="reconcile", batch=HEARTBEAT_BATCH))
+        _tally(report, engine.step_many(keys, actor="reconcile", on_stale="return",
+                                        probes=probes, batch=HEARTBEAT_BATCH))
         if progress is not None:
             progress(done, len(refs))
     return report
@@ -582,11 +584,10 @@ async def reconcile_async(engine: Any, site: Any, batch: Any, *, machine: str = 
         report["site_error"] = str(exc)
         return report
     for done, unseen, keys, statuses in _batches(refs, site_status, pool_status, machine):
-        observed = await engine.observe_many(statuses, asked_at, source="reconcile",
-                                             batch=HEARTBEAT_BATCH)
-        stepped = await engine.step_many(keys, actor="reconcile", on_stale="return",
-                                         probes=probes, batch=HEARTBEAT_BATCH)
-        _tally(report, observed, stepped, unseen)
+        report["errors"] += unseen + _errors(await engine.observe_many(
+            statuses, asked_at, source="reconcile", batch=HEARTBEAT_BATCH))
+        _tally(report, await engine.step_many(keys, actor="reconcile", on_stale="return",
+                                              probes=probes, batch=HEARTBEAT_BATCH))
         if progress is not None:
             progress(done, len(drones))
     return report
@@ -606,12 +607,13 @@ def _batches(drones: Sequence[Drone], site_status: Mapping[str, str],
         yield start + len(chunk), len(chunk) - len(seen), [key for key, _ in seen], seen
 
 
-def _tally(report: dict[str, Any], observed: Sequence[Any], stepped: Sequence[Any],
-           unseen: int) -> None:
-    """Count a batch: ``unseen`` drones whose status could not be had, and what was
-    ``observed`` and ``stepped`` of the others."""
-    report["errors"] += unseen
-    report["errors"] += sum(isinstance(o, LifecycleError) for o in observed)
+def _errors(observed: Sequence[Any]) -> int:
+    """How many of a batch's drones could not be observed."""
+    return sum(isinstance(o, LifecycleError) for o in observed)
+
+
+def _tally(report: dict[str, Any], stepped: Sequence[Any]) -> None:
+    """Count what a batch's steps did."""
     for result in stepped:
         _count(report, result)
 

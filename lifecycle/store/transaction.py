@@ -36,7 +36,9 @@ _ENCODE = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
 """The one JSON encoder (``json.dumps`` with options of its own makes one per call)."""
 
 
-def _sqlite_json(value: Any) -> str:
+def json_text(value: Any) -> str:
+    """A JSON document's text, strict (no NaN or Infinity), as a plain ``str``: SQLite's
+    parameter; raises ValueError or TypeError for what JSON cannot hold."""
     return _ENCODE(value)
 
 
@@ -77,7 +79,7 @@ def _same(value: dt.datetime) -> dt.datetime:
     return value
 
 
-JSON_PARAM: dict[str, Callable[[Any], Any]] = {"sqlite": _sqlite_json,
+JSON_PARAM: dict[str, Callable[[Any], Any]] = {"sqlite": json_text,
                                                "postgresql": _postgres_json}
 """A JSON document as a statement's parameter, by dialect: strict JSON (no NaN or Infinity,
 which PostgreSQL refuses), raising ValueError or TypeError for what JSON cannot hold."""
@@ -463,4 +465,4 @@ def _moved(exc: Any) -> bool:
 
 
 __all__ = ["JSON_PARAM", "TIME_PARAM", "JsonText", "Moved", "Pending", "Pipelined", "Transaction",
-           "register_json_text"]
+           "json_text", "register_json_text"]
