@@ -16,15 +16,20 @@ from lifecycle.outbox_admin import outbox_counts
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from procs import machines
+from procs.crash_loop import crash_loop
 
 
 def main() -> None:
     kind, url = sys.argv[1], sys.argv[2]
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    if kind == "exit":
-        logs, seed, probability = Path(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
-        engine = machines.exit_engine(url, logs, machines.Crasher(seed, probability))
-        Worker(engine, lease=0.5, concurrency=2, seed=seed).run_until_idle()
+    if kind == "exit":  # exit URL LOGS PROBABILITY: runs that crash, one at a time, until idle
+        logs, probability = Path(sys.argv[3]), float(sys.argv[4])
+
+        def run(seed: int) -> None:
+            engine = machines.exit_engine(url, logs, machines.Crasher(seed, probability))
+            Worker(engine, lease=0.5, concurrency=2, seed=seed).run_until_idle()
+
+        crash_loop(url, run, parallel=1, timeout=240)
     elif kind == "ticker":  # ticker URL TABLE NAME [GATE WORKERS]
         table, name = sys.argv[3], sys.argv[4]
         engine = machines.ticker_engine(url, table, name)
