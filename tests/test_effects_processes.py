@@ -87,14 +87,11 @@ def test_four_workers_share_postgres_without_running_anything_twice(
             engine.fire(key, "tick")
     assert outbox_counts(engine) == {"pending": effects}
     started = time.monotonic()
-    # the workers start claiming together, when the last has started (not the first alone
-    # while the others still import)
-    workers = [subprocess.Popen([*RUN, "ticker", postgres_url, "effect_calls", f"w{i}",
-                                 str(tmp_path), "4"],
-                                stderr=subprocess.PIPE, text=True) for i in range(4)]
-    for worker in workers:
-        _, stderr = worker.communicate(timeout=300)
-        assert worker.returncode == 0, stderr
+    # four worker processes, forked at once from one that imported everything, start
+    # claiming together, when the last has started
+    workers = subprocess.run([*RUN, "tickers", postgres_url, "effect_calls", "4",
+                              str(tmp_path)], stderr=subprocess.PIPE, text=True, timeout=300)
+    assert workers.returncode == 0, workers.stderr
     elapsed = time.monotonic() - started
     with store.read() as db:
         calls = db.execute(text(
@@ -188,16 +185,15 @@ def test_effects_asked_for_while_workers_finish_their_predecessors(postgres_url:
     for key in keys:
         engine.create("ticker", key)
         engine.fire(key, "tick")
-    workers = [subprocess.Popen([*RUN, "ticker", postgres_url, "effect_calls", f"w{i}"],
-                                stderr=subprocess.PIPE, text=True) for i in range(2)]
+    workers = subprocess.Popen([*RUN, "tickers", postgres_url, "effect_calls", "2"],
+                               stderr=subprocess.PIPE, text=True)  # two, forked
     try:
         for _ in range(15):  # while they work: more effects on the same resources
             for key in keys:
                 engine.fire(key, "tick")
     finally:
-        for worker in workers:
-            _, stderr = worker.communicate(timeout=300)
-            assert worker.returncode == 0, stderr
+        _, stderr = workers.communicate(timeout=300)
+        assert workers.returncode == 0, stderr
     last = machines.ticker_engine(postgres_url, "effect_calls", "last")
     Worker(last).run_until_idle()  # what came after the workers found the outbox empty
     last.store.dispose()
