@@ -47,7 +47,8 @@ def crash_loop(url: str, child: Callable[[int], None], parallel: int, timeout: f
     summary: the runs, how many were killed with SIGKILL, the seconds. A child that ends any
     other way than by exit code 0 or SIGKILL ends the loop with an error."""
     started = time.monotonic()
-    children: dict[int, int] = {}
+    Store(url, check=False).dispose()  # compiles the store's statements (connecting to
+    children: dict[int, int] = {}      # nothing) once, for every run to inherit
     runs = crashes = 0
     quiet_until = 0.0
     draining = False
