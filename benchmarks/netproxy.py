@@ -5,7 +5,8 @@ and forwards every connection to the upstream server (127.0.0.1:5432), both ways
 each chunk on its way to the server for ``D`` ms (in order). It counts the client's round
 trips: a burst of client→server chunks that follows an answer from the server (or opens the
 connection) is one. Each line ``count`` on its standard input is answered with the total on
-its standard output; it exits when its standard input closes, so it never outlives the run.
+its standard output, and ``delay D`` sets the delay for what is sent from then on (answered
+``ok``); it exits when its standard input closes, so it never outlives the run.
 
 It runs as a process of its own, so that its CPU is not the client's, on an event loop whose
 selector sleeps with microsecond resolution (epoll's is a millisecond).
@@ -25,6 +26,7 @@ from typing import Any
 
 class Counts:
     round_trips = 0
+    delay = 0.0  # seconds
 
 
 class Proxy:
@@ -56,6 +58,15 @@ class Proxy:
         self.process.stdin.flush()
         return int(self.process.stdout.readline())
 
+    def set_delay(self, delay_ms: float) -> None:
+        """Hold what the clients send from now on for ``delay_ms`` ms (what is already held
+        keeps its time)."""
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(f"delay {delay_ms}\n".encode())
+        self.process.stdin.flush()
+        if self.process.stdout.readline().strip() != b"ok":
+            raise RuntimeError("the proxy did not take the new delay")
+
     def close(self) -> None:
         if self.process.stdin is not None:
             self.process.stdin.close()
@@ -69,7 +80,7 @@ class Proxy:
 
 
 async def _pipe(connection: tuple[asyncio.StreamReader, asyncio.StreamWriter],
-                upstream: tuple[str, int], delay: float, counts: Counts) -> None:
+                upstream: tuple[str, int], counts: Counts) -> None:
     reader, writer = connection
     up_reader, up_writer = await asyncio.open_connection(*upstream)
     loop = asyncio.get_running_loop()
@@ -93,7 +104,7 @@ async def _pipe(connection: tuple[asyncio.StreamReader, asyncio.StreamWriter],
             if not turn["client"]:
                 turn["client"] = True
                 counts.round_trips += 1
-            held.put_nowait((loop.time() + delay, data))
+            held.put_nowait((loop.time() + counts.delay, data))
         held.put_nowait((0.0, b""))
 
     async def to_client() -> None:
@@ -111,14 +122,21 @@ async def _pipe(connection: tuple[asyncio.StreamReader, asyncio.StreamWriter],
 
 async def _main(delay_ms: float, upstream: tuple[str, int]) -> None:
     counts = Counts()
+    counts.delay = delay_ms / 1000
     server = await asyncio.start_server(
-        lambda r, w: _pipe((r, w), upstream, delay_ms / 1000, counts), "127.0.0.1", 0)
+        lambda r, w: _pipe((r, w), upstream, counts), "127.0.0.1", 0)
     print(server.sockets[0].getsockname()[1], flush=True)
     loop = asyncio.get_running_loop()
     control = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(control), sys.stdin)
-    while (await control.readline()).strip() == b"count":
-        print(counts.round_trips, flush=True)
+    while command := (await control.readline()).split():
+        if command == [b"count"]:
+            print(counts.round_trips, flush=True)
+        elif command[0] == b"delay" and len(command) == 2:
+            counts.delay = float(command[1]) / 1000
+            print("ok", flush=True)
+        else:
+            break
     server.close()
     pipes = asyncio.all_tasks() - {asyncio.current_task()}
     for task in pipes:

@@ -614,10 +614,13 @@ class WorkerCore:
     def _beat(self) -> None:
         """Renew the leases of every claim this worker holds, every ``heartbeat`` seconds,
         until it holds none (a thread of its own: a handler may run far longer than a lease).
-        A failed renewal is tried again on the next beat."""
+        A failed renewal is tried again on the next beat. Woken to leave when the worker
+        held nothing for a moment, it stays if claims came back meanwhile, and renews them
+        when the beat is due, not at once (they were just confirmed by their claim)."""
         failing = False
+        due = time.monotonic() + self.heartbeat  # the wait is in real time, as Event.wait's
         while True:
-            self._heart.wait(self.heartbeat)
+            self._heart.wait(max(due - time.monotonic(), 0.0))
             with self._lock:
                 self._heart.clear()
                 ids = sorted(self._claims)
@@ -629,6 +632,9 @@ class WorkerCore:
                 with self._lock:
                     self._beating = False
                 return
+            if time.monotonic() < due:
+                continue
+            due = time.monotonic() + self.heartbeat
             until = self.engine.clock.now() + dt.timedelta(seconds=self.lease)
             asked = self.monotonic()
             try:

@@ -42,13 +42,15 @@ def postgres_url(templates: Templates) -> Iterator[str]:
 def counted(postgres_url: str) -> Iterator[Any]:
     """A proxy between a test's store and ``postgres_url`` that counts round trips (the
     benchmarks' ``benchmarks/netproxy.py``: a burst of messages after the server's answer is
-    one; ``tests/databases.round_trips`` counts an operation's). Each message waits 50 ms on
-    its way to the server, so that what the client sends without waiting is one burst
-    however slowly a busy machine sends it (else the server could answer a pipeline's first
-    statements before the client sent the next, and one round trip would count as two)."""
+    one; ``tests/databases.round_trips`` counts an operation's). While ``round_trips``
+    counts, each message waits 50 ms on its way to the server, so that what the client sends
+    without waiting is one burst however slowly a busy machine sends it (else the server
+    could answer a pipeline's first statements before the client sent the next, and one
+    round trip would count as two); the rest of the test (its setup, its warm-up) goes
+    through without the delay."""
     from benchmarks.netproxy import Proxy
 
-    proxy = Proxy(postgres_url, delay_ms=50)
+    proxy = Proxy(postgres_url, delay_ms=0)
     try:
         yield proxy
     finally:

@@ -464,7 +464,12 @@ def _closed_clients(server_port: int) -> set[int]:
 
 
 def round_trips(proxy: Any, op: Callable[[], Any]) -> int:
-    """The round trips ``op`` makes through ``proxy`` (the ``counted`` fixture's)."""
-    before = proxy.round_trips()
-    op()
-    return int(proxy.round_trips() - before)
+    """The round trips ``op`` makes through ``proxy`` (the ``counted`` fixture's), each
+    message held 50 ms on its way to the server while ``op`` runs (see ``counted``)."""
+    proxy.set_delay(50)
+    try:
+        before = proxy.round_trips()
+        op()
+        return int(proxy.round_trips() - before)
+    finally:
+        proxy.set_delay(0)

@@ -96,11 +96,12 @@ def test_machines_list_show_and_history_fit_80_columns(tmp_path: Path) -> None:
     lifecycle("observe", long_key, '{"resource_status": "Running", "machine_status": '
               '"NotAvailable"}', "--source", "status-cache", cwd=tmp_path)
     lifecycle("step", long_key, cwd=tmp_path)
-    for args in (("list",), ("show", long_key), ("history", long_key)):
-        text = lifecycle(*args, cwd=tmp_path)
+    shown = {args[0]: lifecycle(*args, cwd=tmp_path)
+             for args in (("list",), ("show", long_key), ("history", long_key))}
+    for text in shown.values():
         assert_fits(text, 80)
         assert long_key in text.replace("\n", "") or long_key in text
-    history = lifecycle("history", long_key, cwd=tmp_path)
+    history = shown["history"]
     # payloads and statuses are key=value lines, not JSON
     assert '{"' not in history
     for line in ("demand=0", "drain_requested=true", "resource_status=Running",
@@ -109,8 +110,7 @@ def test_machines_list_show_and_history_fit_80_columns(tmp_path: Path) -> None:
     assert "observed by status-cache (#1)" in history
     assert "booting -> integrate" in history
     assert "effect integrate: pending" in history
-    show = lifecycle("show", long_key, cwd=tmp_path)
-    assert re.search(r"^ data +demand=0$", show, re.MULTILINE)
+    assert re.search(r"^ data +demand=0$", shown["show"], re.MULTILINE)
 
 
 # -- the demo, run once for the tests that read it ----------------------------------------------
@@ -180,14 +180,25 @@ def test_the_demo_next_steps_run_as_printed_and_show_the_story(demo: Demo) -> No
     assert_fits(text.replace(shlex.quote(program), ".venv/bin/lifecycle")
                 .replace(activate, ".venv/bin/activate"), 80)
     outputs = {}
-    for command in commands:
-        argv = shlex.split(command)
-        assert Path(argv[0]).resolve() == PROGRAM.resolve(), command  # not on $PATH
-        done = subprocess.run(argv, cwd=folder, capture_output=True, text=True,
-                              timeout=600, env=user_env(80))
-        assert done.returncode == 0, f"{command}:\n{done.stdout}{done.stderr}"
-        outputs[" ".join(argv[1:3])] = "\n".join(
-            line.rstrip() for line in (done.stdout + done.stderr).splitlines())
+    # side by side: each reads the demo's database, or writes a file of its own
+    running = []
+    try:
+        for command in commands:
+            argv = shlex.split(command)
+            assert Path(argv[0]).resolve() == PROGRAM.resolve(), command  # not on $PATH
+            running.append((command, argv, subprocess.Popen(
+                argv, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                env=user_env(80))))
+        for command, argv, process in running:
+            stdout, stderr = process.communicate(timeout=600)
+            assert process.returncode == 0, f"{command}:\n{stdout}{stderr}"
+            outputs[" ".join(argv[1:3])] = "\n".join(
+                line.rstrip() for line in (stdout + stderr).splitlines())
+    finally:
+        for _, _, process in running:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
     killed = next(v for k, v in outputs.items() if k.startswith("history drone_tardis:"))
     assert_fits(killed, 80)
     # the removal, the status it rested on and its age, and what the site said it removed

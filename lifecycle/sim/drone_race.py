@@ -37,9 +37,9 @@ from ..clock import SimulatedClock
 from ..engine import Engine
 from ..machines import drone as drone_machine
 from ..store import Store
-from ..worker import Worker
 from .loop import EventLoop, Progress
-from .simulation import Option, Simulation
+from .simulation import Option, Simulation, new_database
+from .worker import InlineWorker
 
 START = "2026-01-01T00:00:00Z"
 
@@ -251,7 +251,7 @@ def run_variant(*, seed: int, race_guard: bool, options: dict[str, Any], store: 
     engine = Engine(store, [spec], guards=drone_machine.GUARDS,
                     effects=drone_machine.effects(world, world), probes={"site": probe},
                     clock=clock)
-    worker = Worker(engine, seed=seed)
+    worker = InlineWorker(engine, seed=seed)
     machine = spec.name
     duration = options["hours"] * 3600.0
     heartbeat = options["heartbeat"]
@@ -352,8 +352,7 @@ def simulate(*, seed: int = 1, progress: Progress | None = None, store: Store | 
                 if progress is not None:
                     progress(i * total + done, 2 * total)
 
-            target = store or Store(f"sqlite:///{Path(directory) / f'run{i}.db'}",
-                                    upgrade=True)
+            target = store or new_database(Path(directory) / f"run{i}.db")
             runs.append(run_variant(seed=seed, race_guard=race_guard, options=options,
                                     store=target, prefix=prefix, progress=step_progress))
             if own:

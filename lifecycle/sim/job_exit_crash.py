@@ -42,13 +42,13 @@ from ..adapters.job_queue import (
 from ..clock import SimulatedClock
 from ..effects import Effect, EffectCall, FollowUp
 from ..engine import Engine
-from ..freshness import run_to_end
 from ..machines import job_exit
 from ..outbox_admin import retry_failed
 from ..store import Store
-from ..worker_core import Pause, Start, Wait, WorkerCore, Working
+from ..worker_core import Working
 from .loop import EventLoop, Progress
-from .simulation import Option, Simulation
+from .simulation import Option, Simulation, new_database
+from .worker import InlineWorker
 
 START = "2026-01-01T00:00:00Z"
 STEPS = ("write_terminated_event", "write_output_ad", "update_job_queue",
@@ -157,31 +157,20 @@ class SimMailer:
         self.sent.append((str(message["Subject"]), str(message["Message-ID"])))
 
 
-class _DyingWorker:
+class _DyingWorker(InlineWorker):
     """A worker process that dies when a handler says so: its claims stay behind and its
-    heartbeat stops. It drives the worker's core on this thread, one handler at a time."""
+    heartbeat stops."""
 
     def __init__(self, engine: Engine, *, lease: float, seed: int) -> None:
-        self.core = WorkerCore(engine, lease=lease, seed=seed)
+        super().__init__(engine, lease=lease, seed=seed)
         self.dead = False
 
-    def run_until_idle(self) -> None:
-        working = self.core.working(until_idle=True)
-        for need in working:
-            if isinstance(need, Start):
-                call = need.call
-                outcome: tuple[str, Any]
-                try:
-                    outcome = ("ok", run_to_end(self.core.engine.handlers[call.name]
-                                                .handler(call)))
-                except _Death:
-                    self._die(working)
-                    return
-                except Exception as exc:  # the handler's failure is recorded
-                    outcome = ("error", exc)
-                self.core.handler_ended(call, *outcome)
-            elif isinstance(need, Wait | Pause):
-                time.sleep(need.seconds)
+    def carry_out(self, call: EffectCall, working: Working) -> bool:
+        try:
+            return super().carry_out(call, working)
+        except _Death:
+            self._die(working)
+            return False
 
     def _die(self, working: Working) -> None:
         """The process is gone: nothing more is recorded, given back or renewed."""
@@ -193,7 +182,7 @@ class _DyingWorker:
 
 def after(plan: Plan, loop: EventLoop, clock: SimulatedClock, directory: Path,
           progress: Progress | None) -> dict[str, Any]:
-    store = Store(f"sqlite:///{directory / 'job_exit.db'}", upgrade=True)
+    store = new_database(directory / "job_exit.db")
     queue = SimQueue(loop, plan.outage)
     mailer = SimMailer()
     machine = job_exit.make(queue=queue, mailer=mailer, clock=clock, timeout=None,

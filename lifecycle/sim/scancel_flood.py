@@ -69,9 +69,9 @@ from ..engine import Engine
 from ..machines import slurm_dispatch as machine
 from ..store import Store
 from ..store.statements import timers as timer_rows
-from ..worker import Worker
 from .loop import EventLoop, Progress
-from .simulation import Option, Simulation
+from .simulation import Option, Simulation, new_database
+from .worker import InlineWorker
 
 START = "2026-01-01T00:00:00Z"
 RUNNING_STEP = 1
@@ -345,7 +345,7 @@ def after(seed: int, options: dict[str, Any], store: Store, prefix: str,
     api = MemoryContainerAPI({key: RUNNING for key in keys})
     engine = Engine(store, [machine.SPEC], guards=machine.GUARDS,
                     effects=machine.effects(slurm, api), clock=clock)
-    worker = Worker(engine, seed=seed)
+    worker = InlineWorker(engine, seed=seed)
     logger = logging.getLogger(f"{__name__}.after")
     logger.propagate = False
     logger.setLevel(logging.INFO)
@@ -446,7 +446,7 @@ def simulate(*, seed: int = 1, progress: Progress | None = None, store: Store | 
     started = time.perf_counter()
     old, today = before(seed, options), master(seed, options)
     with tempfile.TemporaryDirectory(prefix="lifecycle-scancel-flood-") as directory:
-        target = store or Store(f"sqlite:///{Path(directory) / 'run.db'}", upgrade=True)
+        target = store or new_database(Path(directory) / "run.db")
         try:
             new = after(seed, options, target, prefix, progress)
         finally:

@@ -37,9 +37,9 @@ from ..engine import Engine
 from ..machines import startd as sd
 from ..machines.startd_claims import ClaimIds
 from ..store import Store
-from ..worker import Worker
 from .loop import EventLoop, Progress
-from .simulation import Option, Simulation
+from .simulation import Option, Simulation, new_database
+from .worker import InlineWorker
 
 START = "2026-01-01T00:00:00Z"
 ADDRESS = "192.168.1.10:9618"
@@ -114,7 +114,7 @@ class Run:
         self.queue = FetchQueue()
         self.engine = Engine(store, [sd.SPEC], guards=sd.GUARDS, clock=self.clock,
                              effects=sd.effects(self.queue, self.collector, Released(), ids))
-        self.worker = Worker(self.engine, seed=seed)
+        self.worker = InlineWorker(self.engine, seed=seed)
         slots = int(options["slots"])
         self.startd = sd.Startd(self.engine, address=ADDRESS, ids=ids, slots=slots)
         self.names = [f"{prefix}{cycle}-{'renewed' if not keep else 'kept'}-slot{i + 1}"
@@ -310,8 +310,7 @@ def simulate(*, seed: int = 1, progress: Progress | None = None, store: Store | 
                 if progress is not None:
                     progress(i * total + done, len(variants) * total)
 
-            target = store or Store(f"sqlite:///{Path(directory) / f'run{i}.db'}",
-                                    upgrade=True)
+            target = store or new_database(Path(directory) / f"run{i}.db")
             try:
                 runs[cycle]["after" if keep else "before"] = Run(
                     seed=seed, keep=keep, cycle=cycle, options=options, store=target,

@@ -32,7 +32,7 @@ from .schema import (
     state_counts,
     timers,
 )
-from .statements import Statements
+from .statements import Statements, statements_for
 from .transaction import JSON_PARAM, TIME_PARAM, Moved, Pending, Transaction
 
 __all__ = ["Moved", "Pending", "Statements", "Store", "Transaction", "journal", "machines",
@@ -63,7 +63,7 @@ class Store:
         # a store dropped without dispose() still gives its connections back
         self._closer = weakref.finalize(self, _close, self._held, self.engine)
         self.dialect: str = self.engine.dialect.name
-        self.sql = Statements(self.engine.dialect)
+        self.sql = statements_for(self.engine.dialect)
         self.json_param = JSON_PARAM[self.dialect]
         """A JSON document as a statement's parameter (:attr:`Transaction.json`)."""
         self.time_param = TIME_PARAM[self.dialect]
