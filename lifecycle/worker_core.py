@@ -12,12 +12,14 @@ loop. A driver hands each handler's outcome back with :meth:`WorkerCore.handler_
 
 Effects of one resource run strictly in order; effects of different resources run
 concurrently. A claim has a lease, which the core renews on a heartbeat thread of its own for
-as long as it holds the claim: a claim lives exactly as long as its worker. A handler is
+as long as it holds the claim (started with the first claim, or, ``lazy_heartbeat``, once a
+claim has been held for a heartbeat): a claim lives exactly as long as its worker. A handler is
 started only on a claim the worker can still vouch for: by its own monotonic clock, the
 lease has not run out since the last renewal the database confirmed (a worker paused past
 its lease starts nothing it may have lost). The claims of a worker that died are taken over
-when their lease runs out, or at once by a worker on the same host, which can see that the
-claimant's process is gone. A lost database connection costs nothing but time: finished
+when their lease runs out, or sooner by a worker on the same host, which can see that the
+claimant's process is gone (it looks at most every ``DEAD_LOOK`` seconds, first when it
+starts). A lost database connection costs nothing but time: finished
 outcomes are kept and recorded once the database is back, and the worker backs off and goes
 on. A failing effect is rescheduled with exponential backoff and jitter, never waited for
 with a sleep; after its last attempt it fires the ``on_failure`` trigger its transition
@@ -63,7 +65,6 @@ from .processes import host_prefix, is_gone, this_process
 from .results import FireResult
 from .store import Moved, Transaction
 from .store.statements import effects as effect_rows
-from .store.statements import timers as timer_rows
 from .within import Within
 
 log = logger(__name__)

@@ -12,7 +12,6 @@ from ...results import CANCELLED, FIRED, PENDING, REFUSED
 from ..schema import resources, timers
 from .compiling import Compiling, constant
 
-
 _DUE = (
     select(timers.c.id, timers.c.trigger, resources.c.machine, resources.c.key)
     .join(resources, resources.c.id == timers.c.resource_id)
