@@ -443,6 +443,7 @@ class WorkerCore:
             first, longest = OUTAGE_BACKOFF
             self._outage = min(longest, max(first, self._outage * 2))
             log.warning("worker %s: %s; trying again in %.1f s", self.name, exc, self._outage)
+            self._heartbeat_if_due(ahead=True)  # the claims held are renewed meanwhile
             yield Pause(self._outage)
             return None
         if self._outage:
@@ -586,17 +587,19 @@ class WorkerCore:
             self._beating = True
         self._start_heartbeat(self.heartbeat)
 
-    def _heartbeat_if_due(self) -> None:
+    def _heartbeat_if_due(self, *, ahead: bool = False) -> None:
         """With ``lazy_heartbeat``: start the heartbeat, renewing at once, when a claim has
         gone a heartbeat without a confirmation (a claim is started on only while its lease
-        has a heartbeat left, so this is in time for every one)."""
+        has a heartbeat left, so this is in time for every one); ``ahead``: start it now,
+        renewing when that comes (the core is about to pause, and would not see it)."""
         with self._lock:
             if not self._lazy or self._beating or not self._confirmed:
                 return
-            if self.monotonic() - min(self._confirmed.values()) < self.heartbeat:
+            left = min(self._confirmed.values()) + self.heartbeat - self.monotonic()
+            if left > 0 and not ahead:
                 return
             self._beating = True
-        self._start_heartbeat(0.0)
+        self._start_heartbeat(max(left, 0.0))
 
     def _start_heartbeat(self, first: float) -> None:
         """Start the heartbeat thread, its first renewal ``first`` seconds from now."""
