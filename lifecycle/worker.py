@@ -59,7 +59,8 @@ class Worker:
         self._woken = threading.Event()
         self.core = WorkerCore(engine, concurrency=concurrency, lease=lease, poll=poll,
                                name=name, seed=seed, batch=batch, heartbeat=heartbeat,
-                               wake=self._woken.set, timed=True, runs=True)
+                               wake=self._woken.set, timed=True, runs=True,
+                               lazy_heartbeat=True)
         core = self.core
         self.engine, self.store, self.name = engine, core.store, core.name
         self.concurrency, self.lease, self.heartbeat = concurrency, core.lease, core.heartbeat

@@ -12,12 +12,14 @@ loop. A driver hands each handler's outcome back with :meth:`WorkerCore.handler_
 
 Effects of one resource run strictly in order; effects of different resources run
 concurrently. A claim has a lease, which the core renews on a heartbeat thread of its own for
-as long as it holds the claim: a claim lives exactly as long as its worker. A handler is
+as long as it holds the claim (started with the first claim, or, ``lazy_heartbeat``, once a
+claim has been held for a heartbeat): a claim lives exactly as long as its worker. A handler is
 started only on a claim the worker can still vouch for: by its own monotonic clock, the
 lease has not run out since the last renewal the database confirmed (a worker paused past
 its lease starts nothing it may have lost). The claims of a worker that died are taken over
-when their lease runs out, or at once by a worker on the same host, which can see that the
-claimant's process is gone. A lost database connection costs nothing but time: finished
+when their lease runs out, or sooner by a worker on the same host, which can see that the
+claimant's process is gone (it looks at most every ``DEAD_LOOK`` seconds, first when it
+starts). A lost database connection costs nothing but time: finished
 outcomes are kept and recorded once the database is back, and the worker backs off and goes
 on. A failing effect is rescheduled with exponential backoff and jitter, never waited for
 with a sleep; after its last attempt it fires the ``on_failure`` trigger its transition
@@ -63,7 +65,6 @@ from .processes import host_prefix, is_gone, this_process
 from .results import FireResult
 from .store import Moved, Transaction
 from .store.statements import effects as effect_rows
-from .store.statements import timers as timer_rows
 from .within import Within
 
 log = logger(__name__)
@@ -71,7 +72,9 @@ log = logger(__name__)
 TIMER_LOOK = 0.5
 """Seconds between looks for due timers while effects keep the worker busy."""
 DEAD_LOOK = 1.0
-"""Seconds between looks, while idle, for claims of workers on this host that died."""
+"""Seconds between looks for claims of workers on this host that died (a worker's first
+look is on its first idle round): a look reads every claimant of the outbox, and making it
+on every ``run_until_idle`` cost more than the call's claims."""
 DEFAULT_LEASE = 30.0
 """Seconds a claim holds without a heartbeat: how long the claims of a worker that died on
 another host wait before another worker takes them over."""
@@ -205,13 +208,18 @@ class WorkerCore:
     False). With ``runs`` the driver takes :class:`Run` (several handlers for one slot, each
     started only once :meth:`starting` allows it) instead of one :class:`Start` per handler:
     the free slots share the effects waiting, and a handler that runs out of time gives the
-    rest of its run back to the queue."""
+    rest of its run back to the queue. With ``lazy_heartbeat`` the heartbeat thread starts
+    only once a claim has been held for a heartbeat, not with every claim: for a driver that
+    comes back to the core (answers a :class:`Wait`, or asks for the next need) at least that
+    often while it holds claims, as :class:`~lifecycle.worker.Worker` does (its handlers run
+    on threads of their own, and a :class:`Wait` ends when the heartbeat is due); a call that
+    finishes its claims sooner starts no thread."""
 
     def __init__(self, engine: Engine, *, concurrency: int = 1, lease: float = DEFAULT_LEASE,
                  poll: float = 0.5, name: str | None = None, seed: int | None = None,
                  batch: int | None = None, heartbeat: float | None = None,
                  wake: Callable[[], None] = _nothing, abandoned: Callable[[], bool] = _never,
-                 timed: bool = True, runs: bool = False) -> None:
+                 timed: bool = True, runs: bool = False, lazy_heartbeat: bool = False) -> None:
         heartbeat = _checked(concurrency, lease, heartbeat, poll)
         self.engine = engine
         self.store = engine.store
@@ -230,6 +238,7 @@ class WorkerCore:
         """The worker's own clock for leases and waits: the engine clock's monotonic source
         if it has one, else the process's (never the wall clock, which may jump)."""
         self._wake, self._abandoned, self._timed, self._runs = wake, abandoned, timed, runs
+        self._lazy = lazy_heartbeat
         self._stop = threading.Event()
         self._fast = threading.Event()
         self._slots_kept()
@@ -259,7 +268,11 @@ class WorkerCore:
         """Finished outcomes not recorded yet (the database failed): kept until it is back."""
         self._finished_at = 0.0
         """When (monotonic) the oldest outcome in ``_unrecorded`` finished."""
-        self._dead_seen = 0.0
+        self._dead_seen = -math.inf
+        self._settled = False
+        """Whether the last round found nothing more to do: its claim found nothing (after
+        recording what had finished, in the same transaction), nor its look for timers, nor
+        its look for the dead, and it gave nothing back."""
         self._outage = 0.0
 
     def _slots_kept(self) -> None:
@@ -369,9 +382,9 @@ class WorkerCore:
             if busy is None:  # the database failed: backed off, try again
                 continue
             if until_idle and not (self._running or self._queue or self._unrecorded):
-                # nothing held: before calling it idle, every timer due now, and the
-                # claims of workers on this host that died
-                if not busy and not (yield from self._guarded(self._idle_chores)):
+                # nothing held: idle once a round found nothing (its timers due now fired
+                # and its claim, after them, found nothing); else a round more
+                if self._settled:
                     break
             elif not busy:
                 yield from self._waiting(self.poll)
@@ -410,15 +423,16 @@ class WorkerCore:
         yield Wait(self._waking(limit))
 
     def _waking(self, limit: float) -> float:
+        self._heartbeat_if_due()
         deadlines = [d for _, d in self._running.values()]
+        with self._lock:
+            if self._lazy and not self._beating and self._confirmed:
+                deadlines.append(min(self._confirmed.values()) + self.heartbeat)
         if self._unrecorded:
             deadlines.append(self._finished_at + RECORD_WITHIN)
         if deadlines:
             limit = min(limit, max(min(deadlines) - self.monotonic(), 0.0) + 0.001)
         return limit
-
-    def _idle_chores(self) -> int:
-        return self._fire_due_timers() + self._take_over_the_dead()
 
     def _guarded(self, work: Callable[[], Any]) -> Generator[Need, None, Any]:
         """``work()``, or None when the database failed: then the worker pauses (backing
@@ -429,6 +443,7 @@ class WorkerCore:
             first, longest = OUTAGE_BACKOFF
             self._outage = min(longest, max(first, self._outage * 2))
             log.warning("worker %s: %s; trying again in %.1f s", self.name, exc, self._outage)
+            self._heartbeat_if_due(ahead=True)  # the claims held are renewed meanwhile
             yield Pause(self._outage)
             return None
         if self._outage:
@@ -456,9 +471,10 @@ class WorkerCore:
         seconds, and looking on every round cost as much as running an effect); pick what
         the concurrency allows to start (``_starting``), each only on a claim still held.
         Whether anything happened."""
+        self._heartbeat_if_due()
         busy = self._collect() > 0
         self._forget_lost()
-        found_none = False
+        found_none = self._settled = False
         free = self.concurrency - len(self._slot_left)
         if len(self._queue) < free and not self._stop.is_set():
             recorded, claimed = self.record(
@@ -469,10 +485,12 @@ class WorkerCore:
                 len(self._unrecorded) >= self.holding() or not (self._running or self._queue)
                 or self.monotonic() - self._finished_at >= RECORD_WITHIN):
             busy = self.record()[0] > 0 or busy
+        fired = taken = 0
         if found_none or self.monotonic() - self._timers_seen >= TIMER_LOOK:
-            busy = self._fire_due_timers() > 0 or busy
+            fired = self._fire_due_timers()
         if found_none and self.monotonic() - self._dead_seen >= DEAD_LOOK:
-            busy = self._take_over_the_dead() > 0 or busy
+            taken = self._take_over_the_dead()
+        busy = busy or fired > 0 or taken > 0
         lapsed: list[EffectCall] = []
         while self._queue and len(self._slot_left) < self.concurrency and not self._stop.is_set():
             # with runs, the slots free share what waits; else one each
@@ -486,6 +504,8 @@ class WorkerCore:
             busy = True
         if lapsed:
             self._drop_lapsed(lapsed)
+        # what a timer fired, a dead worker left or a lapse gave back is claimed next round
+        self._settled = found_none and not (fired or taken or lapsed)
         return busy
 
     def _forget_lost(self) -> None:
@@ -562,12 +582,31 @@ class WorkerCore:
             self._claims |= ids
             self._lost -= ids
             self._confirmed.update(dict.fromkeys(ids, asked))
-            if self._beating:
+            if self._beating or self._lazy:
                 return
             self._beating = True
+        self._start_heartbeat(self.heartbeat)
+
+    def _heartbeat_if_due(self, *, ahead: bool = False) -> None:
+        """With ``lazy_heartbeat``: start the heartbeat, renewing at once, when a claim has
+        gone a heartbeat without a confirmation (a claim is started on only while its lease
+        has a heartbeat left, so this is in time for every one); ``ahead``: start it now,
+        renewing when that comes (the core is about to pause, and would not see it)."""
+        with self._lock:
+            if not self._lazy or self._beating or not self._confirmed:
+                return
+            left = min(self._confirmed.values()) + self.heartbeat - self.monotonic()
+            if left > 0 and not ahead:
+                return
+            self._beating = True
+        self._start_heartbeat(max(left, 0.0))
+
+    def _start_heartbeat(self, first: float) -> None:
+        """Start the heartbeat thread, its first renewal ``first`` seconds from now."""
         self._heart.clear()
         self._heartbeat_thread = threading.Thread(
-            target=self._beat, name=f"lifecycle-heartbeat-{self.name}", daemon=True)
+            target=self._beat, args=(first,), name=f"lifecycle-heartbeat-{self.name}",
+            daemon=True)
         self._heartbeat_thread.start()
 
     def let_go(self, ids: list[int]) -> None:
@@ -611,14 +650,14 @@ class WorkerCore:
             self._heart.set()
             thread.join()
 
-    def _beat(self) -> None:
+    def _beat(self, first: float) -> None:
         """Renew the leases of every claim this worker holds, every ``heartbeat`` seconds,
         until it holds none (a thread of its own: a handler may run far longer than a lease).
         A failed renewal is tried again on the next beat. Woken to leave when the worker
         held nothing for a moment, it stays if claims came back meanwhile, and renews them
         when the beat is due, not at once (they were just confirmed by their claim)."""
         failing = False
-        due = time.monotonic() + self.heartbeat  # the wait is in real time, as Event.wait's
+        due = time.monotonic() + first  # the wait is in real time, as Event.wait's
         while True:
             self._heart.wait(max(due - time.monotonic(), 0.0))
             with self._lock:
@@ -1137,8 +1176,10 @@ class WorkerCore:
     def _fire_due_timers(self) -> int:
         self._timers_seen = self.monotonic()
         now = self.engine.clock.now()
-        with self.store.read() as db:
-            due = timer_rows.due(db, now, self.batch)
+        store = self.store
+        with store.reading() as tx:
+            tx.execute(store.sql.due_timers, {"now": store.time_param(now), "limit": self.batch})
+            due = tx.fetchall()
         fired = 0
         for timer_id, trigger, machine, key in due:
             if self._stop.is_set():

@@ -16,10 +16,13 @@ class InlineWorker:
     asks. A simulation's handlers act on its simulated world and return at once: the
     :class:`~lifecycle.Worker`'s handler threads would only add two hand-offs between
     threads to every effect (most of a run's time on a busy machine) and nothing a run
-    measures. The core is :attr:`core`, the same as the thread worker's."""
+    measures. The core is :attr:`core`, the same as the thread worker's; its heartbeat
+    starts, as the thread worker's, only once a claim has been held for a heartbeat (10 s of
+    the default lease), which the core sees between two handlers: a handler that itself runs
+    longer than that is not renewed while it runs."""
 
     def __init__(self, engine: Engine, *, seed: int, lease: float = DEFAULT_LEASE) -> None:
-        self.core = WorkerCore(engine, lease=lease, seed=seed)
+        self.core = WorkerCore(engine, lease=lease, seed=seed, lazy_heartbeat=True)
 
     def run_until_idle(self) -> None:
         """Every effect and timer due now, and those their completion makes due."""
