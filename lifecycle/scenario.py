@@ -49,7 +49,6 @@ from .outbox_admin import retry_failed
 from .spec import MachineSpec, load_spec, suggest
 from .store import Store
 from .store.statements import effects as effect_rows
-from .store.statements import timers as timer_rows
 from .user_documents import DocumentError, compose_yaml, load_yaml, read_text
 from .worker import Worker
 from .worker_core import WorkerCore
@@ -490,10 +489,9 @@ def fire_timers(engine: Engine, key: str) -> int:
     """``key``'s due timers fire, soonest first, as the worker fires them; nothing else
     runs. How many fired."""
     resource = engine.get(key)
-    with engine.store.read() as db:
-        due = [(timer_id, trigger) for timer_id, trigger, machine, k
-               in timer_rows.due(db, engine.clock.now(), _ALL)
-               if (machine, k) == (resource.machine, resource.key)]
+    due = [(timer_id, trigger) for timer_id, trigger, machine, k
+           in engine.store.due_timers(engine.clock.now(), _ALL)
+           if (machine, k) == (resource.machine, resource.key)]
     if not due:
         raise ValueError(f"fire_timers: {key} has no timer due")
     return sum(engine.fire_timer(timer_id, f"{resource.machine}:{resource.key}", trigger)

@@ -1176,10 +1176,7 @@ class WorkerCore:
     def _fire_due_timers(self) -> int:
         self._timers_seen = self.monotonic()
         now = self.engine.clock.now()
-        store = self.store
-        with store.reading() as tx:
-            tx.execute(store.sql.due_timers, {"now": store.time_param(now), "limit": self.batch})
-            due = tx.fetchall()
+        due = self.store.due_timers(now, self.batch)
         fired = 0
         for timer_id, trigger, machine, key in due:
             if self._stop.is_set():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import os
 import sqlite3
@@ -187,6 +188,13 @@ class Store:
         snapshot, without a pool checkout, a BEGIN or a rollback."""
         with self._lost_database(), self._held.reading() as cursor:
             yield Transaction(cursor, self.dialect, self.sql)
+
+    def due_timers(self, now: dt.datetime, limit: int) -> list[Any]:
+        """(timer id, trigger, machine, key) of the pending timers due by ``now``, soonest
+        first, at most ``limit``: one statement on this thread's own connection."""
+        with self.reading() as tx:
+            tx.execute(self.sql.due_timers, {"now": tx.time(now), "limit": limit})
+            return tx.fetchall()
 
     @contextmanager
     def _lost_database(self) -> Iterator[None]:

@@ -3,7 +3,6 @@ leaving it, fired (or refused) when due."""
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any
 
 from sqlalchemy import Connection, bindparam, func, insert, literal_column, select, update
@@ -39,17 +38,12 @@ class TimerStatements(Compiling):
         self.refuse_timer = sql(update(timers).where(t.id == bindparam("id_")).values(
             status=constant(REFUSED), outcome=bindparam("outcome")))
         self.due_timers = sql(_DUE)
-        """A worker's look for due timers (``now``, ``limit``), as :func:`due`: it looks on
-        every ``run_until_idle``, and a compiled statement read on its thread's own
+        """The look for due timers (``now``, ``limit``) of ``Store.due_timers``: a worker
+        looks on every ``run_until_idle``, and a compiled statement read on its thread's own
         connection costs a fraction of a read transaction's checkout, BEGIN and rollback."""
 
 
 # -- beside the hot path ----------------------------------------------------------------------
-
-def due(db: Connection, now: dt.datetime, limit: int) -> list[Any]:
-    """(timer id, trigger, machine, key) of pending timers due by ``now``, soonest first."""
-    return list(db.execute(_DUE, {"now": now, "limit": limit}).all())
-
 
 def soonest_due(db: Connection) -> Any:
     """When the soonest pending timer is due (as the database stores it), or None."""
@@ -57,4 +51,4 @@ def soonest_due(db: Connection) -> Any:
         timers.c.status == PENDING)).scalar()
 
 
-__all__ = ["TimerStatements", "due", "soonest_due"]
+__all__ = ["TimerStatements", "soonest_due"]
