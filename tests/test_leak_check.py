@@ -1,0 +1,37 @@
+"""The suite's own check that a test leaves no process running (conftest.py) sees a child
+the test started, whichever way it reads the process table, and not one that has exited."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import conftest
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.parametrize("listing", ["children", "scan"])
+def test_a_running_child_is_seen_and_an_exited_one_is_not(
+        listing: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if listing == "scan":  # as on a kernel without /proc/PID/task/TID/children
+        real_open = open
+
+        def no_children_file(path: object, *args: object, **kwargs: object) -> object:
+            if str(path).endswith("/children"):
+                raise FileNotFoundError(path)
+            return real_open(path, *args, **kwargs)  # type: ignore[call-overload]
+
+        monkeypatch.setattr("builtins.open", no_children_file)
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                             stdin=subprocess.PIPE)
+    try:
+        seen = conftest._children()
+        assert child.pid in seen, seen
+        assert "sys.stdin.read()" in seen[child.pid]
+        assert os.getpid() not in seen
+    finally:
+        child.communicate(b"")
+    assert child.pid not in conftest._children()
