@@ -226,6 +226,16 @@ class MachineSpec(_Strict):
                 value.setdefault("data_schema", model.model_json_schema())
         return value
 
+    def model_copy(self, *, update: Mapping[str, Any] | None = None,
+                   deep: bool = False) -> MachineSpec:
+        """A copy, changed by ``update``, that works out its derived views (its graph, its
+        version, its problems) anew: pydantic's copy would carry the original's."""
+        copied = super().model_copy(update=update, deep=deep)
+        for name, value in vars(MachineSpec).items():
+            if isinstance(value, cached_property):
+                copied.__dict__.pop(name, None)
+        return copied
+
     # -- derived views -------------------------------------------------------------------
 
     @cached_property
@@ -261,19 +271,26 @@ class MachineSpec(_Strict):
 
     def uses(self, kind: str) -> dict[str, list[str]]:
         """Where the spec names each guard, effect or probe (``kind``): name -> locations."""
-        where: dict[str, list[str]] = {}
+        return {name: list(where) for name, where in self.named[kind].items()}
+
+    @cached_property
+    def named(self) -> dict[str, dict[str, tuple[str, ...]]]:
+        """Where the spec names each guard, effect and probe: kind -> name -> locations,
+        worked out once per spec (every engine that registers it asks)."""
+        where: dict[str, dict[str, list[str]]] = {"guard": {}, "effect": {}, "probe": {}}
         for located in _Located.of(self):
             edge = located.edge
             names = {"guard": (*edge.guards, *edge.unless),
                      "effect": tuple(effect.name for effect in edge.effects),
                      "probe": (edge.fresh.probe,) if edge.fresh and edge.fresh.probe else ()}
-            for name in dict.fromkeys(names[kind]):
-                where.setdefault(name, []).append(located.location)
-        if kind == "effect":
-            for state, effects in self.graph.entry_effects.items():
-                for name in dict.fromkeys(effect.name for effect in effects):
-                    where.setdefault(name, []).append(self.graph.effect_locations[state])
-        return where
+            for kind, named in names.items():
+                for name in dict.fromkeys(named):
+                    where[kind].setdefault(name, []).append(located.location)
+        for state, effects in self.graph.entry_effects.items():
+            for name in dict.fromkeys(effect.name for effect in effects):
+                where["effect"].setdefault(name, []).append(self.graph.effect_locations[state])
+        return {kind: {name: tuple(locations) for name, locations in named.items()}
+                for kind, named in where.items()}
 
     def unregistered(self, **registered: Mapping[str, Any]) -> list[Problem]:
         """The guards, effects and probes the spec names that are not among those
@@ -282,7 +299,7 @@ class MachineSpec(_Strict):
         problems = []
         for plural, known in registered.items():
             kind = plural.removesuffix("s")
-            for name, where in sorted(self.uses(kind).items()):
+            for name, where in sorted(self.named[kind].items()):
                 if name not in known:
                     problems.append(Problem(
                         ", ".join(where), f"{kind} {name!r} is not registered with this engine",
@@ -295,7 +312,13 @@ class MachineSpec(_Strict):
 
     def problems(self) -> list[Problem]:
         """Every problem of this spec, in order of location."""
-        return _check(self)
+        return list(self.checked)
+
+    @cached_property
+    def checked(self) -> tuple[Problem, ...]:
+        """:meth:`problems`, found once per spec (a spec is immutable, and every engine
+        that registers it validates it)."""
+        return tuple(_check(self))
 
     def validated(self) -> MachineSpec:
         problems = self.problems()

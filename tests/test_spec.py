@@ -201,3 +201,28 @@ def test_a_machine_of_twenty_thousand_states_validates() -> None:
     with pytest.raises(SpecError, match=r"transitions\[19999\]: trigger 'next' from s7 is "
                                         r"already taken by transitions\[7\]"):
         load_spec(clash)
+
+
+def test_a_changed_copy_works_out_its_version_and_problems_anew() -> None:
+    """A spec's derived views are worked out once (every engine that registers it asks), so
+    a copy with a change must not carry the original's."""
+    original = load_spec(machine())
+    assert original.problems() == [] and original.uses("effect") == {} and original.version
+    renamed = original.model_copy(update={"name": "other"})
+    assert renamed.version != original.version
+    assert renamed.version == load_spec(machine(name="other")).version
+    broken = original.model_copy(update={"initial": "nowhere"})
+    assert [p.location for p in broken.problems()] == ["initial"]
+    assert original.problems() == []
+
+
+def test_problems_and_uses_are_the_callers_to_change() -> None:
+    spec = load_spec(machine(transitions=[
+        {"trigger": "claim", "source": "unclaimed", "dest": "claimed", "guards": ["ok"],
+         "effects": ["tell"]},
+        *machine()["transitions"][1:]]))
+    spec.problems().append("mine")  # type: ignore[arg-type]
+    spec.uses("effect")["tell"].append("mine")
+    assert spec.problems() == []
+    assert spec.uses("effect") == {"tell": ["transitions[0]"]}
+    assert spec.uses("guard") == {"ok": ["transitions[0]"]}
