@@ -42,7 +42,7 @@ def create(machine: str, key: str, data: str | None, state: str | None, actor: s
            db_url: str | None, as_json: bool) -> None:
     """Create resource KEY of MACHINE (a built-in name or a spec file)."""
     document = json_arg(data, "--data")
-    engine = make_engine(db_url)
+    engine = make_engine(db_url, as_met=True)
     spec = resolve(machine, lambda: engine)
     resource = engine.create(spec.name, key, document, state=state, actor=actor)
     if as_json:
@@ -64,7 +64,8 @@ def fire(key: str, trigger: str, payload: str | None, actor: str | None, db_url:
     """Fire TRIGGER on resource KEY (MACHINE:KEY when the key is in several machines).
     Exits 3 when the transition was refused."""
     document = json_arg(payload, "--payload")
-    result = make_engine(db_url).fire(key, trigger, document, actor=actor, on_stale="return")
+    result = make_engine(db_url, as_met=True).fire(key, trigger, document, actor=actor,
+                                                   on_stale="return")
     print_result(result, as_json)
 
 
@@ -90,7 +91,7 @@ def observe(key: str, status: str, observed_at: str | None, source: str, db_url:
                                      param_hint="--at") from None
         if when.tzinfo is None:
             when = when.replace(tzinfo=dt.UTC)
-    observation = make_engine(db_url).observe(key, document, when, source=source)
+    observation = make_engine(db_url, as_met=True).observe(key, document, when, source=source)
     if as_json:
         print(json.dumps(observation.to_json(), indent=2))
     else:
@@ -105,7 +106,8 @@ def observe(key: str, status: str, observed_at: str | None, source: str, db_url:
 @json_option
 def step(key: str, actor: str | None, db_url: str | None, as_json: bool) -> None:
     """Take the first eventless transition of KEY whose guards hold. Exits 3 when none did."""
-    print_result(make_engine(db_url).step(key, actor=actor, on_stale="return"), as_json)
+    print_result(make_engine(db_url, as_met=True).step(key, actor=actor, on_stale="return"),
+                 as_json)
 
 
 @click.command()
@@ -118,7 +120,7 @@ def update(key: str, data: str, actor: str | None, db_url: str | None, as_json: 
     """Merge DATA (a JSON object) into resource KEY's data: a new version and a journal row,
     no change of state."""
     document = json_arg(data, "DATA")
-    resource = make_engine(db_url).update(key, document, actor=actor)
+    resource = make_engine(db_url, as_met=True).update(key, document, actor=actor)
     if as_json:
         print(json.dumps(resource.to_json(), indent=2))
     else:
@@ -164,7 +166,7 @@ def list_(machine: str | None, state: str | None, limit: int, after: str | None,
           db_url: str | None, as_json: bool) -> None:
     """List resources, of one MACHINE or of all, in (machine, key) order, a page at a time.
     The last line says how to ask for the next page."""
-    engine = make_engine(db_url)
+    engine = make_engine(db_url, as_met=True)
     if every:
         items, more = list(engine.iter_resources(machine, state, after=after)), False
     else:
@@ -208,7 +210,7 @@ def history(key: str, db_url: str | None, as_json: bool) -> None:
     """Show the journal of resource KEY, oldest first, with the observations of it in the
     order they were recorded and the outcome of each effect under the row that asked for
     it."""
-    engine = make_engine(db_url)
+    engine = make_engine(db_url, as_met=True)
     entries = engine.history(key)
     if as_json:
         print(json.dumps([e.to_json() for e in entries], indent=2))
@@ -238,7 +240,7 @@ def history(key: str, db_url: str | None, as_json: bool) -> None:
 @json_option
 def verify(db_url: str | None, as_json: bool) -> None:
     """Replay every resource's journal; exit 1 if any does not end where its resource is."""
-    engine = make_engine(db_url)
+    engine = make_engine(db_url, as_met=True)
     mismatches = engine.verify()
     total = sum(sum(c.values()) for c in engine.counts().values())
     if as_json:
