@@ -31,7 +31,7 @@ import click
 
 from .. import redact
 from ..errors import LifecycleError, SpecError
-from .plain import TAG, is_tag, silence
+from .plain import TAG, is_tag, lost_output, parse, silence, unstyled
 
 if TYPE_CHECKING:
     from .console import SafeConsole
@@ -207,6 +207,27 @@ def report(message: str) -> None:
     from .console import err
 
     err.print(Text.assemble(("error:", "bold red"), " ", redact.text(message)))
+
+
+def say(line: str, *, stderr: bool = False) -> None:
+    """``out.print(line)`` (``err`` with ``stderr``), written without rich where rich would
+    print it unstyled (:func:`.plain.unstyled`: a pipe, a file) and as it is (no tab to
+    expand, nothing that is not printable text): a command that prints a line or two then
+    imports no rich."""
+    stream = sys.stderr if stderr else sys.stdout
+    shown = redact.text(line)
+    plain = parse(shown)[0] if "[" in shown else shown
+    if f"{__package__}.console" in sys.modules or not plain.replace("\n", "").isprintable() or \
+            not unstyled(stream):
+        from . import console
+
+        (console.err if stderr else console.out).print(line)
+        return
+    try:
+        stream.write(plain + "\n")
+        stream.flush()
+    except (OSError, UnicodeError, ValueError) as exc:
+        lost_output(exc)
 
 
 def escape(text: str) -> str:
