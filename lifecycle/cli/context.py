@@ -100,11 +100,10 @@ class Wiring:
                 probes.update(wired_probes)
         if self.engine is not None:  # (the compiled machines hold the engine's guards)
             engine = self.engine
-            for given, new, into, made in ((self.guards, guards, engine.guards, _same),
-                                           (self.effects, effects, engine.handlers, as_effect),
-                                           (self.probes, probes, engine.probes, _same)):
-                into.update((name, made(value)) for name, value in new.items()
-                            if given.get(name, None) is not value)
+            engine.guards.update(_changed(self.guards, guards))
+            engine.handlers.update((name, as_effect(handler))
+                                   for name, handler in _changed(self.effects, effects))
+            engine.probes.update(_changed(self.probes, probes))
         self.guards, self.effects, self.probes = guards, effects, probes
 
     def meet(self, machine: str) -> Builtin | None:
@@ -123,8 +122,9 @@ class Wiring:
         return self.chosen.get(machine)
 
 
-def _same(value: Any) -> Any:
-    return value
+def _changed(given: Mapping[str, Any], now: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """The entries of ``now`` that ``given`` does not hold as they are."""
+    return [(name, value) for name, value in now.items() if given.get(name) is not value]
 
 
 class CommandSpecs:
