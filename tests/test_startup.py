@@ -244,3 +244,26 @@ def test_postgresql_gets_its_partial_indexes(postgres_url: str) -> None:
         "store.dispose()")], capture_output=True, text=True, timeout=300, check=True)
     assert done.stdout.strip() == str(sorted([
         "fence IS NOT NULL", "kind = 'refusal'", "head = 1 AND status IN ('pending', 'running')"]))
+
+
+def test_machines_lists_the_built_in_ones_from_the_index(sqlite_url: str, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """`lifecycle machines` reads each built-in machine's spec version and summary from the
+    machines' index: it imports none of them (and says what loading them all says)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    code, _ = _loaded("db", "upgrade", "--db", sqlite_url)
+    assert code in (0, None)
+
+    def listed(cache: str) -> list[dict[str, object]]:
+        done = subprocess.run([sys.executable, "-m", "lifecycle", "machines", "--json", "--db",
+                               sqlite_url], capture_output=True, text=True, timeout=300,
+                              check=True, env={**os.environ, "XDG_CACHE_HOME": cache})
+        return list(json.loads(done.stdout))
+
+    assert listed(str(tmp_path / "no-index-yet")) == listed(str(tmp_path / "cache"))
+    code, modules = _loaded("machines", "--db", sqlite_url)
+    assert code in (0, None)
+    assert {m for m in modules if m.startswith("lifecycle.machines.")} == {
+        "lifecycle.machines.builtin", "lifecycle.machines.index"}
+    assert not {m for m in modules if m.startswith("lifecycle.adapters")}
