@@ -71,7 +71,7 @@ except SystemExit as exit:
 print("\\n" + __import__("json").dumps({"code": code, "modules": sorted(
     name for name in sys.modules if name.split(".")[0] in (
         "alembic", "sqlalchemy", "lifecycle", "rich", "pydantic", "transitions", "yaml",
-        "psycopg", "logging", "importlib", "classad2"))}))
+        "psycopg", "logging", "importlib", "classad2", "smtplib"))}))
 """
 LIBRARIES = ("alembic", "sqlalchemy", "pydantic", "transitions", "yaml", "psycopg",
              "logging")
@@ -269,11 +269,11 @@ def test_machines_lists_the_built_in_ones_from_the_index(sqlite_url: str, tmp_pa
     assert not {m for m in modules if m.startswith("lifecycle.adapters")}
 
 
-def test_classads_are_read_when_an_ad_is(sqlite_url: str,
+def test_classads_and_mail_are_loaded_when_used(sqlite_url: str,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """HTCondor's ClassAd library is imported when an ad is printed or parsed, or a policy
-    evaluated: the worker, which loads every machine, imports none for other work (nor
-    rich, for the lines it prints on a pipe)."""
+    evaluated, and smtplib when a mail is sent: the worker, which loads every machine,
+    imports neither for other work (nor rich, for the lines it prints on a pipe)."""
     for name in _UNFORCED:
         monkeypatch.delenv(name, raising=False)
     code, _ = _loaded("db", "upgrade", "--db", sqlite_url)
@@ -281,5 +281,5 @@ def test_classads_are_read_when_an_ad_is(sqlite_url: str,
     code, modules = _loaded("worker", "--until-idle", "--db", sqlite_url)
     assert code in (0, None)
     assert "lifecycle.machines.startd" in modules and "lifecycle.adapters.htcondor" in modules
-    assert "classad2" not in modules
+    assert "classad2" not in modules and "smtplib" not in modules
     assert not {m for m in modules if m.startswith("rich")}
