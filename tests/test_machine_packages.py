@@ -187,7 +187,8 @@ def test_show_knows_it_from_the_index_without_importing_it(toy: Path, tmp_path: 
         assert done.returncode == 0, done.stderr
         return list(json.loads(done.stdout.strip().splitlines()[-1]))
 
-    assert PACKAGE in run("create", "kettle", "k1")  # (loads every machine: writes the index)
+    assert PACKAGE in run("create", "kettle", "k1")  # (loads its machine alone)
+    assert PACKAGE in run("show", "k1")  # (no index yet: loads every machine, writes it)
     loaded = run("show", "k1")
     assert PACKAGE not in loaded and "lifecycle.engine" not in loaded
     assert machines.index.fresh() is not None

@@ -772,15 +772,15 @@ def test_observed_machine_attributes_drive_the_policy(store: Store) -> None:
 
 def test_without_classad2_constants_run_and_expressions_say_what_they_need(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(startd_policy, "classad2", None)
+    monkeypatch.setattr(startd_policy, "classads", lambda: None)  # (as if not installed)
     assert startd_policy.holds({"START": True}, "START", {}, None)
     assert startd_policy.job_rank({"RANK": 3}, {}, {}) == 3
     with pytest.raises(startd_policy.PolicyError, match=r"lifecycle-fsm\[htcondor\]"):
         startd_policy.evaluate({"START": "KeyboardIdle > 600"}, "START", {}, None)
     from lifecycle.adapters import htcondor, startd_hooks
 
-    monkeypatch.setattr(startd_hooks, "classad2", None)
-    monkeypatch.setattr(htcondor, "classad2", None)
+    monkeypatch.setattr(startd_hooks, "classads", lambda: None)
+    monkeypatch.setattr(htcondor, "classads", lambda: None)
     assert startd_hooks.old_syntax({"Name": "slot1", "Cpus": 4, "Idle": True}) == \
         'Name = "slot1"\nCpus = 4\nIdle = true\n'
     with pytest.raises(HookFailed, match=r"lifecycle-fsm\[htcondor\]"):

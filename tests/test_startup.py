@@ -4,6 +4,7 @@ start costs is measured in benchmarks/, never asserted here.)"""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import click
 import pytest
+from hostile_inputs import MARKUP
 
 from lifecycle import revisions
 from lifecycle.cli import COMMANDS, machine_commands, main
@@ -69,7 +71,7 @@ except SystemExit as exit:
 print("\\n" + __import__("json").dumps({"code": code, "modules": sorted(
     name for name in sys.modules if name.split(".")[0] in (
         "alembic", "sqlalchemy", "lifecycle", "rich", "pydantic", "transitions", "yaml",
-        "psycopg", "logging", "importlib"))}))
+        "psycopg", "logging", "importlib", "classad2", "smtplib"))}))
 """
 LIBRARIES = ("alembic", "sqlalchemy", "pydantic", "transitions", "yaml", "psycopg",
              "logging")
@@ -159,3 +161,125 @@ def test_lifecycle_logs_nowhere_unless_the_application_says_where() -> None:
         "print([type(h).__name__ for h in logging.getLogger('lifecycle').handlers])")],
         capture_output=True, text=True, timeout=300, check=True)
     assert done.stdout.strip() == "['NullHandler']"
+
+
+_UNFORCED = ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE")
+"""(Variables that would make rich style a pipe, which the commands then print through.)"""
+
+
+def test_a_command_on_one_resource_loads_its_machine_alone(sqlite_url: str, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    """create, fire, observe, step and update import the machine of the resource they touch
+    (at most) and no other (nor the others' adapters), no PostgreSQL dialect on SQLite, and no rich
+    for the line they print on a pipe."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    for name in _UNFORCED:
+        monkeypatch.delenv(name, raising=False)
+    code, _ = _loaded("db", "upgrade", "--db", sqlite_url)
+    assert code in (0, None)
+    for args in (["create", "batch_job", "j1", "--data", '{"cmd": "x"}'],
+                 ["fire", "j1", "hold"], ["step", "j1"], ["fire", "j1", "release"],
+                 ["observe", "j1", '{"up": true}'], ["update", "j1", '{"owner": "me"}'],
+                 ["fire", "j1", "start"], ["fire", "j1", "release"]):
+        code, modules = _loaded(*args, "--db", sqlite_url)
+        assert code in (0, None, 3), args
+        assert {m for m in modules if m.startswith("lifecycle.machines.")} <= {
+            "lifecycle.machines.batch_job", "lifecycle.machines.builtin",
+            "lifecycle.machines.index"}, args
+        assert not {m for m in modules if m.startswith(("lifecycle.adapters", "rich"))}, args
+        assert not {m for m in modules if m.startswith("sqlalchemy.dialects.postgresql")}, args
+        assert "lifecycle.engine" in modules, args
+        assert args[0] in ("observe", "update") or "lifecycle.story" not in modules, args
+
+
+def test_a_machine_not_built_in_still_has_every_built_in_guard(sqlite_url: str,
+                                                               tmp_path: Path) -> None:
+    """Meeting a machine from a spec file, the command line's engine has every built-in
+    machine's guards, as when it loaded them all at its start."""
+    spec = tmp_path / "reuse.json"
+    spec.write_text(json.dumps({
+        "name": "reuse", "initial": "a", "states": ["a", "b"], "final": ["b"],
+        "transitions": [{"trigger": "go", "source": "a", "dest": "b",
+                         "guards": ["holds_left"]}]}))  # (batch_job's)
+    code, _ = _loaded("db", "upgrade", "--db", sqlite_url)
+    code, modules = _loaded("create", str(spec), "r1", "--db", sqlite_url)
+    assert code in (0, None) and "lifecycle.machines.startd" in modules
+    code, _ = _loaded("fire", "r1", "go", "--db", sqlite_url)
+    assert code in (0, None)
+
+
+@pytest.mark.parametrize("line", [
+    "created a:b in [bold]queued[/] (version 1)", "a \\[bold]b[/] [red]c[/red] [x] [/]",
+    "\\\\[bold]x[/] \\\\\\[dim]y[/dim] [bold][dim]z[/][/]", "é ü 你好 [bold red]!", "",
+    "a\nb [bold]c\nd[/]", "a\tb", "a\rb\x07c", "x\x1b[31my", "postgresql://u:secret@h/db",
+    *[f"k: [yellow]not fired[/]: {text}" for text in MARKUP]])
+def test_a_line_is_written_as_rich_writes_it(line: str) -> None:
+    """What a command prints without rich (common.say) is what rich's console prints,
+    where it prints without rich at all."""
+    from lifecycle.cli import common, console
+
+    class Pipe(io.StringIO):
+        def isatty(self) -> bool:
+            return False
+
+    printed = Pipe()
+    console.SafeConsole(file=printed, highlight=False, soft_wrap=True, emoji=False).print(line)
+    written = common.plain_line(line, Pipe())
+    assert written is None or written == printed.getvalue()
+    assert written is not None or any(c in line for c in "\t\r\x07\x1b")
+
+
+def test_postgresql_gets_its_partial_indexes(postgres_url: str) -> None:
+    """The partial indexes are partial on PostgreSQL too: their WHERE is given when a
+    store on PostgreSQL is first opened (without one, the dialect is never imported)."""
+    done = subprocess.run([sys.executable, "-c", (
+        "import sys\nfrom sqlalchemy.schema import CreateIndex\n"
+        "from lifecycle.store import Store, metadata\n"
+        "assert not [m for m in sys.modules if 'postgresql' in m]\n"
+        f"store = Store({postgres_url!r})\n"
+        "print(sorted(str(CreateIndex(index).compile(store.engine)).split(' WHERE ')[-1]\n"
+        "       for table in metadata.sorted_tables for index in table.indexes\n"
+        "       if index.dialect_options['sqlite']['where'] is not None))\n"
+        "store.dispose()")], capture_output=True, text=True, timeout=300, check=True)
+    assert done.stdout.strip() == str(sorted([
+        "fence IS NOT NULL", "kind = 'refusal'", "head = 1 AND status IN ('pending', 'running')"]))
+
+
+def test_machines_lists_the_built_in_ones_from_the_index(sqlite_url: str, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """`lifecycle machines` reads each built-in machine's spec version and summary from the
+    machines' index: it imports none of them (and says what loading them all says)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    code, _ = _loaded("db", "upgrade", "--db", sqlite_url)
+    assert code in (0, None)
+
+    def listed(cache: str) -> list[dict[str, object]]:
+        done = subprocess.run([sys.executable, "-m", "lifecycle", "machines", "--json", "--db",
+                               sqlite_url], capture_output=True, text=True, timeout=300,
+                              check=True, env={**os.environ, "XDG_CACHE_HOME": cache})
+        return list(json.loads(done.stdout))
+
+    assert listed(str(tmp_path / "no-index-yet")) == listed(str(tmp_path / "cache"))
+    code, modules = _loaded("machines", "--db", sqlite_url)
+    assert code in (0, None)
+    assert {m for m in modules if m.startswith("lifecycle.machines.")} == {
+        "lifecycle.machines.builtin", "lifecycle.machines.index"}
+    assert not {m for m in modules if m.startswith("lifecycle.adapters")}
+
+
+def test_classads_and_mail_are_loaded_when_used(sqlite_url: str,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """HTCondor's ClassAd library is imported when an ad is printed or parsed, or a policy
+    evaluated, and smtplib when a mail is sent: the worker, which loads every machine,
+    imports neither for other work (nor rich, for the lines it prints on a pipe)."""
+    for name in _UNFORCED:
+        monkeypatch.delenv(name, raising=False)
+    code, _ = _loaded("db", "upgrade", "--db", sqlite_url)
+    code, _ = _loaded("create", "batch_job", "j1", "--db", sqlite_url)
+    code, modules = _loaded("worker", "--until-idle", "--db", sqlite_url)
+    assert code in (0, None)
+    assert "lifecycle.machines.startd" in modules and "lifecycle.adapters.htcondor" in modules
+    assert "classad2" not in modules and "smtplib" not in modules
+    assert not {m for m in modules if m.startswith("rich")}

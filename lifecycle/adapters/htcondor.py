@@ -27,17 +27,27 @@ Pure functions: no I/O here.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import math
 import re
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-try:  # the optional extra lifecycle-fsm[htcondor]: HTCondor's own unparser, when present
-    import classad2  # type: ignore[import-untyped]
-except ImportError:  # pragma: no cover - depends on the installation
-    classad2 = None
+
+@functools.cache
+def classads() -> Any:
+    """``classad2``, HTCondor's ClassAd library (the optional extra
+    lifecycle-fsm[htcondor]), or None without it: imported when first needed (an ad
+    printed, a policy evaluated, a hook's output read), not by every command that loads
+    the machines that use it."""
+    try:
+        import classad2  # type: ignore[import-untyped]
+    except ImportError:  # pragma: no cover - depends on the installation
+        return None
+    return classad2
+
 
 UTC = dt.UTC
 
@@ -371,6 +381,7 @@ def old_syntax(ad: Mapping[str, ClassAdValue | None]) -> str:
         if problem is not None:
             raise ValueError(f"{name} = {value!r} {problem}: the old ClassAd syntax cannot "
                              "hold it")
+    classad2 = classads()
     if classad2 is not None:
         printed = str(classad2.ClassAd(present).printOld())
         return printed if printed.endswith("\n") or not printed else f"{printed}\n"

@@ -19,21 +19,20 @@ anything else (connection refused, a 4xx "try again later", a timeout) is retrya
 from __future__ import annotations
 
 import datetime as dt
-import email.policy
-import email.utils
 import hashlib
 import os
 import re
-import smtplib
-import ssl
 from dataclasses import dataclass
-from email.message import EmailMessage
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import unquote, urlsplit
 
 from .. import redact
 from ..errors import PermanentError, RetryableError, SetupError
 from ..logs import logger
+
+if TYPE_CHECKING:  # (email and smtplib are imported when a message is built or sent, not
+    # by every process that loads job_exit: the worker that runs other machines' effects)
+    from email.message import EmailMessage
 
 
 class MailConfigError(SetupError):
@@ -85,6 +84,10 @@ def message_id(idempotency_key: str, domain: str) -> str:
 def build_message(*, sender: str, recipient: str, subject: str, body: str,
                   message_id: str, date: dt.datetime) -> EmailMessage:
     """A plain-text message. Raises ValueError for an address that is not plain."""
+    import email.policy
+    import email.utils
+    from email.message import EmailMessage
+
     message = EmailMessage(policy=email.policy.SMTP)
     message["From"] = checked_address(sender, "sender")
     message["To"] = checked_address(recipient, "recipient")
@@ -169,6 +172,9 @@ class SmtpMailer:
         return SmtpServer.from_url(url)
 
     def send(self, message: EmailMessage, recipient: str) -> None:
+        import smtplib
+        import ssl
+
         try:
             server = self.server()
         except MailConfigError as exc:

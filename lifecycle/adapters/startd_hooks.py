@@ -25,12 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..logs import logger
-from .htcondor import old_syntax
-
-try:  # the optional extra lifecycle-fsm[htcondor]
-    import classad2  # type: ignore[import-untyped]
-except ImportError:  # pragma: no cover - depends on the installation
-    classad2 = None
+from .htcondor import classads, old_syntax
 
 log = logger(__name__)
 
@@ -51,6 +46,7 @@ class UnreadableOutput(HookFailed):
 
 
 def _json_value(value: Any) -> Any:
+    classad2 = classads()
     if classad2 is not None and isinstance(value, classad2.ExprTree):
         return str(value)  # an expression is kept as its text
     if classad2 is not None and isinstance(value, classad2.Value):
@@ -66,6 +62,7 @@ def parse_job_ad(text: str) -> dict[str, Any] | None:
     """FETCH_WORK's output as a job ad: None for empty output (no work). Every non-blank
     line must be one attribute in the old syntax, read by ``classad2``; otherwise
     :class:`HookFailed` names the line."""
+    classad2 = classads()
     if classad2 is None:
         raise HookFailed("reading FETCH_WORK's output needs HTCondor's ClassAd library: "
                          "pip install 'lifecycle-fsm[htcondor]'")

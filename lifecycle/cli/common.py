@@ -31,7 +31,7 @@ import click
 
 from .. import redact
 from ..errors import LifecycleError, SpecError
-from .plain import TAG, is_tag, silence
+from .plain import TAG, is_tag, lost_output, parse, silence, unstyled
 
 if TYPE_CHECKING:
     from .console import SafeConsole
@@ -207,6 +207,36 @@ def report(message: str) -> None:
     from .console import err
 
     err.print(Text.assemble(("error:", "bold red"), " ", redact.text(message)))
+
+
+def plain_line(line: str, stream: IO[str]) -> str | None:
+    """What ``out.print(line)`` writes to ``stream``, without rich: None where rich must
+    print it (a terminal, or anything :func:`.plain.unstyled` is unsure of, or text rich
+    would change: a tab it expands, a character that is not printable text), else the
+    line's text as rich prints it unstyled, with its newline."""
+    shown = redact.text(line)
+    plain = parse(shown)[0] if "[" in shown else shown
+    if not plain.replace("\n", "").isprintable() or not unstyled(stream):
+        return None
+    return plain + "\n"
+
+
+def say(line: str, *, stderr: bool = False) -> None:
+    """``out.print(line)`` (``err`` with ``stderr``): written here where rich would print
+    it unstyled (:func:`plain_line`), so that a command that prints a line or two on a
+    pipe or to a file imports no rich."""
+    stream = sys.stderr if stderr else sys.stdout
+    written = None if f"{__package__}.console" in sys.modules else plain_line(line, stream)
+    if written is None:
+        from . import console
+
+        (console.err if stderr else console.out).print(line)
+        return
+    try:
+        stream.write(written)
+        stream.flush()
+    except (OSError, UnicodeError, ValueError) as exc:
+        lost_output(exc)
 
 
 def escape(text: str) -> str:

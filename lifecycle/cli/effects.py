@@ -8,7 +8,6 @@ import time
 from typing import Any
 
 import click
-from rich.table import Table
 
 from ..effects import FAILED, PENDING, RUNNING
 from ..machines import builtins
@@ -18,13 +17,14 @@ from ..worker import DEFAULT_LEASE, HeldClaims, Worker, WorkerStats
 from .common import (
     PLUGINS_VARIABLE,
     db_option,
-    err,
     escape,
     json_option,
-    out,
+    say,
 )
 from .context import make_engine
-from .serve import needs_serve_extra
+
+# (the worker and retry print lines with common.say: on a pipe or to a file, rich is not
+# imported; stuck prints a table, with rich)
 
 
 @click.command()
@@ -70,6 +70,8 @@ def worker(until_idle: bool, concurrency: int, lease: float, poll: float,
         log.warning("%s", line)
     stop_metrics = None
     if metrics_port is not None:
+        from .serve import needs_serve_extra
+
         try:
             from ..dashboard.metrics import serve_metrics
         except ModuleNotFoundError as exc:
@@ -90,14 +92,14 @@ def worker(until_idle: bool, concurrency: int, lease: float, poll: float,
         print(json.dumps({**stats.to_json(), "outbox": left, "not_run_here": not_run},
                          indent=2))
     else:
-        out.print(f"effects: {stats.done} done, {stats.retried} to retry, {stats.failed} "
-                  f"failed for good; timers: {stats.timers_fired} fired, "
-                  f"{stats.timers_refused} refused")
+        say(f"effects: {stats.done} done, {stats.retried} to retry, {stats.failed} "
+            f"failed for good; timers: {stats.timers_fired} fired, "
+            f"{stats.timers_refused} refused")
         waiting = {k: v for k, v in left.items() if k in (PENDING, RUNNING, FAILED)}
         if waiting:
-            out.print("outbox: " + ", ".join(f"{v} {k}" for k, v in sorted(waiting.items())))
+            say("outbox: " + ", ".join(f"{v} {k}" for k, v in sorted(waiting.items())))
         for line in _unhandled_lines(engine):
-            out.print(escape(line))
+            say(escape(line))
 
 
 def _unhandled_lines(engine: Any) -> list[str]:
@@ -122,9 +124,9 @@ def _until_idle(worker: Worker) -> WorkerStats:
         if [(h.claimed_by, h.effects) for h in held] != [(h.claimed_by, h.effects)
                                                          for h in said]:
             for h in held:
-                err.print(f"waiting for {plural(h.effects, 'effect')} held by worker "
-                          f"{escape(h.claimed_by)} (lease until {time_text(h.lease_until)}, "
-                          "renewed while that worker lives)")
+                say(f"waiting for {plural(h.effects, 'effect')} held by worker "
+                    f"{escape(h.claimed_by)} (lease until {time_text(h.lease_until)}, "
+                    "renewed while that worker lives)", stderr=True)
             said = held
         time.sleep(worker.poll)
 
@@ -134,6 +136,10 @@ def _until_idle(worker: Worker) -> WorkerStats:
 @json_option
 def stuck(db_url: str | None, as_json: bool) -> None:
     """List the resources whose effects failed for good; `lifecycle retry KEY` resumes one."""
+    from rich.table import Table
+
+    from .common import out
+
     failed = effect_records(make_engine(db_url), statuses=(FAILED,))
     if as_json:
         print(json.dumps([e.to_json() for e in failed], indent=2))
@@ -150,8 +156,8 @@ def stuck(db_url: str | None, as_json: bool) -> None:
 @db_option
 def retry(key: str, db_url: str | None) -> None:
     """Put KEY's failed effects back in the queue, due now, with fresh attempts."""
-    count = retry_failed(make_engine(db_url), key)
-    out.print(f"{escape(key)}: {plural(count, 'failed effect')} queued again" if count else
-              f"{escape(key)}: no failed effects")
+    count = retry_failed(make_engine(db_url, as_met=True), key)
+    say(f"{escape(key)}: {plural(count, 'failed effect')} queued again" if count else
+        f"{escape(key)}: no failed effects")
 
 

@@ -15,7 +15,7 @@ from rich.text import Text
 
 from ..engine import Engine
 from ..errors import SetupError
-from ..machines import builtins
+from ..machines import builtins, listed
 from ..render import (
     EVENTLESS_COLOR,
     FORMATS,
@@ -48,17 +48,21 @@ from .context import make_engine, resolve
 @json_option
 def machines(db_url: str | None, as_json: bool) -> None:
     """List the built-in machines and those the database knows."""
-    engine = make_engine(db_url)
+    engine = make_engine(db_url, as_met=True)
     counts = engine.counts()
-    known = builtins()
+    known = listed()  # (from the machines' index: no machine imported)
     names = sorted({*known, *engine.machine_names()})
     rows = []
     for name in names:
-        spec = known[name].spec if name in known else engine.spec(name)
+        if name in known:
+            version, summary = known[name]
+        else:
+            spec = engine.spec(name)
+            version, summary = spec.version, spec.description or ""
         rows.append({
             "name": name, "kind": "built-in" if name in known else "stored",
-            "spec_version": spec.version, "resources": sum(counts.get(name, {}).values()),
-            "summary": known[name].summary if name in known else (spec.description or ""),
+            "spec_version": version, "resources": sum(counts.get(name, {}).values()),
+            "summary": summary,
         })
     if as_json:
         print(json.dumps(rows, indent=2))

@@ -10,24 +10,21 @@ import sys
 from typing import Any
 
 import click
-from rich.table import Table
-from rich.text import Text
 
-from .. import story
-from ..queries import resource_id
 from ..results import FireResult
-from ..store.statements import effects as effect_rows
-from ..story import plural, time_text
-from . import layout
 from .common import (
     PLUGINS_VARIABLE,
     db_option,
     escape,
     json_arg,
     json_option,
-    out,
+    say,
 )
 from .context import make_engine, resolve
+
+# (rich, the layout of tables and the telling of a history are imported by the commands
+# that print them: create, fire, observe, step and update print a line or two, with
+# common.say, and on a pipe import no rich)
 
 
 @click.command()
@@ -42,14 +39,14 @@ def create(machine: str, key: str, data: str | None, state: str | None, actor: s
            db_url: str | None, as_json: bool) -> None:
     """Create resource KEY of MACHINE (a built-in name or a spec file)."""
     document = json_arg(data, "--data")
-    engine = make_engine(db_url)
+    engine = make_engine(db_url, as_met=True)
     spec = resolve(machine, lambda: engine)
     resource = engine.create(spec.name, key, document, state=state, actor=actor)
     if as_json:
         print(json.dumps(resource.to_json(), indent=2))
     else:
-        out.print(f"created {escape(resource.machine)}:{escape(resource.key)} in "
-                  f"[bold]{resource.state}[/] (version {resource.version})")
+        say(f"created {escape(resource.machine)}:{escape(resource.key)} in "
+            f"[bold]{resource.state}[/] (version {resource.version})")
 
 
 @click.command()
@@ -64,7 +61,8 @@ def fire(key: str, trigger: str, payload: str | None, actor: str | None, db_url:
     """Fire TRIGGER on resource KEY (MACHINE:KEY when the key is in several machines).
     Exits 3 when the transition was refused."""
     document = json_arg(payload, "--payload")
-    result = make_engine(db_url).fire(key, trigger, document, actor=actor, on_stale="return")
+    result = make_engine(db_url, as_met=True).fire(key, trigger, document, actor=actor,
+                                                   on_stale="return")
     print_result(result, as_json)
 
 
@@ -90,12 +88,14 @@ def observe(key: str, status: str, observed_at: str | None, source: str, db_url:
                                      param_hint="--at") from None
         if when.tzinfo is None:
             when = when.replace(tzinfo=dt.UTC)
-    observation = make_engine(db_url).observe(key, document, when, source=source)
+    observation = make_engine(db_url, as_met=True).observe(key, document, when, source=source)
     if as_json:
         print(json.dumps(observation.to_json(), indent=2))
     else:
-        out.print(f"{key}: observed {escape(json.dumps(observation.status, sort_keys=True))} "
-                  f"at {time_text(observation.observed_at)} (observation {observation.id})")
+        from ..story import time_text
+
+        say(f"{key}: observed {escape(json.dumps(observation.status, sort_keys=True))} "
+            f"at {time_text(observation.observed_at)} (observation {observation.id})")
 
 
 @click.command()
@@ -105,7 +105,8 @@ def observe(key: str, status: str, observed_at: str | None, source: str, db_url:
 @json_option
 def step(key: str, actor: str | None, db_url: str | None, as_json: bool) -> None:
     """Take the first eventless transition of KEY whose guards hold. Exits 3 when none did."""
-    print_result(make_engine(db_url).step(key, actor=actor, on_stale="return"), as_json)
+    print_result(make_engine(db_url, as_met=True).step(key, actor=actor, on_stale="return"),
+                 as_json)
 
 
 @click.command()
@@ -118,29 +119,31 @@ def update(key: str, data: str, actor: str | None, db_url: str | None, as_json: 
     """Merge DATA (a JSON object) into resource KEY's data: a new version and a journal row,
     no change of state."""
     document = json_arg(data, "DATA")
-    resource = make_engine(db_url).update(key, document, actor=actor)
+    resource = make_engine(db_url, as_met=True).update(key, document, actor=actor)
     if as_json:
         print(json.dumps(resource.to_json(), indent=2))
     else:
-        out.print(f"{escape(resource.machine)}:{escape(resource.key)}: data updated (version "
-                  f"{resource.version}):")
-        out.print(Text("\n".join(f"  {line}" for line in layout.key_values(document))))
+        from ..story import key_values
+
+        say(f"{escape(resource.machine)}:{escape(resource.key)}: data updated (version "
+            f"{resource.version}):")
+        say(escape("\n".join(f"  {line}" for line in key_values(document))))
 
 
 def print_result(result: FireResult, as_json: bool) -> None:
     if as_json:
         print(json.dumps(result.to_json(), indent=2))
     elif result.fired:
-        out.print(f"{escape(result.machine)}:{escape(result.key)}: {result.trigger}: "
-                  f"{result.source} -> [bold]{result.dest}[/] (version {result.version})")
+        say(f"{escape(result.machine)}:{escape(result.key)}: {result.trigger}: "
+            f"{result.source} -> [bold]{result.dest}[/] (version {result.version})")
     else:
         why = f"{result.error}: {result.reason}" if result.error else (result.reason or "")
-        out.print(f"{escape(result.machine)}:{escape(result.key)}: [yellow]not fired[/]: "
-                  f"{escape(why)}")
+        say(f"{escape(result.machine)}:{escape(result.key)}: [yellow]not fired[/]: "
+            f"{escape(why)}")
         if "is not registered with this engine" in why:
-            out.print(f"hint: a module named in {PLUGINS_VARIABLE} provides probes "
-                      "(`probes`, or the settings its machine's configure reads); "
-                      "or record a fresh status with `lifecycle observe` first")
+            say(f"hint: a module named in {PLUGINS_VARIABLE} provides probes "
+                "(`probes`, or the settings its machine's configure reads); "
+                "or record a fresh status with `lifecycle observe` first")
     if not result.fired:
         sys.exit(3)
 
@@ -164,7 +167,13 @@ def list_(machine: str | None, state: str | None, limit: int, after: str | None,
           db_url: str | None, as_json: bool) -> None:
     """List resources, of one MACHINE or of all, in (machine, key) order, a page at a time.
     The last line says how to ask for the next page."""
-    engine = make_engine(db_url)
+    from rich.text import Text
+
+    from ..story import plural, time_text
+    from . import layout
+    from .common import out
+
+    engine = make_engine(db_url, as_met=True)
     if every:
         items, more = list(engine.iter_resources(machine, state, after=after)), False
     else:
@@ -208,7 +217,16 @@ def history(key: str, db_url: str | None, as_json: bool) -> None:
     """Show the journal of resource KEY, oldest first, with the observations of it in the
     order they were recorded and the outcome of each effect under the row that asked for
     it."""
-    engine = make_engine(db_url)
+    from rich.table import Table
+    from rich.text import Text
+
+    from .. import story
+    from ..queries import resource_id
+    from ..store.statements import effects as effect_rows
+    from . import layout
+    from .common import out
+
+    engine = make_engine(db_url, as_met=True)
     entries = engine.history(key)
     if as_json:
         print(json.dumps([e.to_json() for e in entries], indent=2))
@@ -238,7 +256,9 @@ def history(key: str, db_url: str | None, as_json: bool) -> None:
 @json_option
 def verify(db_url: str | None, as_json: bool) -> None:
     """Replay every resource's journal; exit 1 if any does not end where its resource is."""
-    engine = make_engine(db_url)
+    from ..story import plural
+
+    engine = make_engine(db_url, as_met=True)
     mismatches = engine.verify()
     total = sum(sum(c.values()) for c in engine.counts().values())
     if as_json:
@@ -247,13 +267,13 @@ def verify(db_url: str | None, as_json: bool) -> None:
             indent=2))
     else:
         for m in mismatches:
-            out.print(f"[red]mismatch[/] {escape(str(m))}")
+            say(f"[red]mismatch[/] {escape(str(m))}")
         if mismatches:
-            out.print(f"{plural(len(mismatches), 'mismatch', 'mismatches')} in "
-                      f"{plural(total, 'resource')}")
+            say(f"{plural(len(mismatches), 'mismatch', 'mismatches')} in "
+                f"{plural(total, 'resource')}")
         else:
-            out.print(f"{plural(total, 'resource')} verified: every journal replays to its "
-                      "resource")
+            say(f"{plural(total, 'resource')} verified: every journal replays to its "
+                "resource")
     if mismatches:
         sys.exit(1)
 

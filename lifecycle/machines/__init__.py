@@ -123,8 +123,8 @@ def builtins() -> dict[str, Builtin]:
     index that :func:`shipped` reads up to date."""
     points = _points()
     found = {name: load(name, points[name][0]) for name in sorted(points)}
-    table = {name: (points[name][0], machine.spec.version, tuple(sorted(machine.effects)))
-             for name, machine in found.items()}
+    table = {name: (points[name][0], machine.spec.version, tuple(sorted(machine.effects)),
+                    machine.summary) for name, machine in found.items()}
     if index.fresh() != table:
         index.write(table, {where for _, where in points.values() if where is not None})
     return found
@@ -138,8 +138,19 @@ def shipped() -> dict[str, tuple[str, tuple[str, ...]]]:
     if known is None:
         return {name: (machine.spec.version, tuple(sorted(machine.effects)))
                 for name, machine in builtins().items()}
-    return {name: (version, handlers) for name, (_, version, handlers) in known.items()}
+    return {name: (version, handlers) for name, (_, version, handlers, _) in known.items()}
+
+
+def listed() -> dict[str, tuple[str, str]]:
+    """Each machine's spec version and summary, by name: from the index without importing
+    a machine, or, when the index is missing or stale, by loading every machine (which
+    writes it again)."""
+    known = index.fresh()
+    if known is None:
+        return {name: (machine.spec.version, machine.summary)
+                for name, machine in builtins().items()}
+    return {name: (version, summary) for name, (_, version, _, summary) in known.items()}
 
 
 __all__ = ["COMMANDS_GROUP", "GROUP", "Builtin", "CommandLine", "builtin", "builtins", "commands",
-           "entry_points", "load", "shipped"]
+           "entry_points", "listed", "load", "shipped"]

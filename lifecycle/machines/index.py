@@ -1,5 +1,6 @@
-"""The index of machines: each machine's entry point, spec version and handlers' names, kept
-in a cache file so that ``lifecycle show`` knows them without importing a machine (with
+"""The index of machines: each machine's entry point, spec version, handlers' names and
+summary, kept in a cache file so that ``lifecycle show`` and ``lifecycle machines`` know
+them without importing a machine (with
 pydantic and ``transitions``: about 90 ms) or reading the installed packages' metadata
 (importing ``importlib.metadata`` and reading every package's entry points: tens of ms).
 
@@ -26,14 +27,15 @@ import sys
 import zlib
 from collections.abc import Iterable, Mapping
 
-Entry = tuple[str, str, tuple[str, ...]]
-"""A machine's entry point (``module:attribute``), spec version and handlers' names."""
+Entry = tuple[str, str, tuple[str, ...], str]
+"""A machine's entry point (``module:attribute``), spec version, handlers' names and
+summary."""
 
 Command = tuple[str, str | None, str | None]
 """A machine's command: its entry point (``module:function``), and its short help and help
 as click gives them (None, None: not read yet)."""
 
-VERSION = 2
+VERSION = 3
 """The index's format; an index of another format is stale."""
 
 
@@ -50,8 +52,8 @@ def fresh() -> dict[str, Entry] | None:
     stored = _fresh("machines")
     try:
         return None if stored is None else {
-            name: (target, version, tuple(handlers))
-            for name, (target, version, handlers) in stored["machines"].items()}
+            name: (target, version, tuple(handlers), summary)
+            for name, (target, version, handlers, summary) in stored["machines"].items()}
     except (AttributeError, ValueError, KeyError, TypeError):
         return None
 
@@ -84,7 +86,7 @@ def write(machines: Mapping[str, Entry], directories: Iterable[str]) -> None:
     (where the packages that ship them are installed) and the site's package directories,
     and every loaded module of the packages their entry points name."""
     _write("machines", {"machines": {name: list(entry) for name, entry in machines.items()}},
-           {*_loaded_files(target for target, _, _ in machines.values()), *directories})
+           {*_loaded_files(target for target, _, _, _ in machines.values()), *directories})
 
 
 def write_commands(commands: Mapping[str, Command], directories: Iterable[str]) -> None:

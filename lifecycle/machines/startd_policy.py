@@ -11,15 +11,13 @@ reach: expressions, and the FETCH_WORK hook's output (parsed by ``classad2``, ol
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Mapping
 from typing import Any
 
-try:  # the optional extra
-    import classad2  # type: ignore[import-untyped]
-except ImportError:  # pragma: no cover - depends on the installation
-    classad2 = None
+from ..adapters.htcondor import classads
 
-HAVE_CLASSADS = classad2 is not None
+HAVE_CLASSADS = importlib.util.find_spec("classad2") is not None
 NEEDS_CLASSADS = ("policy written as ClassAd expressions (START, RANK, PREEMPT, ...)",
                   "work fetch: the FETCH_WORK hook's output is read by classad2")
 INSTALL_HINT = "pip install 'lifecycle-fsm[htcondor]' (HTCondor's ClassAd library, classad2)"
@@ -38,12 +36,14 @@ class PolicyError(ValueError):
 
 
 def _plain(value: Any) -> Any:
+    classad2 = classads()
     if classad2 is not None and isinstance(value, classad2.Value):
         return None  # Undefined or Error
     return value
 
 
 def _ad(values: Mapping[str, Any]) -> Any:
+    classad2 = classads()
     assert classad2 is not None
     ad = classad2.ClassAd()
     for name, value in values.items():
@@ -63,7 +63,7 @@ def evaluate(policy: Mapping[str, Any], name: str, my: Mapping[str, Any],
     expression = policy[name]
     if isinstance(expression, bool | int | float):
         return expression
-    if classad2 is None:
+    if classads() is None:
         raise PolicyError(f"{name} = {expression!r} is a ClassAd expression: evaluating it "
                           f"needs {INSTALL_HINT}; without it give {name} as a constant")
     tree = _expression(name, expression)
@@ -76,6 +76,7 @@ def evaluate(policy: Mapping[str, Any], name: str, my: Mapping[str, Any],
 
 
 def _expression(name: str, text: str) -> Any:
+    classad2 = classads()
     assert classad2 is not None
     try:
         return classad2.ExprTree(str(text))

@@ -21,6 +21,7 @@ from ..errors import DatabaseError
 from ..logs import logger
 from ..storable import text_problem
 from ..urls import display_url
+from .schema import use_postgresql
 from .transaction import Pipelined, Transaction, register_json_text
 
 if TYPE_CHECKING:
@@ -103,6 +104,7 @@ def create_sa_engine(url: str) -> SAEngine:
     # datetime.UTC, which lifecycle keeps as they are instead of converting each one
     # (an options of the URL's own comes after, and wins).
     register_json_text()
+    use_postgresql()
     given = parsed.query.get("options")
     given = " ".join(given) if isinstance(given, tuple) else given
     return create_engine(url, connect_args={

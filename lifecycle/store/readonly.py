@@ -23,6 +23,7 @@ from ..revisions import core_revision
 from ..urls import display_url, resolve_url
 from . import migrate
 from .database import SQLITE_BUSY_TIMEOUT_MS, parse_url, sqlite_file
+from .schema import use_postgresql
 
 STATEMENT_TIMEOUT_MS = 10_000
 """PostgreSQL: the longest a dashboard statement may run (a page is never worth more)."""
@@ -131,6 +132,7 @@ def _sqlite_engine(path: Path) -> SAEngine:
 
 
 def _postgresql_engine(url: str) -> SAEngine:
+    use_postgresql()
     engine = create_engine(url, pool_size=8, max_overflow=8)
 
     @event.listens_for(engine, "connect")

@@ -25,7 +25,6 @@ from sqlalchemy import (
     event,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB
 
 from ..results import (
     CANCELLED,
@@ -80,8 +79,40 @@ class UtcDateTime(TypeDecorator[dt.datetime]):
         return None if value is None else time_value(value)
 
 
-def Document() -> JSON:
-    return JSON().with_variant(JSONB(), "postgresql")
+class Document(TypeDecorator[Any]):
+    """A JSON document: JSONB on PostgreSQL, JSON elsewhere. PostgreSQL's dialect (about
+    twenty modules) is imported when a PostgreSQL database is used, not by every command
+    on SQLite."""
+
+    impl = JSON
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> Any:
+        if dialect.name == "postgresql":
+            from sqlalchemy.dialects.postgresql import JSONB
+
+            return dialect.type_descriptor(JSONB())
+        return dialect.type_descriptor(JSON())
+
+
+_PARTIAL: list[tuple[Index, str]] = []
+
+
+def _partial(name: str, *columns: str, where: str) -> Index:
+    """An index of the rows ``where`` holds, on SQLite and on PostgreSQL: PostgreSQL's
+    WHERE is given by :func:`use_postgresql` (naming a dialect's option imports the dialect,
+    about twenty modules that a command on SQLite has no use for)."""
+    index = Index(name, *columns, sqlite_where=text(where))
+    _PARTIAL.append((index, where))
+    return index
+
+
+def use_postgresql() -> None:
+    """The tables as PostgreSQL has them: each partial index with its WHERE there too.
+    Called whenever an engine on PostgreSQL is made."""
+    for index, where in _PARTIAL:
+        if index.dialect_options["postgresql"]["where"] is None:
+            index.dialect_kwargs["postgresql_where"] = text(where)
 
 
 Key = String(255)
@@ -159,10 +190,10 @@ journal = Table(
     PrimaryKeyConstraint("resource_id", "seq"),
     # risky edges' transitions and refusals counted by edge (/metrics), and refusals listed
     # (the dashboard), read only these rows however long the journal, in the order grouped
-    Index("ix_lifecycle_journal_fenced", "spec_version", "trigger", "source", "dest",
-          sqlite_where=text(FENCED_WHERE), postgresql_where=text(FENCED_WHERE)),
-    Index("ix_lifecycle_journal_refusals", "spec_version", "trigger", "source", "dest", "at",
-          sqlite_where=text(REFUSALS_WHERE), postgresql_where=text(REFUSALS_WHERE)),
+    _partial("ix_lifecycle_journal_fenced", "spec_version", "trigger", "source", "dest",
+             where=FENCED_WHERE),
+    _partial("ix_lifecycle_journal_refusals", "spec_version", "trigger", "source", "dest",
+             "at", where=REFUSALS_WHERE),
 )
 
 observations = Table(
@@ -216,8 +247,7 @@ outbox = Table(
     Index(None, "resource_id", "status"),
     # the claim walks the heads of the resources' queues in due order: its cost does not
     # grow with the effects waiting behind them
-    Index("ix_lifecycle_effects_heads", "next_attempt_at", "id",
-          sqlite_where=text(HEADS_WHERE), postgresql_where=text(HEADS_WHERE)),
+    _partial("ix_lifecycle_effects_heads", "next_attempt_at", "id", where=HEADS_WHERE),
     comment="the transactional outbox: side effects of committed transitions",
 )
 
