@@ -141,6 +141,7 @@ def client(argv: list[str]) -> None:
     stdio, cwd and environment, less the directory SHIMS on PATH (where the page's
     ``lifecycle`` that runs this is); exit as it exits."""
     address, program, shims, *args = argv
+    stdio = [_open_fd(fd) for fd in (0, 1, 2)]  # before a socket takes a closed one's number
     env = dict(os.environ)
     if shims:
         path = [p for p in env.get("PATH", "").split(os.pathsep)
@@ -163,7 +164,7 @@ def client(argv: list[str]) -> None:
 
     for number in forwarded:  # from the start: the server passes them on once it forked
         signal.signal(number, forward)
-    _send(connection, request, [_open_fd(fd) for fd in (0, 1, 2)])
+    _send(connection, request, stdio)
     sent.append(True)
     while pending:
         forward(pending.pop(0), None)
@@ -184,8 +185,9 @@ def _exit_as(status: int) -> None:
     if os.WIFSIGNALED(status):
         number = os.WTERMSIG(status)
         if number not in (signal.SIGQUIT, signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS):
-            signal.signal(number, signal.SIG_DFL)  # die of it, as the program did
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, [number])
+            if number != signal.SIGKILL:  # die of it, as the program did
+                signal.signal(number, signal.SIG_DFL)
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, [number])
             os.kill(os.getpid(), number)
         os._exit(128 + number)
     os._exit(os.waitstatus_to_exitcode(status))
@@ -312,13 +314,14 @@ def _stdio(fd: int, name: str, model: object) -> object:
 
     write = fd != 0
     unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
-    raw = io.open(fd, "wb" if write else "rb", buffering=0 if unbuffered else -1,  # noqa: SIM115
-                  closefd=False)
-    line_buffering = not unbuffered and (fd == 2 or raw.isatty()) and write
+    # stdin is buffered even under -u (TextIOWrapper reads with read1)
+    raw = io.open(fd, "wb" if write else "rb",  # noqa: SIM115
+                  buffering=0 if unbuffered and write else -1, closefd=False)
+    line_buffering = not unbuffered and (fd == 2 or raw.isatty())
     stream = io.TextIOWrapper(raw, encoding=getattr(model, "encoding", None),  # type: ignore[arg-type]
                               errors=getattr(model, "errors", None), newline="\n",
-                              line_buffering=line_buffering, write_through=unbuffered and write)
-    (raw.raw if not unbuffered else raw).name = f"<{name}>"  # type: ignore[attr-defined]
+                              line_buffering=line_buffering, write_through=unbuffered)
+    getattr(raw, "raw", raw).name = f"<{name}>"
     stream.mode = "w" if write else "r"  # type: ignore[misc]
     return stream
 
