@@ -70,7 +70,14 @@ PRELOAD = (
     "lifecycle.scenario", "lifecycle.story", "lifecycle.render", "lifecycle.verify",
     "lifecycle.outbox_admin", "lifecycle.machines.builtin", "lifecycle.check.explore",
     "lifecycle.user_documents", "alembic", "sqlalchemy.dialects.sqlite",
-    "sqlalchemy.dialects.postgresql", "psycopg",
+    "sqlalchemy.dialects.postgresql", "psycopg", "sqlite3",
+    # lifecycle's own machines, their commands and world models, which the commands load
+    # through entry points: those are read in the child (a page may install a package)
+    "lifecycle.machines.batch_job", "lifecycle.machines.drone", "lifecycle.machines.job_exit",
+    "lifecycle.machines.slurm_dispatch", "lifecycle.machines.startd",
+    "lifecycle.machines.drone_commands", "lifecycle.machines.job_exit_commands",
+    "lifecycle.check.worlds.drone", "lifecycle.check.worlds.job_exit",
+    "lifecycle.check.worlds.slurm_dispatch", "lifecycle.check.worlds.startd",
 )
 NOT_PRELOADED = ("lifecycle.cli.console",)
 """Modules whose import reads the environment (rich consoles made at import)."""
@@ -223,6 +230,11 @@ def serve(address: str, program: str) -> tuple[dict, list[int]] | None:  # type:
         importlib.import_module(name)
     loaded = [name for name in NOT_PRELOADED if name in sys.modules]
     assert not loaded, f"preloading imported {loaded}, which read the environment"
+    import gc
+
+    # what the server imported is out of the collector's sight: a child's collections would
+    # otherwise walk (and so copy, page by page) the whole of it, at a cost like importing
+    gc.freeze()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(address)
     listener.listen(64)
