@@ -16,8 +16,8 @@ import shlex
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -199,8 +199,8 @@ def test_the_demo_next_steps_run_as_printed_and_show_the_story(demo: Demo) -> No
             argv = shlex.split(command)
             assert Path(argv[0]).resolve() == PROGRAM.resolve(), command  # not on $PATH
             running.append((command, argv, subprocess.Popen(
-                [*FORKS[-1].client_command(argv[0]), *argv[1:]], cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                env=user_env(80))))
+                [*FORKS[-1].client_command(argv[0]), *argv[1:]], cwd=folder,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=user_env(80))))
         for command, argv, process in running:
             stdout, stderr = process.communicate(timeout=600)
             assert process.returncode == 0, f"{command}:\n{stdout}{stderr}"

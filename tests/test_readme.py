@@ -31,6 +31,11 @@ The convention the pages are written to:
   Python process, in the same directory, so each sees the files and the database the
   blocks before it made. Two test runs on one machine run their pages in turn (a lock in
   the temporary directory), since an example may serve a fixed port.
+- ``lifecycle`` in a page's shell is the session's fork server's (conftest.py's
+  ``forkserver``, tests/zygote.py): a fork of a process that imported the program once,
+  which runs it with the command's argv, environment, directory and stdio, and the
+  virtualenv's ``bin`` first on the PATH it sees, as if it were the program itself (a
+  new interpreter importing it all for each command cost most of the pages' time).
 """
 
 from __future__ import annotations

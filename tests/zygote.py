@@ -40,6 +40,7 @@ traceback it does not catch shows this module's frames below the console script'
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -313,10 +314,8 @@ def serve(address: str, program: str) -> tuple[dict, list[int]] | None:  # type:
 
 
 def _answer(connection: socket.socket, answer: dict) -> None:  # type: ignore[type-arg]
-    try:
+    with contextlib.suppress(OSError):  # (the client is gone)
         connection.sendall(json.dumps(answer).encode() + b"\n")
-    except OSError:
-        pass  # the client is gone
 
 
 def _stdio(fd: int, name: str, model: object) -> object:
@@ -327,7 +326,7 @@ def _stdio(fd: int, name: str, model: object) -> object:
     write = fd != 0
     unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
     # stdin is buffered even under -u (TextIOWrapper reads with read1)
-    raw = io.open(fd, "wb" if write else "rb",  # noqa: SIM115
+    raw = open(fd, "wb" if write else "rb",  # noqa: SIM115
                   buffering=0 if unbuffered and write else -1, closefd=False)
     line_buffering = not unbuffered and (fd == 2 or raw.isatty())
     stream = io.TextIOWrapper(raw, encoding=getattr(model, "encoding", None),  # type: ignore[arg-type]
