@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import zygote
 
 pytestmark = pytest.mark.integration  # it starts processes
 
@@ -53,6 +54,8 @@ SETUPS = {
     "SIGINT ignored, umask, time zone, width": ("trap '' INT; umask 077", "pipe",
                                                 {"TZ": "Pacific/Auckland", "COLUMNS": "151"}),
     "no stdin, bytecode written": ("exec <&-", "pipe", {"PYTHONDONTWRITEBYTECODE": ""}),
+    # an interpreter set to start otherwise than the server: the client runs the program
+    "PYTHONWARNINGS": ("", "pipe", {"PYTHONWARNINGS": "error::ResourceWarning"}),
 }
 
 
@@ -112,6 +115,8 @@ def test_the_fork_is_the_program_as_it_starts(setup: str, forkserver: Any,
         assert fork[name] == real[name], name
     if stdio == "terminal":
         assert real["stdio"][1]["isatty"]
+    fallback = zygote._mismatch({"argv": [PROGRAM], "env": env}, PROGRAM)
+    assert (fallback is not None) == ("PYTHONWARNINGS" in variables), fallback
 
 
 def test_a_signal_reaches_the_command_and_its_status_comes_back(forkserver: Any,
