@@ -7,16 +7,21 @@ once, and for each command forks a child that runs the program as the real conso
 would: with the command's argv, working directory, environment, umask, ignored signals and
 signal mask, and its own stdin, stdout and stderr, the very file descriptors of the caller
 (passed over the Unix socket), so that isatty, pipes and redirections are the real
-program's. The client (``python -I -S zygote.py client ...``, or :func:`run` in a test's
-own process) waits for the child's exit status and exits with it; a signal the client gets
-(SIGTERM, SIGINT, SIGHUP, ...) is passed on to the child, and a child whose client dies
-without a word is killed. So ``lifecycle worker &`` in a page's shell, and the page's kill
-of its process group, behave as with the real program.
+program's. The client (``python -I -S zygote.py client ...``, which a page's shell finds as
+``lifecycle`` first on its PATH, or :meth:`Server.run` in a test's own process) waits for
+the child's exit status and exits with it; a signal the client gets (SIGTERM, SIGINT,
+SIGHUP, ...) is passed on to the child, and a child whose client dies
+without a word (SIGKILL) is killed. So ``lifecycle worker &`` in a page's shell, and the
+page's kill of its process group, behave as with the real program; the client dies of the
+signal its command died of (a shell shows 128+N). The session's end (the server's stdin
+closing) kills what still runs in it. tests/test_zygote.py compares the two.
 
 The child starts as a fresh program would:
 
-- The server executes nothing but imports (:data:`PRELOAD`): no cache is filled, no console
-  made, no thread started. What a module reads from the environment when it is imported is
+- The server executes nothing but imports (:data:`PRELOAD`): no cache of lifecycle's is
+  filled, no console made, no thread started, no file left open; what it imported is frozen
+  out of the collector's sight (``gc.freeze``), or each child's first full collection would
+  walk and copy all of it. What a module reads from the environment when it is imported is
   read again in the child: :mod:`lifecycle.cli.console` (whose rich consoles read
   ``COLUMNS``, ``TERM``, ``NO_COLOR``... when made) and the command modules that import
   it are never preloaded (the server checks), the machines' index reads
@@ -34,8 +39,11 @@ The child starts as a fresh program would:
   that is not the console script.
 
 What differs, and no test here reads: the child's parent is the server (``os.getppid()``),
-its process group and session are the server's, its hash seed is the server's, and a
-traceback it does not catch shows this module's frames below the console script's.
+its process group and session are the server's, its hash seed is the server's (so a set's
+order is the same in every command), its command line in ``ps`` is the server's, a
+traceback it does not catch shows this module's frames below the console script's, and
+modules it would import only for some commands are loaded already. A package a page
+installs over one the server imported would not be seen (no page installs one).
 """
 
 from __future__ import annotations
