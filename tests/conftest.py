@@ -168,6 +168,23 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     return outcome
 
 
+@pytest.fixture(scope="session")
+def forkserver() -> Iterator[Any]:
+    """A warm fork server of this session's (each xdist worker's) that runs the installed
+    ``lifecycle`` program for the tests that run it as a user does (tests/zygote.py): the
+    child of a process that imported it once, with the caller's argv, environment and
+    stdio, instead of a new interpreter importing it again for each command."""
+    import sys
+
+    from zygote import Server
+
+    server = Server(str(Path(sys.executable).with_name("lifecycle"))).start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
 REQUIRE_SLURM = os.environ.get("LIFECYCLE_REQUIRE_SLURM") == "1"
 
 

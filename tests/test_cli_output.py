@@ -2,8 +2,9 @@
 terminal, documents as ``key=value`` lines; and the demo's next steps, run as printed, show
 what the demo says they show.
 
-The commands run as a user runs them: the installed ``lifecycle`` program in a subprocess
-with ``COLUMNS`` set (rich reads the width when the program starts)."""
+The commands run as a user runs them: the installed ``lifecycle`` program with ``COLUMNS``
+set (rich reads the width when the program starts), as a fork of the session's fork server
+(conftest.py's ``forkserver``), which starts it as a new process would."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ import shlex
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,6 +29,15 @@ from lifecycle.machines import builtins
 from lifecycle.render import dot_program
 
 PROGRAM = Path(sys.executable).with_name("lifecycle")
+FORKS: list[Any] = []
+"""The session's fork server (conftest.py's ``forkserver``), while this module's tests run."""
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _forks(forkserver: Any) -> Iterator[None]:
+    FORKS.append(forkserver)
+    yield
+    FORKS.remove(forkserver)
 
 
 def user_env(columns: int) -> dict[str, str]:
@@ -38,8 +50,8 @@ def user_env(columns: int) -> dict[str, str]:
 
 
 def lifecycle(*args: str, cwd: Path, columns: int = 80, code: int = 0) -> str:
-    done = subprocess.run([str(PROGRAM), *args], cwd=cwd, env=user_env(columns),
-                          capture_output=True, text=True, timeout=600)
+    done = FORKS[-1].run([str(PROGRAM), *args], cwd=str(cwd), env=user_env(columns),
+                         timeout=600)
     assert done.returncode == code, f"{args}: exit {done.returncode}\n{done.stdout}{done.stderr}"
     return "".join(line.rstrip() + "\n" for line in done.stdout.splitlines())
 
@@ -187,8 +199,8 @@ def test_the_demo_next_steps_run_as_printed_and_show_the_story(demo: Demo) -> No
             argv = shlex.split(command)
             assert Path(argv[0]).resolve() == PROGRAM.resolve(), command  # not on $PATH
             running.append((command, argv, subprocess.Popen(
-                argv, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                env=user_env(80))))
+                [*FORKS[-1].client_command(argv[0]), *argv[1:]], cwd=folder,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=user_env(80))))
         for command, argv, process in running:
             stdout, stderr = process.communicate(timeout=600)
             assert process.returncode == 0, f"{command}:\n{stdout}{stderr}"

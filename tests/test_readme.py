@@ -31,6 +31,11 @@ The convention the pages are written to:
   Python process, in the same directory, so each sees the files and the database the
   blocks before it made. Two test runs on one machine run their pages in turn (a lock in
   the temporary directory), since an example may serve a fixed port.
+- ``lifecycle`` in a page's shell is the session's fork server's (conftest.py's
+  ``forkserver``, tests/zygote.py): a fork of a process that imported the program once,
+  which runs it with the command's argv, environment, directory and stdio, and the
+  virtualenv's ``bin`` first on the PATH it sees, as if it were the program itself (a
+  new interpreter importing it all for each command cost most of the pages' time).
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from databases import REQUIRE_POSTGRES, postgres_problem
@@ -243,9 +249,14 @@ class Python:
             self.process.wait()
 
 
-def environment(smtp_url: str, postgres: str | None = None) -> dict[str, str]:
+def environment(smtp_url: str, postgres: str | None = None,
+                shims: str | None = None) -> dict[str, str]:
+    """The page's environment; ``shims``, a directory put before the virtualenv's on PATH,
+    whose ``lifecycle`` runs the program in the session's fork server (conftest.py's
+    ``forkserver``: what the program sees is as if it were the virtualenv's)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("LIFECYCLE_")}
-    env.update(PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", COLUMNS="80",
+    path = [*([shims] if shims else []), str(BIN), os.environ.get("PATH", "")]
+    env.update(PATH=os.pathsep.join(path), COLUMNS="80",
                LIFECYCLE_SMTP_URL=smtp_url, PYTHONDONTWRITEBYTECODE="1")
     env.pop("VIRTUAL_ENV", None)
     env.pop("POSTGRES", None)
@@ -298,16 +309,16 @@ def serves(page: Path) -> bool:
 
 
 def run_page(page: Path, directory: Path, *, exclusive: bool = True,
-             postgres: str | None = None) -> Iterator[str]:
+             postgres: str | None = None, shims: str | None = None) -> Iterator[str]:
     """Run the page's examples; yield a description of each one that is not as shown.
     ``exclusive``: in turn with every other page (LOCK); a page that serves no fixed port
     need not wait for them. ``postgres``: the URL its ``needs: postgresql`` blocks run on
-    (None: they do not run)."""
+    (None: they do not run). ``shims``: see :func:`environment`."""
     name = page.relative_to(REPO) if REPO in page.parents else page.name
     with LOCK.open("a") as lock, MailSink() as sink:
         if exclusive:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        env = environment(sink.url, postgres)
+        env = environment(sink.url, postgres, shims)
         shell = Shell(directory, env)
         python: Python | None = None
         try:
@@ -341,11 +352,11 @@ def _name(page: Path) -> str:
 
 @pytest.mark.parametrize("page", [p for p in PAGES if any(
     b.lang in ("console", "python") for b in runnable(p, postgres="any"))], ids=_name)
-def test_examples_run_as_shown(page: Path, tmp_path: Path,
-                               request: pytest.FixtureRequest) -> None:
+def test_examples_run_as_shown(page: Path, tmp_path: Path, request: pytest.FixtureRequest,
+                               forkserver: Any) -> None:
     failures = []
     for failure in run_page(page, tmp_path, exclusive=serves(page),
-                            postgres=page_database(page, request)):
+                            postgres=page_database(page, request), shims=forkserver.shims):
         failures.append(failure)
         if len(failures) == 3:  # later examples usually fail because of the first
             break
