@@ -129,7 +129,8 @@ def test_until_idle_waits_for_effects_another_host_holds(
             status="running", attempts=1, claimed_by="elsewhere:4242:beef",
             claimant="another-boot/pid:[1]/4242/777",
             lease_until=engine.clock.now() + dt.timedelta(hours=1)))
-    process = subprocess.Popen([*LIFECYCLE, "worker", "--until-idle", "--db", db_url],
+    process = subprocess.Popen([*LIFECYCLE, "worker", "--until-idle", "--db", db_url,
+                                "--poll", "0.05"],  # it looks again soon after the lease
                                env=plugin_env, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     try:
