@@ -179,14 +179,29 @@ def test_the_sync_engine_runs_a_coroutine_probe(store: Store, clock: SimulatedCl
     assert engine.fire("j", "release").dest == "running"
 
 
+class _AheadLoop(asyncio.SelectorEventLoop):
+    """An event loop whose time (what ``asyncio.timeout`` reads) the test moves forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ahead = 0.0
+
+    def time(self) -> float:
+        return super().time() + self.ahead
+
+
 def test_coroutine_handlers_run_as_tasks_and_time_out(store: Store,
                                                       clock: SimulatedClock) -> None:
     """Handlers of different resources run at once on the loop (each waits for all of them);
-    one that hangs is cancelled at its timeout and retried."""
+    one that hangs is cancelled at its timeout and retried. The timeout is long (no busy
+    machine makes the others reach it); once the others returned, the loop's clock is moved
+    past it, rather than waited for."""
     count = 6
+    timeout = 30.0
     started: list[str] = []
     everyone = asyncio.Event()
     cancelled: list[str] = []
+    returned: list[str] = []
 
     async def remove(call: EffectCall) -> FollowUp:
         started.append(call.key)
@@ -199,6 +214,7 @@ def test_coroutine_handlers_run_as_tasks_and_time_out(store: Store,
                 cancelled.append(call.key)
                 raise
         await everyone.wait()
+        returned.append(call.key)  # no await from here to its end: it is out of its timeout
         return FollowUp("removed")
 
     async def site(request: ProbeRequest) -> dict[str, Any]:
@@ -206,22 +222,30 @@ def test_coroutine_handlers_run_as_tasks_and_time_out(store: Store,
 
     engine = AsyncEngine(store, [RISKY], guards=GUARDS, probes={"site": site}, clock=clock,
                          effects={"remove": Effect(remove, Retry(base=1, jitter=0),
-                                                   timeout=2.0)})
+                                                   timeout=timeout)})
     keys = [*(f"j{i}" for i in range(count - 1)), "stuck"]
+
+    async def past_the_timeout(loop: _AheadLoop) -> None:
+        while len(returned) < count - 1:
+            await asyncio.sleep(0.01)
+        loop.ahead += timeout
 
     async def main() -> None:
         for key in keys:
             await engine.create("job", key)
             await engine.fire(key, "release")
         worker = AsyncWorker(engine, concurrency=count)
+        loop = asyncio.get_running_loop()
+        assert isinstance(loop, _AheadLoop)
         async with asyncio.timeout(WAIT):
-            first = await worker.run_until_idle()
+            first, _ = await asyncio.gather(worker.run_until_idle(), past_the_timeout(loop))
         assert (first.done, first.retried) == (count - 1, 1)
         clock.advance(2)  # the retry of the one that hung is due
         async with asyncio.timeout(WAIT):
             assert (await worker.run_until_idle()).done == count
 
-    asyncio.run(main())
+    with asyncio.Runner(loop_factory=_AheadLoop) as runner:
+        runner.run(main())
     assert cancelled == ["stuck"]
     assert all(engine.engine.get(key).state == "down" for key in keys)
 

@@ -769,15 +769,15 @@ def test_fast_shutdown_while_the_queue_hangs(sqlite_url: str, tmp_path: Path) ->
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert process.stdout is not None and process.stdout.readline().strip() == "ready"
-
-        def hanging() -> bool:
-            return any(e.name == "update_job_queue" and e.status == "running"
-                       for e in effect_records(engine))
-
-        _wait(hanging, 30, "the queue update to hang")
-        time.sleep(0.2)
+        _wait(lambda: hang_file.with_name("hang.hanging").exists(), 30,
+              "the queue update to hang")
         process.send_signal(signal.SIGTERM)  # graceful: waits for the running handler
-        time.sleep(0.3)
+        assert process.stderr is not None
+        said = ""
+        while "finishing 1 running handlers" not in said:
+            line = process.stderr.readline()
+            assert line, f"the worker ended without waiting for its handler: {said}"
+            said += line
         assert process.poll() is None
         process.send_signal(signal.SIGTERM)  # fast: gives it back at once
         assert process.wait(timeout=120) == 0

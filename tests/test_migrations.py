@@ -220,7 +220,7 @@ def test_many_processes_upgrade_a_fresh_postgresql_database_at_once(
 
     command = [sys.executable, "-m", "lifecycle", "db", "upgrade", "--db", empty_postgres_url]
     processes = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True) for _ in range(20 if slow else 8)]
+                                  text=True) for _ in range(20 if slow else 4)]
     outcomes = [(p.wait(timeout=300), p.communicate()) for p in processes]
     failed = [(code, err) for code, (_, err) in outcomes if code != 0]
     assert not failed, failed[:3]

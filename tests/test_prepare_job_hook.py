@@ -12,6 +12,7 @@ import urllib.request
 from collections.abc import Iterator
 
 import pytest
+from databases import Templates
 from waiting import until
 
 from lifecycle import Engine, SimulatedClock, Store
@@ -21,9 +22,12 @@ LIFECYCLE = [sys.executable, "-m", "lifecycle"]
 WAIT = 120.0
 
 
-@pytest.fixture
-def served(sqlite_url: str) -> Iterator[tuple[str, Engine]]:
-    """A live `lifecycle serve` of the database, and an engine that writes in it."""
+@pytest.fixture(scope="module")
+def served(templates: Templates, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[tuple[str, Engine]]:
+    """A live `lifecycle serve` of a database, and an engine that writes in it: one for the
+    module (a server's start is most of a test's time), each test with drones of its own."""
+    sqlite_url = templates.sqlite(tmp_path_factory.mktemp("served") / "lifecycle.db")
     server = subprocess.Popen([*LIFECYCLE, "serve", "--port", "0", "--db", sqlite_url],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     engine = Engine(Store(sqlite_url), [drone.SPEC], guards=drone.GUARDS, strict=False,

@@ -3,7 +3,8 @@ holds nothing: a worker process paused (SIGSTOP) past its lease, another worker 
 its effects meanwhile, then woken (SIGCONT), starts none of them again; a cancelled
 ``AsyncWorker`` task, and one whose event loop was closed under it, give their claims back
 and renew nothing. Both drivers, both databases. Every wait waits for an event, with a
-deadline only against a hang."""
+deadline only against a hang; the pause lasts past the lease by a clock the test moves
+(procs/jump_clock.py), not by waiting for it."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from typing import Any
 
 import pytest
 from procs import gated
+from procs.jump_clock import JumpClock, jump
 from waiting import until
 
 from lifecycle import AsyncWorker, Effect, EffectCall, Engine, Store, Worker
@@ -30,18 +32,25 @@ from lifecycle.spec import load_spec
 
 TESTS = Path(__file__).resolve().parent
 RUN = [sys.executable, str(TESTS / "procs" / "run_gated_worker.py")]
-LEASE = 3.0
-"""The paused worker's lease (a heartbeat a third of it): short, so the test waits little."""
+LEASE = 30.0
+"""The paused worker's lease (a heartbeat a third of it): the default, so that no busy machine
+makes it lapse before the pause; the pause outlasts it by the clock the test moves."""
+ASYNC_LEASE = 1.5
+"""The lease of the async workers whose driver goes: the heartbeat (a third of it) is what
+notices a closed loop, so the test waits about that long; a claim still has a second of it
+left for its handler to start (a busy machine that takes longer makes the worker give the
+claim back and claim it again, which the test allows)."""
 
 
 
 
 @pytest.fixture
 def gated_engine(db_url: str, tmp_path: Path) -> Iterator[Engine]:
+    """The gated machine's engine, its time the JumpClock of tmp_path/clock."""
     os.environ["GATED_CALLS"] = str(tmp_path / "calls")
     os.environ["GATED_GATE"] = str(tmp_path / "gate")
     engine = Engine(Store(db_url, upgrade=True), [load_spec(gated.SPEC)],
-                    effects=gated.effects)
+                    effects=gated.effects, clock=JumpClock(tmp_path / "clock"))
     yield engine
     engine.store.dispose()
     for name in ("GATED_CALLS", "GATED_GATE"):
@@ -113,8 +122,9 @@ def _stderr_lines(process: subprocess.Popen[str]) -> list[str]:
 @pytest.mark.parametrize("kind", ["sync", "async"])
 def test_a_worker_paused_past_its_lease_starts_nothing_it_lost(
         gated_engine: Engine, db_url: str, tmp_path: Path, kind: str) -> None:
-    """P1 claims 12 effects and runs 2 (concurrency 2); it is paused past its lease; P2
-    takes over and finishes all 12; P1 is woken. P1 may finish the 2 handlers it was
+    """P1 claims 12 effects and runs 2 (concurrency 2); it is paused past its lease (its
+    clock and P2's jump two leases while it is stopped); P2 takes over and finishes all 12;
+    P1 is woken. P1 may finish the 2 handlers it was
     running (that window cannot be closed), but starts none of the 10 it had queued: every
     effect whose handler P1 had not started runs exactly once in all."""
     engine = gated_engine
@@ -124,7 +134,7 @@ def test_a_worker_paused_past_its_lease_starts_nothing_it_lost(
     for key in keys:
         engine.create("gated", key)
         engine.fire(key, "go")
-    p1 = subprocess.Popen([*RUN, kind, db_url, str(LEASE), "2", "12"],
+    p1 = subprocess.Popen([*RUN, kind, db_url, str(LEASE), "2", "12", str(tmp_path / "clock")],
                           stderr=subprocess.PIPE, text=True, env=dict(os.environ))
     log = _stderr_lines(p1)
     try:
@@ -133,7 +143,8 @@ def test_a_worker_paused_past_its_lease_starts_nothing_it_lost(
         started_by_p1 = set(_starts(tmp_path))
         assert len(started_by_p1) == 2
         gate.unlink()
-        # P1's leases run out while it sleeps
+        jump(tmp_path / "clock", 2 * LEASE)  # P1 sleeps for two leases, by its clock and ours
+        # P1's leases ran out while it slept
         until(lambda: all(r.status == "pending" or (r.lease_until is not None and
                                                      r.lease_until < engine.clock.now())
                            for r in effect_records(engine)), "P1's leases to run out")
@@ -211,7 +222,7 @@ def test_a_cancelled_async_worker_gives_its_claims_back(db_url: str) -> None:
     started: list[str] = []
     engine = _waiting_engine(db_url, started)
     _six_effects(engine)
-    worker = AsyncWorker(engine, concurrency=2, batch=6, lease=LEASE)
+    worker = AsyncWorker(engine, concurrency=2, batch=6, lease=ASYNC_LEASE)
 
     async def main() -> None:
         asyncio.get_running_loop().create_task(worker.run())
@@ -235,7 +246,7 @@ def test_an_async_worker_whose_loop_was_closed_gives_its_claims_back(db_url: str
     started: list[str] = []
     engine = _waiting_engine(db_url, started)
     _six_effects(engine)
-    worker = AsyncWorker(engine, concurrency=2, batch=6, lease=LEASE)
+    worker = AsyncWorker(engine, concurrency=2, batch=6, lease=ASYNC_LEASE)
     loop = asyncio.new_event_loop()
     task: Any = loop.create_task(worker.run())
 

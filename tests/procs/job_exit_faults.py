@@ -35,7 +35,8 @@ class FaultyQueue(JobQueue):
     """The database queue behind faults: the first ``fail_times`` calls raise ``error``; the
     next ``hang_times`` calls sleep ``hang`` seconds first (longer than the effect's timeout,
     so the worker abandons them); while ``down`` is set or ``down_file`` exists, every call
-    raises; while ``hang_file`` exists, every call blocks."""
+    raises; while ``hang_file`` exists, every call blocks (and creates ``hang_file``.hanging,
+    for a test to see that it does)."""
 
     def __init__(self, *, fail_times: int = 0, error: BaseException | None = None,
                  hang: float = 0.0, hang_times: int = 0, down: threading.Event | None = None,
@@ -64,6 +65,8 @@ class FaultyQueue(JobQueue):
             if hang:
                 self.hangs += 1
         if self.hang_file is not None:
+            if self.hang_file.exists():
+                self.hang_file.with_name(self.hang_file.name + ".hanging").touch()
             deadline = time.monotonic() + 120
             while self.hang_file.exists() and time.monotonic() < deadline:
                 time.sleep(0.02)

@@ -3,7 +3,8 @@
 - ``crash-loop URL CRASH_LOG PROBABILITY SMTP_URL PARALLEL TIMEOUT``: fork PARALLEL workers
   at a time, each killing itself with SIGKILL at random crash points, and fork new ones as
   they die, until the outbox is empty; print a JSON summary (``procs.crash_loop``).
-- ``hang URL HANG_FILE``: work until a signal, the job queue blocking while HANG_FILE exists.
+- ``hang URL HANG_FILE``: work until a signal, the job queue blocking while HANG_FILE exists
+  (it creates HANG_FILE.hanging when it blocks); lifecycle's INFO lines on stderr.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ def main() -> None:
                    parallel=int(sys.argv[6]), timeout=float(sys.argv[7]))
     elif kind == "hang":
         engine = job_exit_faults.hang_engine(url, Path(sys.argv[3]))
+        logging.getLogger("lifecycle").setLevel(logging.INFO)  # the test reads its log
         print("ready", flush=True)
         Worker(engine, poll=0.05, name="hanging-queue-worker").run(handle_signals=True)
     else:
