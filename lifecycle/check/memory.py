@@ -451,8 +451,12 @@ def _calls_of(machine: Playable, start: dt.datetime) -> Calls:
 
 
 def _memo(resource: Res, head: Pending, now: float, world: Frozen) -> tuple[Any, ...]:
-    """What a handler's call is remembered by: a handler is a function of these."""
-    return (resource.key, head, resource.data, world, now)
+    """What a handler's call is remembered by: a handler is a function of these, what
+    :meth:`Memory._handle` makes its call of. Not of when the attempt fell due: two heads
+    that differ only there (a retry due at 60 s run at 90 s, one due at 90 s run then) make
+    the same call, which runs once."""
+    return (resource.key, head.name, head.args, head.fence, head.position, head.trigger,
+            head.payload, head.attempts, head.progress, resource.data, world, now)
 
 
 def _observed(resource: Res, status: Frozen, at: float, source: str) -> Res:
