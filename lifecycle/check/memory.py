@@ -96,6 +96,7 @@ class Memory:
     def __init__(self, machine: Playable, start: dt.datetime) -> None:
         self.start = start
         self.clock = _Moment(start)
+        self._times: dict[float, dt.datetime] = {}
         self.world = World(clock=self.clock)
         simulation = machine.simulation
         guards, effects, probes = (simulation(self.world) if simulation is not None
@@ -110,7 +111,10 @@ class Memory:
         checking it again (other bounds, other moves of its world) reuses the calls."""
 
     def time(self, seconds: float) -> dt.datetime:
-        return self.start + dt.timedelta(seconds=seconds)
+        found = self._times.get(seconds)
+        if found is None:  # a few distinct times, asked for at every move
+            found = self._times[seconds] = self.start + dt.timedelta(seconds=seconds)
+        return found
 
     # -- moves -------------------------------------------------------------------------
 
