@@ -84,7 +84,7 @@ class _StateWorld(World):
     _frozen: Frozen | None
     _status: dict[str, dict[str, Any]]
 
-    @property  # type: ignore[override]
+    @property
     def status(self) -> dict[str, dict[str, Any]]:
         if self._frozen is not None:
             self._status, self._frozen = thaw(self._frozen), None
