@@ -185,11 +185,13 @@ _RENDER = """
 async (text, id) => {
   const out = document.getElementById('out');
   out.innerHTML = '';
-  try { await mermaid.parse(text); }
-  catch (e) { return {error: 'parse error: ' + (e && e.message || e)}; }
   let result;
-  try { result = await mermaid.render(id, text); }
-  catch (e) { return {error: 'render error: ' + (e && e.message || e)}; }
+  try { result = await mermaid.render(id, text); }  // which parses it first
+  catch (e) {  // told apart only on failure: parsing costs startd's diagram half a second
+    try { await mermaid.parse(text); }
+    catch (p) { return {error: 'parse error: ' + (p && p.message || p)}; }
+    return {error: 'render error: ' + (e && e.message || e)};
+  }
   out.innerHTML = result.svg;
   const svg = out.querySelector('svg');
   const box = svg.getBoundingClientRect();
