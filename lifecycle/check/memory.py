@@ -159,10 +159,10 @@ class Memory:
         self._enter(state, not isinstance(move, Advance | Note | Observe | Update | Retry))
         fired: Fired | None = None
         if isinstance(move, Advance):
-            state = replace(state, now=state.now + move.seconds)
+            state = state.but(now=state.now + move.seconds)
         elif isinstance(move, Note):
             extra = {**thaw(state.extra), **{k: v for k, v in move.values}}
-            state = replace(state, extra=freeze(extra))
+            state = state.but(extra=freeze(extra))
         elif isinstance(move, SetWorld):
             self.world.put(move.key, dict(move.status))
         elif isinstance(move, Create):
@@ -198,7 +198,7 @@ class Memory:
         else:
             raise CheckError(f"unknown move {move!r}")
         if isinstance(move, SetWorld | RunEffect | Crash | Begin | Finish):  # the world's
-            state = replace(state, world=self.world.frozen())
+            state = state.but(world=self.world.frozen())
         return state, list(self.world.actions), fired
 
     def _enter(self, state: State, world: bool = True) -> None:
