@@ -74,6 +74,9 @@ def pytest_configure(config: pytest.Config) -> None:
     directory of this session's (of each xdist worker's), never in the user's ~/.cache."""
     import tempfile
 
+    # what the tests fetch once for every run (mermaid from npm: tests/render/chromium.py)
+    # stays in the user's cache, or each session would install it again (some 15 s)
+    os.environ.setdefault("LIFECYCLE_USER_CACHE", os.environ.get("XDG_CACHE_HOME") or "")
     _CACHE.append(tempfile.mkdtemp(prefix="lifecycle-test-cache-"))
     os.environ["XDG_CACHE_HOME"] = _CACHE[-1]
 

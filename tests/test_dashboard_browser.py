@@ -55,8 +55,9 @@ def drones(tmp_path_factory: pytest.TempPathFactory) -> str:
     return url
 
 
-@pytest.fixture
-def browser(tmp_path: Path) -> Iterator[Any]:
+@pytest.fixture(scope="module")
+def chromium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One Chromium and its driver for the module's tests (each start costs a second)."""
     problem = _missing()
     if problem:
         if REQUIRE_BROWSER:
@@ -67,14 +68,26 @@ def browser(tmp_path: Path) -> Iterator[Any]:
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for flag in [*FLAGS, f"--user-data-dir={tmp_path / 'profile'}"]:
+    profile = tmp_path_factory.mktemp("chromium") / "profile"
+    for flag in [*FLAGS, f"--user-data-dir={profile}"]:
         options.add_argument(flag)
     driver = webdriver.Chrome(options=options, service=Service(executable_path=DRIVER))
     driver.set_page_load_timeout(WAIT_SECONDS)
+    driver.first_size = driver.get_window_size()
     try:
         yield driver
     finally:
         driver.quit()
+
+
+@pytest.fixture
+def browser(chromium: Any) -> Iterator[Any]:
+    """The module's browser on a blank page at its first size, as a test found it fresh
+    (each test serves the dashboard on a port of its own: an origin no test saw before)."""
+    chromium.get("about:blank")
+    chromium.set_window_size(chromium.first_size["width"], chromium.first_size["height"])
+    yield chromium
+    chromium.get("about:blank")
 
 
 def _shot(driver: Any, path: Path) -> None:
@@ -201,8 +214,10 @@ def test_a_machines_diagram_is_drawn_to_read_and_zooms(drones: str, browser: Any
 
 
 def test_the_live_page_follows_writes_without_a_reload(drones: str, browser: Any,
-                                                      tmp_path: Path) -> None:
-
+                                                      tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # the page asks every LIVE_POLL_MS (2 s); a tenth of it waits less for the same proof
+    monkeypatch.setattr("lifecycle.dashboard.app.LIVE_POLL_MS", 200)
     with served(drones) as base:
         browser.get(base + "/live")
         marker = browser.execute_script("window.sameDocument = 'yes'; return 1")

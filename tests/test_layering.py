@@ -10,6 +10,7 @@ The layers, lowest first (ARCHITECTURE.md draws them):
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,9 +84,24 @@ def _resolve(importer: str, level: int, target: str | None) -> str:
     return ".".join(parts) or "__init__"
 
 
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    """A file's syntax tree, parsed once for all the rules (which only read it)."""
+    return ast.parse(path.read_text(), str(path))
+
+
 def imports() -> Iterator[Import]:
+    return iter(_imports())
+
+
+@functools.cache
+def _imports() -> tuple[Import, ...]:
+    return tuple(_read_imports())
+
+
+def _read_imports() -> Iterator[Import]:
     for name, path in MODULES.items():
-        tree = ast.parse(path.read_text(), str(path))
+        tree = parsed(path)
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom):
                 if node.level == 0 and not (node.module or "").startswith("lifecycle"):
@@ -154,7 +170,7 @@ def test_no_private_name_is_used_across_modules() -> None:
             if name.startswith("_") and not name.startswith("__"):
                 used.append(f"{found.importer}:{found.line}: from {found.module} import {name}")
     for name, path in MODULES.items():
-        tree = ast.parse(path.read_text(), str(path))
+        tree = parsed(path)
         aliases = {alias.asname or alias.name for node in ast.walk(tree)
                    if isinstance(node, ast.ImportFrom) and (node.level or (
                        node.module or "").startswith("lifecycle"))
@@ -178,7 +194,7 @@ def test_no_long_function_in_the_core() -> None:
     for name, path in MODULES.items():
         if LAYERS[layer_of(name)][0] not in CORE:
             continue
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(parsed(path)):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 lines = (node.end_lineno or node.lineno) - node.lineno + 1
                 if lines > LONGEST_FUNCTION:
@@ -198,7 +214,7 @@ def sqlalchemy_imports() -> Iterator[tuple[Path, int, str]]:
     """(file, line, module) of every SQLAlchemy import in lifecycle/, every ``.py`` file read
     (the migration branches too, which the layer rules skip: they are no modules)."""
     for path in sorted(PACKAGE.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(parsed(path)):
             modules = ([node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
                        else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
             for module in modules:
@@ -274,7 +290,7 @@ def test_no_class_uses_another_class_private_names() -> None:
     change another (the worker's two drivers share its core through public steps)."""
     used, allowed = [], set()
     for name, path in MODULES.items():
-        for cls, line, expression in private_uses(ast.parse(path.read_text(), str(path))):
+        for cls, line, expression in private_uses(parsed(path)):
             if (name, cls, expression) in OTHERS_PRIVATE_NAMES:
                 allowed.add((name, cls, expression))
             else:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import struct
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -439,6 +440,8 @@ def test_mermaid_draws_every_machine(name: str, mermaid_page: MermaidPage,
 
     picture = mermaid_page.screenshot(drawn, screenshots / f"{d.machine}.png")
     assert picture.startswith(b"\x89PNG") and len(picture) > 5000
+    width, height = struct.unpack(">II", picture[16:24])  # the PNG header: the whole drawing
+    assert width >= drawn.width and height >= drawn.height, (width, height)
 
 
 def test_mermaid_refuses_what_it_cannot_parse(mermaid_page: MermaidPage) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import copy
 import datetime as dt
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import LifecycleError
@@ -568,7 +568,7 @@ def _try(model: Model, memory: Memory, state: State, label: str, moves: tuple[Mo
     if model.tally is not None:
         counted = model.tally(View(after, model.start, behind=behind), actions)
         if counted:
-            after = replace(after, extra=freeze({**thaw(after.extra), **counted}))
+            after = after.but(extra=freeze({**thaw(after.extra), **counted}))
     hop = Hop(label, moves, actions, fired, after)
     before_view = View(state, model.start)
     after_view = View(after, model.start, behind=behind)

@@ -75,6 +75,41 @@ class _Moment(SimulatedClock):
         return self.at
 
 
+class _StateWorld(World):
+    """The world of the state a move starts from: its status is thawed from the state's
+    frozen one only when something reads it (a handler, a probe, a guard, a world's move),
+    and frozen again only when it was read: most moves read none, and a handler's call
+    remembered sets the world it left without thawing it."""
+
+    _frozen: Frozen | None
+    _status: dict[str, dict[str, Any]]
+
+    @property
+    def status(self) -> dict[str, dict[str, Any]]:
+        if self._frozen is not None:
+            self._status, self._frozen = thaw(self._frozen), None
+        return self._status
+
+    @status.setter
+    def status(self, value: dict[str, dict[str, Any]]) -> None:
+        self._status, self._frozen = value, None
+
+    def load(self, frozen: Frozen) -> None:
+        """Make ``frozen`` the status (thawed when first read)."""
+        self._frozen = frozen
+
+    def put(self, key: str, status: dict[str, Any]) -> None:
+        """Set ``key``'s status, in the frozen status when nothing thawed it."""
+        if self._frozen is None:
+            self._status[key] = status
+        else:  # as freeze() orders it: by key
+            self._frozen = Frozen(sorted({**dict(self._frozen), key: freeze(status)}.items()))
+
+    def frozen(self) -> Frozen:
+        """The status frozen (as loaded, when nothing read it since)."""
+        return self._frozen if self._frozen is not None else freeze(self._status)
+
+
 @dataclass(frozen=True, slots=True)
 class Fired:
     """What a fire or a step came to (as ``replay`` shows it)."""
@@ -96,7 +131,8 @@ class Memory:
     def __init__(self, machine: Playable, start: dt.datetime) -> None:
         self.start = start
         self.clock = _Moment(start)
-        self.world = World(clock=self.clock)
+        self._times: dict[float, dt.datetime] = {}
+        self.world = _StateWorld(clock=self.clock)
         simulation = machine.simulation
         guards, effects, probes = (simulation(self.world) if simulation is not None
                                    else (machine.guards, {}, {}))
@@ -110,7 +146,10 @@ class Memory:
         checking it again (other bounds, other moves of its world) reuses the calls."""
 
     def time(self, seconds: float) -> dt.datetime:
-        return self.start + dt.timedelta(seconds=seconds)
+        found = self._times.get(seconds)
+        if found is None:  # a few distinct times, asked for at every move
+            found = self._times[seconds] = self.start + dt.timedelta(seconds=seconds)
+        return found
 
     # -- moves -------------------------------------------------------------------------
 
@@ -120,12 +159,12 @@ class Memory:
         self._enter(state, not isinstance(move, Advance | Note | Observe | Update | Retry))
         fired: Fired | None = None
         if isinstance(move, Advance):
-            state = replace(state, now=state.now + move.seconds)
+            state = state.but(now=state.now + move.seconds)
         elif isinstance(move, Note):
             extra = {**thaw(state.extra), **{k: v for k, v in move.values}}
-            state = replace(state, extra=freeze(extra))
+            state = state.but(extra=freeze(extra))
         elif isinstance(move, SetWorld):
-            self.world.status[move.key] = dict(move.status)
+            self.world.put(move.key, dict(move.status))
         elif isinstance(move, Create):
             state = self._create(state, move)
         elif isinstance(move, Observe):
@@ -159,14 +198,14 @@ class Memory:
         else:
             raise CheckError(f"unknown move {move!r}")
         if isinstance(move, SetWorld | RunEffect | Crash | Begin | Finish):  # the world's
-            state = replace(state, world=freeze(self.world.status))
+            state = state.but(world=self.world.frozen())
         return state, list(self.world.actions), fired
 
     def _enter(self, state: State, world: bool = True) -> None:
         """Set the world the handlers and probes see to the state's (``world``: a move that
         calls no handler nor probe needs none)."""
         if world:
-            self.world.status = thaw(state.world)
+            self.world.load(state.world)
         self.world.actions = []
         self.clock.at = self.time(state.now)
 
@@ -303,7 +342,7 @@ class Memory:
         head = resource.head()
         assert head is not None and head.begun is None
         begun(self.world, key)
-        world = freeze(self.world.status)
+        world = self.world.frozen()
         self._call(resource, head, state.now, world)
         started = replace(head, begun=_memo(resource, head, state.now, world))
         return state.put(replace(resource, effects=(started, *resource.effects[1:])))
@@ -343,11 +382,11 @@ class Memory:
         done = self._calls.get(memo)
         if done is None:
             call, outcome = self._handle(resource, head, now)
-            done = (freeze(call.progress), outcome, freeze(self.world.status),
+            done = (freeze(call.progress), outcome, self.world.frozen(),
                     tuple(self.world.actions))
             self._calls[memo] = done
         else:
-            self.world.status = thaw(done[2])
+            self.world.load(done[2])
             self.world.actions.extend(done[3])
         return done[0], done[1]
 
@@ -451,8 +490,12 @@ def _calls_of(machine: Playable, start: dt.datetime) -> Calls:
 
 
 def _memo(resource: Res, head: Pending, now: float, world: Frozen) -> tuple[Any, ...]:
-    """What a handler's call is remembered by: a handler is a function of these."""
-    return (resource.key, head, resource.data, world, now)
+    """What a handler's call is remembered by: a handler is a function of these, what
+    :meth:`Memory._handle` makes its call of. Not of when the attempt fell due: two heads
+    that differ only there (a retry due at 60 s run at 90 s, one due at 90 s run then) make
+    the same call, which runs once."""
+    return (resource.key, head.name, head.args, head.fence, head.position, head.trigger,
+            head.payload, head.attempts, head.progress, resource.data, world, now)
 
 
 def _observed(resource: Res, status: Frozen, at: float, source: str) -> Res:

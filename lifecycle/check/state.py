@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 _LIST = "\x00list"
@@ -129,6 +129,10 @@ class State:
     _hash: int | None = field(default=None, init=False, repr=False, compare=False)
     """The hash, computed once: a state is looked up many times (each explored move's state
     in the graph's maps), and hashing one walks every nested value."""
+    _where: dict[str, int] | None = field(default=None, init=False, repr=False,
+                                          compare=False)
+    """Each resource's index by key, made at the first :meth:`find`: the world's actions,
+    the invariants and the moves look resources up by key many times in one state."""
 
     def __hash__(self) -> int:
         found = self._hash
@@ -138,15 +142,33 @@ class State:
         return found
 
     def find(self, key: str) -> tuple[int, Res]:
-        for index, resource in enumerate(self.resources):
-            if resource.key == key:
-                return index, resource
-        raise KeyError(key)
+        where = self._where
+        if where is None:
+            where = {r.key: i for i, r in enumerate(self.resources)}
+            object.__setattr__(self, "_where", where)
+        index = where[key]
+        return index, self.resources[index]
+
+    def but(self, *, now: float | None = None, world: Frozen | None = None,
+            extra: Frozen | None = None) -> State:
+        """This state with another time, world or extra values, its resources as they are
+        (and their index kept): ``dataclasses.replace`` is slow for a move made this often."""
+        changed = State(self.now if now is None else now, self.resources,
+                        self.world if world is None else world,
+                        self.extra if extra is None else extra)
+        object.__setattr__(changed, "_where", self._where)
+        return changed
 
     def put(self, resource: Res) -> State:
         """This state with ``resource`` written (added in key order when it is new)."""
-        others = [r for r in self.resources if r.key != resource.key]
-        return replace(self, resources=tuple(sorted([*others, resource], key=lambda r: r.key)))
+        resources = self.resources
+        index = None if self._where is None else self._where.get(resource.key)
+        if index is not None:  # in its place: the keys and their order stay
+            written = (*resources[:index], resource, *resources[index + 1:])
+        else:
+            others = [r for r in resources if r.key != resource.key]
+            written = tuple(sorted([*others, resource], key=lambda r: r.key))
+        return State(self.now, written, self.world, self.extra)
 
 
 @dataclass(frozen=True)
