@@ -52,10 +52,10 @@ pipeline:
   - __type__: cobald.controller.linear.LinearController
     low_utilisation: 0.5
     high_allocation: 0.5
-    rate: 12
-    interval: 0.25
+    rate: 30
+    interval: 0.1
   - !LifecyclePoolFactory {configuration: tardis.yml, database: "sqlite:///drones.db",
-                           interval: 0.25, heartbeat: 0.25}
+                           interval: 0.1, heartbeat: 0.1}
 """
 
 
