@@ -54,16 +54,18 @@ pipeline:
     high_allocation: 0.5
     rate: 30
     interval: 0.1
-  - !LifecyclePoolFactory {configuration: tardis.yml, database: "sqlite:///drones.db",
-                           interval: 0.1, heartbeat: 0.1}
+  - __type__: cobald.decorator.standardiser.Standardiser
+    maximum: {quota}
+  - !LifecyclePoolFactory {{configuration: tardis.yml, database: "sqlite:///drones.db",
+                            interval: 0.1, heartbeat: 0.1}}
 """
 
 
-def start(folder: Path, tardis_yml: str,
+def start(folder: Path, tardis_yml: str, quota: int,
           env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """COBalD's daemon on ``folder``'s cobald.yml and the TARDIS configuration given."""
     (folder / "tardis.yml").write_text(tardis_yml)
-    (folder / "cobald.yml").write_text(COBALD_YML)
+    (folder / "cobald.yml").write_text(COBALD_YML.format(quota=quota))
     (folder / "utilisation").write_text("1.0")
     env = {**(env or os.environ), "PYTHONPATH": os.pathsep.join(filter(None, [
         str(TESTS), os.environ.get("PYTHONPATH")]))}
@@ -75,7 +77,7 @@ def start(folder: Path, tardis_yml: str,
 
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
-    process = start(tmp_path, TARDIS_YML)
+    process = start(tmp_path, TARDIS_YML, 3)
     try:
         yield process, tmp_path
     finally:
@@ -201,7 +203,7 @@ BatchSystem:
   utilisation: {{__type__: procs.file_value.FileValue, path: utilisation}}
   machine_status: Available
 """
-    process = start(tmp_path, tardis_yml, cluster.env)
+    process = start(tmp_path, tardis_yml, 2, cluster.env)
     read = Reader(process, tmp_path)
     try:
         def deployed() -> list[Any]:
