@@ -191,11 +191,12 @@ def forkserver() -> Iterator[Any]:
 REQUIRE_SLURM = os.environ.get("LIFECYCLE_REQUIRE_SLURM") == "1"
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Any]:
-    """A single-node Slurm (munged, slurmctld, slurmd) of the test module's own (the Slurm
-    site's and the dispatcher's tests each leave jobs the other must not meet); skipped
-    without the Slurm packages or root, unless LIFECYCLE_REQUIRE_SLURM=1."""
+@pytest.fixture(scope="session")
+def slurm_session() -> Iterator[Any]:
+    """A single-node Slurm (munged, slurmctld, slurmd) for the session (per xdist worker):
+    starting one costs a second and a half, and a fresh slurmctld schedules its first job a
+    second later than the next; skipped without the Slurm packages or root, unless
+    LIFECYCLE_REQUIRE_SLURM=1. Tests take it through ``cluster``."""
     from slurm_cluster import missing_binaries, start_cluster
 
     problem = None
@@ -213,6 +214,16 @@ def cluster() -> Iterator[Any]:
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(slurm_session: Any) -> Iterator[Any]:
+    """The session's Slurm, with no job of another module's in it (the Slurm site's and the
+    dispatcher's tests each leave jobs the other must not meet): at the module's end every
+    job is cancelled, and waited for until none is pending, running or completing."""
+    slurm_session.clear()
+    yield slurm_session
+    slurm_session.clear()
 
 
 @pytest.fixture

@@ -99,18 +99,25 @@ class SlurmCluster:
                 out.append(f"--- {path}\n" + "\n".join(tail))
         return "\n".join(out)
 
+    def clear(self, timeout: float = 30) -> None:
+        """Cancel every job and wait until squeue lists none (pending, running or
+        completing): the tests after meet none of them, and have the node's CPUs."""
+        if not self.run("squeue", "-h", "-o", "%A").strip():
+            return
+        self.run("scancel", "--user", pwd.getpwuid(os.getuid()).pw_name)
+        deadline = time.monotonic() + timeout
+        while left := self.run("squeue", "-h", "-o", "%A|%T").split():
+            if time.monotonic() > deadline:
+                raise ClusterError(f"jobs still listed {timeout} s after scancel: "
+                                   f"{' '.join(left)}\n{self.log_tail()}")
+            time.sleep(0.05)
+
     def stop(self, remove: bool = True) -> None:
         """Cancel what still runs, stop the daemons by pid, remove the directory (with
         ``remove=False``, empty it for another start but for the logs)."""
         if self.processes.get("slurmctld") and self.processes["slurmctld"].poll() is None:
             with contextlib.suppress(Exception):
-                self.run("scancel", "--user", pwd.getpwuid(os.getuid()).pw_name, check=False)
-                deadline = time.monotonic() + 5
-                while time.monotonic() < deadline and self.run(
-                    "squeue", "-h", "-t", "RUNNING,COMPLETING,CONFIGURING", "-o", "%A",
-                    check=False,
-                ).strip():
-                    time.sleep(0.1)
+                self.clear(timeout=5)
         for name in ("slurmd", "slurmctld", "munged"):
             proc = self.processes.pop(name, None)
             if proc is not None:
@@ -186,7 +193,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SlurmdParameters=config_overrides
 ReturnToService=2
-KillWait=5
+KillWait=1
 StateSaveLocation={d}/state
 SlurmdSpoolDir={d}/spool
 SlurmctldPidFile={d}/run/slurmctld.pid

@@ -52,18 +52,23 @@ pipeline:
   - __type__: cobald.controller.linear.LinearController
     low_utilisation: 0.5
     high_allocation: 0.5
-    rate: 12
-    interval: 0.25
-  - !LifecyclePoolFactory {configuration: tardis.yml, database: "sqlite:///drones.db",
-                           interval: 0.25, heartbeat: 0.25}
+    rate: 30
+    interval: 0.1
+  - __type__: cobald.decorator.standardiser.Standardiser
+    maximum: {ceiling}
+  - !LifecyclePoolFactory {{configuration: tardis.yml, database: "sqlite:///drones.db",
+                            interval: 0.1, heartbeat: 0.1}}
 """
 
 
-def start(folder: Path, tardis_yml: str,
+def start(folder: Path, tardis_yml: str, quota: int,
           env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """COBalD's daemon on ``folder``'s cobald.yml and the TARDIS configuration given."""
     (folder / "tardis.yml").write_text(tardis_yml)
-    (folder / "cobald.yml").write_text(COBALD_YML)
+    # the controller's demand stops at twice the site's quota: unbounded, it wound up while
+    # the drones booted (to 39 for a quota of 3) and took as many rounds to come down before
+    # any drone was released; twice the quota leaves the quota to the factory's own pools
+    (folder / "cobald.yml").write_text(COBALD_YML.format(ceiling=2 * quota))
     (folder / "utilisation").write_text("1.0")
     env = {**(env or os.environ), "PYTHONPATH": os.pathsep.join(filter(None, [
         str(TESTS), os.environ.get("PYTHONPATH")]))}
@@ -75,7 +80,7 @@ def start(folder: Path, tardis_yml: str,
 
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
-    process = start(tmp_path, TARDIS_YML)
+    process = start(tmp_path, TARDIS_YML, 3)
     try:
         yield process, tmp_path
     finally:
@@ -136,6 +141,7 @@ def test_cobalds_daemon_runs_lifecycles_drones_through_tardis_adapters(
         until(lambda: read.alive() and len(read.drones("available")) == 3,
               "three drones available", WAIT)
         up = sorted(r.key for r in read.drones("available"))
+        assert len(read.drones()) == 3                  # the quota: no more were made
         assert all(key.startswith("fake-m1-") for key in up)
         ready = read.engine()
         assert ready is not None
@@ -201,7 +207,7 @@ BatchSystem:
   utilisation: {{__type__: procs.file_value.FileValue, path: utilisation}}
   machine_status: Available
 """
-    process = start(tmp_path, tardis_yml, cluster.env)
+    process = start(tmp_path, tardis_yml, 2, cluster.env)
     read = Reader(process, tmp_path)
     try:
         def deployed() -> list[Any]:

@@ -994,7 +994,9 @@ def test_real_slurm_job_that_ignores_term(live: Callable[..., Live],
             last_scancel = entry.at
     lines = [r for r in caplog.records if "still in squeue" in r.getMessage()]
     assert len(lines) == 1                                    # throttled: one per container
-    box.cluster.run("scancel", "--full", "--signal=KILL", job)  # end it for good
+    # end it for good: KILL to the batch shell (the job ends with it, at once; a KILL to
+    # the whole job would be a termination, TERM first and KILL only after KillWait)
+    box.cluster.run("scancel", "--batch", "--signal=KILL", job)
     assert box.until(key, lambda r: r.state == "gone").state == "gone"
 
 

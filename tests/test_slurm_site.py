@@ -1,4 +1,4 @@
-"""The Slurm site against a real single-node Slurm that this module starts (slurmctld, slurmd,
+"""The Slurm site against a real single-node Slurm (the session's: slurmctld, slurmd,
 munged; see tests/slurm_cluster.py). Skipped when the Slurm binaries are missing or the tests
 do not run as root, except with LIFECYCLE_REQUIRE_SLURM=1 (set by .ci/run), which makes
 that a failure."""
