@@ -25,9 +25,12 @@ def test_a_running_child_is_seen_and_an_exited_one_is_not(
             return real_open(path, *args, **kwargs)  # type: ignore[call-overload]
 
         monkeypatch.setattr("builtins.open", no_children_file)
-    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
-                             stdin=subprocess.PIPE)
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; print('up', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
+        assert child.stdout is not None
+        assert child.stdout.readline() == b"up\n"  # its command line is its own from now on
         seen = conftest._children()
         assert child.pid in seen, seen
         assert "sys.stdin.read()" in seen[child.pid]
