@@ -5,9 +5,10 @@ BIN := $(VENV)/bin
 RUNTIME := $(VENV)/.runtime-installed
 STAMP := $(VENV)/.installed
 
-# the suite runs in this many processes (pytest-xdist); most of its time is spent waiting for
-# databases, Slurm and worker processes, so two share even a small machine well
-TEST_JOBS ?= 2
+# the suite runs in this many processes (pytest-xdist); much of its time is spent waiting for
+# databases, Slurm, Chromium and worker processes, so four share even a small machine well
+# (on 2 idle cores: 2:43 of pytest with four, 2:55 with three, 3:18 with two)
+TEST_JOBS ?= 4
 # the tests' bytecode is kept (in .venv, not beside the sources) even where the environment
 # sets PYTHONDONTWRITEBYTECODE: without it every pytest process (the main one and each xdist
 # worker) rewrites the assertions of every test module again, and every `lifecycle` or worker
