@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 # the suite runs in this many processes (pytest-xdist); much of its time is spent waiting for
 # databases, Slurm, Chromium and worker processes, so four share even a small machine well
-# (on 2 idle cores: 2:43 of pytest with four, 2:55 with three, 3:18 with two)
+# (on 2 idle cores, a fresh clone's suite: 2:57 of pytest with four, 3:18 with two)
 TEST_JOBS ?= 4
 # the tests' bytecode is kept (in .venv, not beside the sources) even where the environment
 # sets PYTHONDONTWRITEBYTECODE: without it every pytest process (the main one and each xdist
