@@ -28,6 +28,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from procs.job_exit_faults import FaultyQueue, RecordingMailer
 from procs.mail_sink import MailSink
+from waiting import read_until
 
 from lifecycle import (
     Effect,
@@ -773,11 +774,8 @@ def test_fast_shutdown_while_the_queue_hangs(sqlite_url: str, tmp_path: Path) ->
               "the queue update to hang")
         process.send_signal(signal.SIGTERM)  # graceful: waits for the running handler
         assert process.stderr is not None
-        said = ""
-        while "finishing 1 running handlers" not in said:
-            line = process.stderr.readline()
-            assert line, f"the worker ended without waiting for its handler: {said}"
-            said += line
+        read_until(process.stderr, "finishing 1 running handlers",
+                   "the worker ended without waiting for its handler")
         assert process.poll() is None
         process.send_signal(signal.SIGTERM)  # fast: gives it back at once
         assert process.wait(timeout=120) == 0

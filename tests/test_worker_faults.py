@@ -23,7 +23,7 @@ import pytest
 from asyncio_kinds import DRIVERS, KINDS, running, until_idle
 from procs import gated
 from sqlalchemy import select, text, update
-from waiting import until
+from waiting import read_until, until
 
 from lifecycle import Effect, EffectCall, Engine, FollowUp, LifecycleError, Retry, Store, Worker
 from lifecycle.errors import DatabaseError
@@ -135,11 +135,8 @@ def test_until_idle_waits_for_effects_another_host_holds(
                                stderr=subprocess.PIPE, text=True)
     try:
         assert process.stderr is not None
-        said = ""
-        while "waiting for" not in said:
-            line = process.stderr.readline()
-            assert line, f"the worker ended without saying what it waits for: {said}"
-            said += line
+        said = read_until(process.stderr, "waiting for",
+                          "the worker ended without saying what it waits for")
         assert "waiting for 1 effect held by worker elsewhere:4242:beef (lease until" in said
         assert process.poll() is None  # it waits
         with engine.store.begin() as db:  # the other host's lease runs out
