@@ -119,6 +119,8 @@ def test_help_lists_the_machines_commands_from_the_index(tmp_path: Path,
 def test_show_imports_no_database_library_nor_its_machine(
         sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # (writable by any user)
+    # a user's first command (the database is at the code's revision already): it writes
+    # the machines' index, which show reads instead of loading the machines
     code, _ = _loaded("db", "upgrade", "--db", sqlite_url)
     assert code in (0, None)
     code, _ = _loaded("create", "batch_job", "j1", "--data", '{"cmd": "x"}', "--db", sqlite_url)
@@ -139,7 +141,6 @@ def test_show_through_the_engine_loads_its_machine_alone(sqlite_url: str, tmp_pa
                                                         ) -> None:
     """With plugins (known only by importing them) the engine answers, loading the
     resource's machine and no other, and no Alembic."""
-    code, _ = _loaded("db", "upgrade", "--db", sqlite_url)
     code, _ = _loaded("create", "batch_job", "j1", "--db", sqlite_url)
     assert code in (0, None)
     (tmp_path / "empty_plugin.py").write_text("effects = {}\n")
@@ -176,8 +177,6 @@ def test_a_command_on_one_resource_loads_its_machine_alone(sqlite_url: str, tmp_
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     for name in _UNFORCED:
         monkeypatch.delenv(name, raising=False)
-    code, _ = _loaded("db", "upgrade", "--db", sqlite_url)
-    assert code in (0, None)
     for args in (["create", "batch_job", "j1", "--data", '{"cmd": "x"}'],
                  ["fire", "j1", "hold"], ["step", "j1"], ["fire", "j1", "release"],
                  ["observe", "j1", '{"up": true}'], ["update", "j1", '{"owner": "me"}'],
@@ -202,7 +201,6 @@ def test_a_machine_not_built_in_still_has_every_built_in_guard(sqlite_url: str,
         "name": "reuse", "initial": "a", "states": ["a", "b"], "final": ["b"],
         "transitions": [{"trigger": "go", "source": "a", "dest": "b",
                          "guards": ["holds_left"]}]}))  # (batch_job's)
-    code, _ = _loaded("db", "upgrade", "--db", sqlite_url)
     code, modules = _loaded("create", str(spec), "r1", "--db", sqlite_url)
     assert code in (0, None) and "lifecycle.machines.startd" in modules
     code, _ = _loaded("fire", "r1", "go", "--db", sqlite_url)
@@ -252,8 +250,6 @@ def test_machines_lists_the_built_in_ones_from_the_index(sqlite_url: str, tmp_pa
     """`lifecycle machines` reads each built-in machine's spec version and summary from the
     machines' index: it imports none of them (and says what loading them all says)."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    code, _ = _loaded("db", "upgrade", "--db", sqlite_url)
-    assert code in (0, None)
 
     def listed(cache: str) -> list[dict[str, object]]:
         done = subprocess.run([sys.executable, "-m", "lifecycle", "machines", "--json", "--db",
@@ -276,7 +272,6 @@ def test_classads_and_mail_are_loaded_when_used(sqlite_url: str,
     imports neither for other work (nor rich, for the lines it prints on a pipe)."""
     for name in _UNFORCED:
         monkeypatch.delenv(name, raising=False)
-    code, _ = _loaded("db", "upgrade", "--db", sqlite_url)
     code, _ = _loaded("create", "batch_job", "j1", "--db", sqlite_url)
     code, modules = _loaded("worker", "--until-idle", "--db", sqlite_url)
     assert code in (0, None)
