@@ -49,8 +49,11 @@ def user_env(columns: int) -> dict[str, str]:
     return {**env, "COLUMNS": str(columns), "PATH": os.pathsep.join(path)}
 
 
-def lifecycle(*args: str, cwd: Path, columns: int = 80, code: int = 0) -> str:
-    done = FORKS[-1].run([str(PROGRAM), *args], cwd=str(cwd), env=user_env(columns),
+def lifecycle(*args: str, cwd: Path, columns: int = 80, code: int = 0,
+              server: Any = None) -> str:
+    """``lifecycle ARGS`` as a new user runs it in ``cwd``, through ``server`` (the session's
+    fork server; by default the one this module's tests hold)."""
+    done = (server or FORKS[-1]).run([str(PROGRAM), *args], cwd=str(cwd), env=user_env(columns),
                          timeout=600)
     assert done.returncode == code, f"{args}: exit {done.returncode}\n{done.stdout}{done.stderr}"
     return "".join(line.rstrip() + "\n" for line in done.stdout.splitlines())
@@ -144,7 +147,7 @@ def figures_of(output: str) -> list[str]:
 
 
 @pytest.fixture(scope="session")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> Demo:
+def demo(tmp_path_factory: pytest.TempPathFactory, forkserver: Any) -> Demo:
     """`lifecycle demo` as a user runs it, twice in one new folder: once per test session,
     whichever pytest-xdist worker asks first (the others wait for it and read what it saw)."""
     shared = tmp_path_factory.getbasetemp()
@@ -156,12 +159,13 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Demo:
         if not seen.exists():
             shutil.rmtree(folder, ignore_errors=True)  # what a failed run left
             folder.mkdir()
-            first = lifecycle("demo", cwd=folder)
+            # (a session's fixture is made before the module's _forks: the server is passed)
+            first = lifecycle("demo", cwd=folder, server=forkserver)
             with Store(f"sqlite:///{folder / 'lifecycle.db'}") as store:
                 engine = Engine(store, [], strict=False)
                 journals = {f"{r.machine}:{r.key}": len(engine.history(f"{r.machine}:{r.key}"))
                             for r in engine.resources()}
-            second = lifecycle("demo", cwd=folder)
+            second = lifecycle("demo", cwd=folder, server=forkserver)
             seen.write_text(json.dumps({"first": first, "second": second,
                                         "journals": journals}))
     return Demo(folder, **json.loads(seen.read_text()))
