@@ -55,7 +55,7 @@ import signal
 import socket
 import struct
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import subprocess
@@ -92,13 +92,17 @@ NOT_PRELOADED = ("lifecycle.cli.console",)
 """Modules whose import reads the environment (rich consoles made at import)."""
 
 
+Message = dict[str, Any]
+"""A request, an answer or a signal's line between client and server, as JSON."""
+
+
 def _startup(env: dict[str, str]) -> dict[str, str]:
     return {name: value for name, value in env.items()
             if (name.startswith("PYTHON") and name not in APPLIED_VARIABLES)
             or name in STARTUP_VARIABLES}
 
 
-def _mismatch(request: dict, program: str) -> str | None:  # type: ignore[type-arg]
+def _mismatch(request: Message, program: str) -> str | None:
     """Why the request cannot be served by a fork of this server (None: it can)."""
     if os.path.realpath(request["argv"][0]) != os.path.realpath(program):
         return f"not the console script {program}"
@@ -112,7 +116,7 @@ def _mismatch(request: dict, program: str) -> str | None:  # type: ignore[type-a
 # -- the client side ---------------------------------------------------------------------------
 
 
-def _request(argv: list[str], cwd: str, env: dict[str, str]) -> dict:  # type: ignore[type-arg]
+def _request(argv: list[str], cwd: str, env: dict[str, str]) -> Message:
     mask = os.umask(0)
     os.umask(mask)
     ignored = [int(s) for s in signal.valid_signals()
@@ -123,7 +127,7 @@ def _request(argv: list[str], cwd: str, env: dict[str, str]) -> dict:  # type: i
             "blocked": blocked}
 
 
-def _send(connection: socket.socket, request: dict, fds: list[int | None]) -> None:  # type: ignore[type-arg]
+def _send(connection: socket.socket, request: Message, fds: list[int | None]) -> None:
     request = {**request, "fds": [fd is not None for fd in fds]}
     payload = json.dumps(request).encode()
     message = HEADER.pack(len(payload)) + payload
@@ -131,7 +135,7 @@ def _send(connection: socket.socket, request: dict, fds: list[int | None]) -> No
     connection.sendall(message[sent:])
 
 
-def _lines(connection: socket.socket) -> Iterator[dict]:  # type: ignore[type-arg]
+def _lines(connection: socket.socket) -> Iterator[Message]:
     buffer = b""
     while True:
         chunk = connection.recv(4096)
@@ -212,24 +216,24 @@ def _exit_as(status: int) -> None:
 # -- the server --------------------------------------------------------------------------------
 
 
-def _receive(connection: socket.socket) -> tuple[dict, list[int]]:  # type: ignore[type-arg]
+def _receive(connection: socket.socket) -> tuple[Message, list[int]]:
     data, fds, _, _ = socket.recv_fds(connection, HEADER.size, 3)
-    while len(data) < HEADER.size:  # (no more: what follows the request is the client's)
-        more = connection.recv(HEADER.size - len(data))
-        if not more:
-            raise EOFError
-        data += more
-    (size,) = HEADER.unpack_from(data)
-    data = data[HEADER.size:]
+    # (no more than asked for: what follows the request is the client's)
+    (size,) = HEADER.unpack(_filled(connection, data, HEADER.size))
+    return json.loads(_filled(connection, b"", size)), fds
+
+
+def _filled(connection: socket.socket, data: bytes, size: int) -> bytes:
+    """``data`` and what the connection sends after it, up to ``size`` bytes in all."""
     while len(data) < size:
         more = connection.recv(size - len(data))
         if not more:
             raise EOFError
         data += more
-    return json.loads(data), fds
+    return data
 
 
-def serve(address: str, program: str) -> tuple[dict, list[int]] | None:  # type: ignore[type-arg]
+def serve(address: str, program: str) -> tuple[Message, list[int]] | None:
     """Serve until stdin closes (the tests' session ended). In a child, return its request
     and its stdio's descriptors, with everything of the server's closed."""
     import importlib
@@ -250,7 +254,7 @@ def serve(address: str, program: str) -> tuple[dict, list[int]] | None:  # type:
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ, "accept")
     selector.register(sys.stdin, selectors.EVENT_READ, "stdin")
-    children: dict[socket.socket, dict] = {}  # type: ignore[type-arg] # connection -> child
+    children: dict[socket.socket, Message] = {}  # connection -> child
     sys.stdout.write("ready\n")
     sys.stdout.flush()
     while True:
@@ -321,7 +325,7 @@ def serve(address: str, program: str) -> tuple[dict, list[int]] | None:  # type:
                 del children[connection]
 
 
-def _answer(connection: socket.socket, answer: dict) -> None:  # type: ignore[type-arg]
+def _answer(connection: socket.socket, answer: Message) -> None:
     with contextlib.suppress(OSError):  # (the client is gone)
         connection.sendall(json.dumps(answer).encode() + b"\n")
 
@@ -345,7 +349,7 @@ def _stdio(fd: int, name: str, model: object) -> object:
     return stream
 
 
-def child(request: dict, fds: list[int]) -> None:  # type: ignore[type-arg]
+def child(request: Message, fds: list[int]) -> None:
     """Become the program of ``request``: the stdio, process state and interpreter state a
     fresh start would give, then the console script itself."""
     import importlib
