@@ -109,6 +109,13 @@ KEPT_PROCESSES = ("multiprocessing.resource_tracker", "multiprocessing.forkserve
 """Children Python's multiprocessing keeps for the rest of the session, by design."""
 
 
+def _state_and_parent(pid: int | str) -> tuple[str, int]:
+    """A process's state letter and parent pid, from /proc/PID/stat (after the command's
+    name in parentheses, which may itself hold spaces and parentheses)."""
+    state, ppid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[:2]
+    return state, int(ppid)
+
+
 def _child_pids(me: int) -> set[int]:
     """The pids whose parent is this process: the kernel's list of each thread's children
     (/proc/PID/task/TID/children, a few small reads), else a scan of every process's
@@ -125,8 +132,8 @@ def _child_pids(me: int) -> set[int]:
     found = set()
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                if int(Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[1]) == me:
+            with contextlib.suppress(OSError, ValueError):
+                if _state_and_parent(entry.name)[1] == me:
                     found.add(int(entry.name))
     return found
 
@@ -136,8 +143,8 @@ def _children() -> dict[int, str]:
     me, found = os.getpid(), {}
     for pid in _child_pids(me):
         try:
-            state, ppid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[:2]
-            if int(ppid) != me or state == "Z":
+            state, ppid = _state_and_parent(pid)
+            if ppid != me or state == "Z":
                 continue
             command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
         except (OSError, ValueError):  # it ended meanwhile
