@@ -156,26 +156,37 @@ def _children() -> dict[int, str]:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     """A test that leaves a process it started running fails, naming it (the process is
-    killed, so that it cannot disturb the tests after it). Fixtures' processes (a Slurm
-    cluster, a browser) are theirs to stop."""
+    killed, so that it cannot disturb the tests after it). A test that failed has what it
+    left killed at once, without failing again. Fixtures' processes (a Slurm cluster, a
+    browser) are theirs to stop."""
     if not os.path.isdir("/proc"):
         return (yield)
     before = set(_children())
-    outcome = yield
+    try:
+        outcome = yield
+    except BaseException:
+        _kill(_left(before))
+        raise
     deadline = time.monotonic() + PROCESS_GRACE_SECONDS
-    while True:
-        left = {pid: command for pid, command in _children().items()
-                if pid not in before and not any(k in command for k in KEPT_PROCESSES)}
-        if not left or time.monotonic() > deadline:
-            break
+    while (left := _left(before)) and time.monotonic() < deadline:
         time.sleep(0.05)
-    for pid in left:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
+    _kill(left)
     if left:
         pytest.fail("the test left processes running: " + "; ".join(
             f"{pid} {command[:200]}" for pid, command in left.items()), pytrace=False)
     return outcome
+
+
+def _left(before: set[int]) -> dict[int, str]:
+    """This process's children running now that were not before, but those kept by design."""
+    return {pid: command for pid, command in _children().items()
+            if pid not in before and not any(k in command for k in KEPT_PROCESSES)}
+
+
+def _kill(processes: dict[int, str]) -> None:
+    for pid in processes:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture(scope="session")

@@ -38,3 +38,20 @@ def test_a_running_child_is_seen_and_an_exited_one_is_not(
     finally:
         child.communicate(b"")
     assert child.pid not in conftest._children()
+
+
+def test_a_failed_tests_processes_are_killed_at_once() -> None:
+    """A test that failed does not leave what it started running into the next tests (its
+    failure is reported as it was, not as a leak)."""
+    import signal
+
+    check = conftest.pytest_runtest_call(None)  # type: ignore[arg-type]
+    next(check)  # the test begins
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        with pytest.raises(ValueError, match="the test's own failure"):
+            check.throw(ValueError("the test's own failure"))
+        assert child.wait(timeout=60) == -signal.SIGKILL
+    finally:
+        child.kill()
+        child.wait()
