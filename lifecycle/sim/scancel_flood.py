@@ -68,7 +68,6 @@ from ..clock import SimulatedClock
 from ..engine import Engine
 from ..machines import slurm_dispatch as machine
 from ..store import Store
-from ..store.statements import timers as timer_rows
 from .loop import EventLoop, Progress
 from .simulation import Option, Simulation
 from .worker import InlineWorker
@@ -360,8 +359,9 @@ def after(seed: int, options: dict[str, Any], store: Store, prefix: str,
 
     def work() -> None:
         worker.run_until_idle()
-        with store.read() as db:   # the next timer, to wake the worker then
-            soonest = timer_rows.soonest_due(db)
+        with store.reading() as db:   # the next timer, to wake the worker then
+            db.execute(store.sql.soonest_due, {})
+            soonest = db.fetchall()[0][0]
         if soonest is not None:
             due = (store.time_value(soonest) - loop.start).total_seconds()
             if due > loop.elapsed and due not in woken:
