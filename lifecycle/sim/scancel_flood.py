@@ -66,6 +66,7 @@ from ..adapters.slurm_dispatch import (
 )
 from ..clock import SimulatedClock
 from ..engine import Engine
+from ..errors import LifecycleError
 from ..machines import slurm_dispatch as machine
 from ..store import Store
 from .loop import EventLoop, Progress
@@ -389,8 +390,13 @@ def after(seed: int, options: dict[str, Any], store: Store, prefix: str,
             dispatcher.add(key, state="running", job_id=key)
         for key in keys:
             api.set(key, COMPLETE)
-            engine.fire(f"{machine.MACHINE}:{key}", "container_done",
-                        {"container_state": COMPLETE}, actor="crunch-run")
+        # every crunch-run's report at this instant, written as the engine's batches
+        for outcome in engine.fire_many(
+                [(f"{machine.MACHINE}:{key}", "container_done",
+                  {"container_state": COMPLETE}, "crunch-run", None) for key in keys],
+                on_stale="raise"):
+            if isinstance(outcome, LifecycleError):
+                raise outcome
         work()
 
     loop.at(0.0, finish)
