@@ -3,9 +3,9 @@ seed gives the same run, bit for bit."""
 
 from __future__ import annotations
 
+import datetime as dt
 import heapq
 import random
-import datetime as dt
 from collections.abc import Callable
 
 from ..clock import SimulatedClock

@@ -3,8 +3,6 @@ leaving it, fired (or refused) when due."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from sqlalchemy import bindparam, func, insert, literal_column, select, update
 
 from ...results import CANCELLED, FIRED, PENDING, REFUSED
