@@ -264,17 +264,24 @@ class ScancelRate:
         if not self.spacing:
             return 0.0
         now = self._now()
+        stale, grace = now - self.STALE, now - self.GRACE
         with self._lock:
-            ask = self._asks.get(key)
+            asks = self._asks
+            ask = asks.get(key)
             if ask is None:
-                ask = self._asks[key] = _Ask(next(self._order), now)
-            ahead = 0
-            for other_key, other in list(self._asks.items()):
-                if other.told < now - self.STALE:
-                    del self._asks[other_key]
-                elif (other is not ask and other.told >= now - self.GRACE
-                      and other.order < ask.order):
+                ask = asks[key] = _Ask(next(self._order), now)
+            # one pass over the cancels waiting (a thousand when a thousand fall due
+            # together, on every ask): the stale ones noted, the others before this one
+            # that were told to start within the grace counted (its own order is no other's)
+            mine, ahead, gone = ask.order, 0, []
+            for other_key, other in asks.items():
+                told = other.told
+                if told < stale:
+                    gone.append(other_key)
+                elif told >= grace and other.order < mine:
                     ahead += 1
+            for other_key in gone:
+                del asks[other_key]
             start = max(now, self._free, self._last + self.spacing) + ahead * self.spacing
             if start <= now:
                 del self._asks[key]

@@ -41,7 +41,7 @@ import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -58,8 +58,9 @@ from ..adapters.slurm_dispatch import (
 from ..clock import Clock
 from ..compiled import GuardContext
 from ..effects import Effect, EffectCall, FollowUp, Retry
-from ..errors import PermanentError
+from ..errors import LifecycleError, PermanentError
 from ..logs import logger
+from ..results import FireResult
 from ..spec import MachineSpec
 from .builtin import Builtin
 
@@ -401,6 +402,13 @@ class PollReport:
     error: str | None = None
 
 
+def _raise_first(outcomes: Sequence[Any]) -> None:
+    """The first refusal of a batch's outcomes raised (as the write of one would be)."""
+    for outcome in outcomes:
+        if isinstance(outcome, LifecycleError):
+            raise outcome
+
+
 class Dispatcher:
     """Containers and their jobs: one ``squeue`` per :meth:`poll` serves them all."""
 
@@ -469,6 +477,7 @@ class Dispatcher:
         watched = [r for state in WATCHED for r in self.engine.resources(MACHINE, state=state)]
         report.containers = len(watched)
         jobs: dict[str, QueueEntry] = {}
+        seen: list[tuple[Any, QueueEntry | None]] = []
         for resource in watched:
             job, sure = listing.find(resource.data.get("job_id"), resource.key)
             if not sure:
@@ -476,34 +485,48 @@ class Dispatcher:
                 continue
             if job is not None:
                 jobs[resource.key] = job
-            self._observe(resource, job, asked_at, report)
+            seen.append((resource, job))
+        self._observe(seen, asked_at, report)
         report.reniced = self._renice(watched, jobs)
         return report
 
-    def _observe(self, resource: Any, job: QueueEntry | None, asked_at: dt.datetime,
+    def _observe(self, seen: Sequence[tuple[Any, QueueEntry | None]], asked_at: dt.datetime,
                  report: PollReport) -> None:
-        key = f"{MACHINE}:{resource.key}"
-        status: dict[str, Any] = {"in_squeue": job is not None}
-        if job is not None:
-            status.update(job_id=job.job_id, state=job.state, nice=job.nice,
-                          priority=job.priority, reason=job.reason)
-        self.engine.observe(key, status, asked_at, source="squeue")
-        if (job is not None and resource.state in AFTER_SCANCEL
-                and resource.data.get("scancels", 0) > 0 and asked_at >= resource.updated_at):
-            held_back = self.still_in_squeue.allow(resource.key)
-            if held_back is not None:
-                self.log.info("container %s is still in squeue after scancel (%s%s)",
-                              resource.key, job.state, f"; {held_back} repeats of this "
-                              "message left out" if held_back else "")
-        result = self.engine.step(key, actor="dispatcher", on_stale="return")
-        if result.fired:
-            move = f"{result.source} -> {result.dest}"
-            report.moved[move] = report.moved.get(move, 0) + 1
-            if result.dest in ("gone", "queued"):
-                self.still_in_squeue.forget(resource.key)
-                self.slurm.rate.forget(resource.key)   # the rest of its cancel: not needed
-        elif result.error:
-            report.refused += 1
+        """Record what the squeue said of each container and step each: the engine's
+        batches (``observe_many``, then ``step_many``), a few transactions for a thousand
+        containers, not two each. A container the engine refuses (gone from the store
+        meanwhile) raises, once the others are recorded."""
+        keys: list[str] = []
+        statuses: list[tuple[str, dict[str, Any]]] = []
+        for resource, job in seen:
+            key = f"{MACHINE}:{resource.key}"
+            status: dict[str, Any] = {"in_squeue": job is not None}
+            if job is not None:
+                status.update(job_id=job.job_id, state=job.state, nice=job.nice,
+                              priority=job.priority, reason=job.reason)
+            keys.append(key)
+            statuses.append((key, status))
+        _raise_first(self.engine.observe_many(statuses, asked_at, source="squeue"))
+        for resource, job in seen:
+            if (job is not None and resource.state in AFTER_SCANCEL
+                    and resource.data.get("scancels", 0) > 0
+                    and asked_at >= resource.updated_at):
+                held_back = self.still_in_squeue.allow(resource.key)
+                if held_back is not None:
+                    self.log.info("container %s is still in squeue after scancel (%s%s)",
+                                  resource.key, job.state, f"; {held_back} repeats of this "
+                                  "message left out" if held_back else "")
+        results = self.engine.step_many(keys, actor="dispatcher", on_stale="return")
+        _raise_first(results)
+        for (resource, _), result in zip(seen, cast(list[FireResult], results), strict=True):
+            if result.fired:
+                move = f"{result.source} -> {result.dest}"
+                report.moved[move] = report.moved.get(move, 0) + 1
+                if result.dest in ("gone", "queued"):
+                    self.still_in_squeue.forget(resource.key)
+                    self.slurm.rate.forget(resource.key)  # the rest of its cancel: not needed
+            elif result.error:
+                report.refused += 1
 
     def _renice(self, watched: Sequence[Any], jobs: Mapping[str, QueueEntry]) -> int:
         """Renice the jobs (``jobs``: by container) of containers yet to run or running whose

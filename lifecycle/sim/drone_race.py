@@ -35,6 +35,7 @@ from ..adapters.sites import (
 )
 from ..clock import SimulatedClock
 from ..engine import Engine
+from ..errors import LifecycleError
 from ..machines import drone as drone_machine
 from ..store import Store
 from .loop import EventLoop, Progress
@@ -288,10 +289,14 @@ def run_variant(*, seed: int, race_guard: bool, options: dict[str, Any], store: 
         drones = [Drone(n) for n in names]
         site = world.status(drones)
         pool = world.machine_status(drones)
-        for name in names:
-            engine.observe(f"{machine}:{name}", {"resource_status": site[name],
-                                                 "machine_status": pool[name]},
-                           source="status-cache")
+        # the cache's one call for all drones, recorded in one transaction (as the status
+        # cache's own refresh does), not one per drone
+        for outcome in engine.observe_many(
+                [(f"{machine}:{name}", {"resource_status": site[name],
+                                        "machine_status": pool[name]}) for name in names],
+                source="status-cache"):
+            if isinstance(outcome, LifecycleError):
+                raise outcome
 
     def control() -> None:
         low, high = options["demand"]

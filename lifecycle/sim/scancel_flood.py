@@ -66,9 +66,9 @@ from ..adapters.slurm_dispatch import (
 )
 from ..clock import SimulatedClock
 from ..engine import Engine
+from ..errors import LifecycleError
 from ..machines import slurm_dispatch as machine
 from ..store import Store
-from ..store.statements import timers as timer_rows
 from .loop import EventLoop, Progress
 from .simulation import Option, Simulation
 from .worker import InlineWorker
@@ -360,8 +360,9 @@ def after(seed: int, options: dict[str, Any], store: Store, prefix: str,
 
     def work() -> None:
         worker.run_until_idle()
-        with store.read() as db:   # the next timer, to wake the worker then
-            soonest = timer_rows.soonest_due(db)
+        with store.reading() as db:   # the next timer, to wake the worker then
+            db.execute(store.sql.soonest_due, {})
+            soonest = db.fetchall()[0][0]
         if soonest is not None:
             due = (store.time_value(soonest) - loop.start).total_seconds()
             if due > loop.elapsed and due not in woken:
@@ -389,8 +390,13 @@ def after(seed: int, options: dict[str, Any], store: Store, prefix: str,
             dispatcher.add(key, state="running", job_id=key)
         for key in keys:
             api.set(key, COMPLETE)
-            engine.fire(f"{machine.MACHINE}:{key}", "container_done",
-                        {"container_state": COMPLETE}, actor="crunch-run")
+        # every crunch-run's report at this instant, written as the engine's batches
+        for outcome in engine.fire_many(
+                [(f"{machine.MACHINE}:{key}", "container_done",
+                  {"container_state": COMPLETE}, "crunch-run", None) for key in keys],
+                on_stale="raise"):
+            if isinstance(outcome, LifecycleError):
+                raise outcome
         work()
 
     loop.at(0.0, finish)

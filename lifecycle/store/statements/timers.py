@@ -3,9 +3,7 @@ leaving it, fired (or refused) when due."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from sqlalchemy import Connection, bindparam, func, insert, literal_column, select, update
+from sqlalchemy import bindparam, func, insert, literal_column, select, update
 
 from ...results import CANCELLED, FIRED, PENDING, REFUSED
 from ..schema import resources, timers
@@ -38,17 +36,13 @@ class TimerStatements(Compiling):
         self.refuse_timer = sql(update(timers).where(t.id == bindparam("id_")).values(
             status=constant(REFUSED), outcome=bindparam("outcome")))
         self.due_timers = sql(_DUE)
+        self.soonest_due = sql(select(func.min(t.due_at)).where(t.status == constant(PENDING)))
+        """When the soonest pending timer is due (as the database stores it; NULL: none),
+        for ``Store.reading``: a simulation waking its worker for the next timer looks after
+        every step, and a read transaction of its own cost more than the rest of its look."""
         """The look for due timers (``now``, ``limit``) of ``Store.due_timers``: a worker
         looks on every ``run_until_idle``, and a compiled statement read on its thread's own
         connection costs a fraction of a read transaction's checkout, BEGIN and rollback."""
 
 
-# -- beside the hot path ----------------------------------------------------------------------
-
-def soonest_due(db: Connection) -> Any:
-    """When the soonest pending timer is due (as the database stores it), or None."""
-    return db.execute(select(func.min(timers.c.due_at)).where(
-        timers.c.status == PENDING)).scalar()
-
-
-__all__ = ["TimerStatements", "soonest_due"]
+__all__ = ["TimerStatements"]
