@@ -201,48 +201,54 @@ def test_a_chain_of_k_triggers_is_found_at_k(k: int) -> None:
     assert "never_bad" not in check(model, Bounds(depth=k - 1, horizon=0)).violations
 
 
-@settings(SETTINGS, max_examples=15)
-@given(machine=machines(), data=st.data())
-def test_every_fair_loop_reported_is_a_fair_loop_that_never_meets_it(
-        machine: Machine, data: st.DataObject) -> None:
+def test_every_fair_loop_reported_is_a_fair_loop_that_never_meets_it(slow: bool) -> None:
     """``r1`` must come to the chain's last state. Each loop reported ends where it began,
     the property is not met on it, and every fair move enabled in all its states is taken
-    on it; a state from which the last state cannot be reached has such a loop after it."""
-    fair = frozenset(data.draw(st.sets(st.sampled_from(
-        ["report", *sorted(machine.spec.triggers - {"poked"})]))))
-    last = machine.spec.states[-1].name
-    reach = Eventually("reach", f"r1 comes to {last}", lambda view: True,
-                       lambda view: view.machine_state("r1") == last)
-    model = _world(machine, fair)
-    model = Model(model.machine, model.setup, model.actions, eventually=[reach],
-                  ticks=model.ticks)
-    bounds = Bounds(depth=8, horizon=15)
-    report = check(model, bounds)
-    if "reach" in report.stuck:
-        assert "reach" in report.loops
-    example = report.loops.get("reach")
-    if example is None:
-        return
-    hops = example.hops
-    cycle = hops[len(hops) - example.loop:]
-    entry = hops[len(hops) - example.loop - 1].state if len(hops) > example.loop \
-        else example.initial
-    assert cycle[-1].state == entry
-    memory = Memory(model.machine, model.start)
-    states = [entry, *(h.state for h in cycle)]
-    assert all(s.resources[0].state != last for s in states)
-    moves = {state: enabled(model, memory, state, bounds) for state in states}
-    taken = set()
-    for before, hop in zip(states, cycle, strict=False):
-        if hop.label == STUTTER:
-            assert not any(f for _, _, f in moves[before])  # only where nothing fair is
-            continue
-        names = {f for label, moved, f in moves[before] if (label, moved) == (hop.label,
-                                                                              hop.moves)}
-        assert names, hop.label  # a move enabled where it was taken
-        taken |= names
-    always = set.intersection(*({f for _, _, f in moves[s] if f is not None} for s in states))
-    assert always <= taken
+    on it; a state from which the last state cannot be reached has such a loop after it.
+
+    Six machines by default (``--slow``: 15): a checker that takes a component whose fair
+    moves are not all taken, or whose loop skips a fair move, fails within the first four,
+    derandomized and with seeds 1, 2 and 3."""
+    @settings(SETTINGS, max_examples=15 if slow else 6)
+    @given(machine=machines(), data=st.data())
+    def run(machine: Machine, data: st.DataObject) -> None:
+        fair = frozenset(data.draw(st.sets(st.sampled_from(
+            ["report", *sorted(machine.spec.triggers - {"poked"})]))))
+        last = machine.spec.states[-1].name
+        reach = Eventually("reach", f"r1 comes to {last}", lambda view: True,
+                           lambda view: view.machine_state("r1") == last)
+        model = _world(machine, fair)
+        model = Model(model.machine, model.setup, model.actions, eventually=[reach],
+                      ticks=model.ticks)
+        bounds = Bounds(depth=8, horizon=15)
+        report = check(model, bounds)
+        if "reach" in report.stuck:
+            assert "reach" in report.loops
+        example = report.loops.get("reach")
+        if example is None:
+            return
+        hops = example.hops
+        cycle = hops[len(hops) - example.loop:]
+        entry = hops[len(hops) - example.loop - 1].state if len(hops) > example.loop \
+            else example.initial
+        assert cycle[-1].state == entry
+        memory = Memory(model.machine, model.start)
+        states = [entry, *(h.state for h in cycle)]
+        assert all(s.resources[0].state != last for s in states)
+        moves = {state: enabled(model, memory, state, bounds) for state in states}
+        taken = set()
+        for before, hop in zip(states, cycle, strict=False):
+            if hop.label == STUTTER:
+                assert not any(f for _, _, f in moves[before])  # only where nothing fair is
+                continue
+            names = {f for label, moved, f in moves[before] if (label, moved) == (hop.label,
+                                                                                  hop.moves)}
+            assert names, hop.label  # a move enabled where it was taken
+            taken |= names
+        always = set.intersection(*({f for _, _, f in moves[s] if f is not None} for s in states))
+        assert always <= taken
+
+    run()
 
 
 def _poked_back() -> Invariant:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import random
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -141,6 +142,7 @@ class Memory:
         self.handlers: dict[str, Effect] = {n: as_effect(h) for n, h in effects.items()}
         self.probes = dict(probes)
         self._follows = getattr(self.spec.data_model, "follows_transitions", False) is True
+        self._frozen_args: dict[int, tuple[EffectSpec, Frozen]] = {}
         self._calls = _calls_of(machine, start)
         """What each handler call did (see :meth:`_call`): kept with ``machine``, so that
         checking it again (other bounds, other moves of its world) reuses the calls."""
@@ -156,50 +158,71 @@ class Memory:
     def apply(self, state: State, move: Move) -> tuple[State, Actions, Fired | None]:
         """The state after ``move``, what handlers did in the world, and what a fire or a
         step came to."""
-        self._enter(state, not isinstance(move, Advance | Note | Observe | Update | Retry))
-        fired: Fired | None = None
-        if isinstance(move, Advance):
-            state = state.but(now=state.now + move.seconds)
-        elif isinstance(move, Note):
-            extra = {**thaw(state.extra), **{k: v for k, v in move.values}}
-            state = state.but(extra=freeze(extra))
-        elif isinstance(move, SetWorld):
-            self.world.put(move.key, dict(move.status))
-        elif isinstance(move, Create):
-            state = self._create(state, move)
-        elif isinstance(move, Observe):
-            at = state.now if move.at is None else min(move.at, state.now)
-            _, resource = state.find(move.key)
-            state = state.put(_observed(resource, freeze(move.status), at, move.source))
-        elif isinstance(move, Update):
-            state = self._update(state, move)
-        elif isinstance(move, Fire | Step):
-            trigger = move.trigger if isinstance(move, Fire) else EVENTLESS
-            payload = dict(move.payload) if isinstance(move, Fire) else {}
-            state, fired = self.fire(state, move.key, trigger, payload)
-        elif isinstance(move, RunEffect):
-            state = self.run_effect(state, move.key)
-        elif isinstance(move, Begin):
-            state = self.begin(state, move.key)
-        elif isinstance(move, Finish):
-            state = self.finish(state, move.key)
-        elif isinstance(move, FireTimers):
-            state = self.fire_timers(state, move.key)
-        elif isinstance(move, Retry):
-            _, resource = state.find(move.key)
-            state = state.put(replace(resource, effects=tuple(
-                replace(e, failed=False, attempts=0, due=state.now) if e.failed else e
-                for e in resource.effects)))
-        elif isinstance(move, Crash):
-            _, resource = state.find(move.key)
-            head = resource.head()
-            assert head is not None
-            self._call(resource, head, state.now, state.world)  # its outcome dies with it
-        else:
-            raise CheckError(f"unknown move {move!r}")
-        if isinstance(move, SetWorld | RunEffect | Crash | Begin | Finish):  # the world's
+        kind = type(move)
+        found = _KINDS.get(kind)
+        if found is None:  # a kind of move not seen yet: by the first class it is of
+            found = _kind(kind)
+            if found is None:
+                raise CheckError(f"unknown move {move!r}")
+        do, reads, writes = found
+        self._enter(state, reads)
+        state, fired = do(self, state, move)
+        if writes:  # the world's
             state = state.but(world=self.world.frozen())
         return state, list(self.world.actions), fired
+
+    def _advance(self, state: State, move: Advance) -> tuple[State, Fired | None]:
+        return state.but(now=state.now + move.seconds), None
+
+    def _note(self, state: State, move: Note) -> tuple[State, Fired | None]:
+        extra = {**thaw(state.extra), **{k: v for k, v in move.values}}
+        return state.but(extra=freeze(extra)), None
+
+    def _set_world(self, state: State, move: SetWorld) -> tuple[State, Fired | None]:
+        self.world.put(move.key, dict(move.status))
+        return state, None
+
+    def _created(self, state: State, move: Create) -> tuple[State, Fired | None]:
+        return self._create(state, move), None
+
+    def _observe(self, state: State, move: Observe) -> tuple[State, Fired | None]:
+        at = state.now if move.at is None else min(move.at, state.now)
+        _, resource = state.find(move.key)
+        return state.put(_observed(resource, freeze(move.status), at, move.source)), None
+
+    def _updated(self, state: State, move: Update) -> tuple[State, Fired | None]:
+        return self._update(state, move), None
+
+    def _fire(self, state: State, move: Fire) -> tuple[State, Fired | None]:
+        return self.fire(state, move.key, move.trigger, dict(move.payload))
+
+    def _step(self, state: State, move: Step) -> tuple[State, Fired | None]:
+        return self.fire(state, move.key, EVENTLESS, {})
+
+    def _run(self, state: State, move: RunEffect) -> tuple[State, Fired | None]:
+        return self.run_effect(state, move.key), None
+
+    def _begin(self, state: State, move: Begin) -> tuple[State, Fired | None]:
+        return self.begin(state, move.key), None
+
+    def _finish(self, state: State, move: Finish) -> tuple[State, Fired | None]:
+        return self.finish(state, move.key), None
+
+    def _timers(self, state: State, move: FireTimers) -> tuple[State, Fired | None]:
+        return self.fire_timers(state, move.key), None
+
+    def _retry(self, state: State, move: Retry) -> tuple[State, Fired | None]:
+        _, resource = state.find(move.key)
+        return state.put(resource.with_effects(tuple(
+            replace(e, failed=False, attempts=0, due=state.now) if e.failed else e
+            for e in resource.effects))), None
+
+    def _crash(self, state: State, move: Crash) -> tuple[State, Fired | None]:
+        _, resource = state.find(move.key)
+        head = resource.head()
+        assert head is not None
+        self._call(resource, head, state.now, state.world)  # its outcome dies with it
+        return state, None
 
     def _enter(self, state: State, world: bool = True) -> None:
         """Set the world the handlers and probes see to the state's (``world``: a move that
@@ -286,19 +309,21 @@ class Memory:
         """The resource after the transition decided (Engine._transition, in memory)."""
         edge, dest = decision.edge, decision.dest
         assert edge is not None and dest is not None
-        data = thaw(resource.data)
+        frozen = resource.data  # kept as it is unless the payload or the model changes it
         if (payload and edge.merge_payload) or self._follows:
+            data = thaw(resource.data)
             merged = {**data, **payload} if edge.merge_payload else data
-            data = validated_data(self.spec, resource.key, merged, {
+            frozen = freeze(validated_data(self.spec, resource.key, merged, {
                 "trigger": trigger, "source": resource.state, "dest": dest,
                 "payload": payload, "now": self.time(now), "seq": resource.version + 1}
-                if self._follows else None)
+                if self._follows else None))
         fence = (fence_for(edge, self._observation(resource.seen))
                  if edge.fresh is not None else None)
         exited, entered = ([], []) if not self.compiled.on_entry else \
             self.compiled.crossed(resource.state, dest, edge.dest)
         version = resource.version + 1
-        moved = replace(resource, state=dest, version=version, data=freeze(data), since=now)
+        moved = Res(resource.key, dest, version, frozen, now, resource.seen,
+                    resource.effects, resource.timers)
         return self._entered(moved, edge.effects, entered, exited, fence, version,
                              None if trigger == EVENTLESS else trigger, freeze(payload), now)
 
@@ -307,12 +332,19 @@ class Memory:
                  trigger: str | None, payload: Frozen, now: float) -> Res:
         """The effects a transition and the states it enters ask for, appended to the
         resource's queue; the timers of the states left cancelled, of those entered set."""
-        asked = (*effects, *(e for s in entered for e in self.compiled.entry_effects.get(s, ())))
-        frozen_fence = freeze(fence) if fence is not None else None
-        queue = resource.effects + tuple(
-            Pending(e.name, freeze(e.args), frozen_fence, seq, i, trigger, payload,
-                    e.on_failure, due=now) for i, e in enumerate(asked))
-        timers = tuple(t for t in resource.timers if t.state not in exited)
+        if entered:
+            entry = self.compiled.entry_effects
+            asked = (*effects, *(e for s in entered for e in entry.get(s, ())))
+        else:
+            asked = effects
+        queue = resource.effects
+        if asked:
+            frozen_fence = freeze(fence) if fence is not None else None
+            queue += tuple(Pending(e.name, self._args(e), frozen_fence, seq, i, trigger,
+                                   payload, e.on_failure, due=now)
+                           for i, e in enumerate(asked))
+        timers = (tuple(t for t in resource.timers if t.state not in exited) if exited
+                  else resource.timers)
         for name in entered:
             timeout = self.compiled.timeouts.get(name)
             if timeout is not None:
@@ -320,7 +352,15 @@ class Memory:
                 seconds = float(thaw(resource.data).get(after, 0) if isinstance(after, str)
                                 else after)
                 timers += (Timer(name, timeout.trigger, now + seconds),)
-        return replace(resource, effects=queue, timers=timers)
+        return Res(resource.key, resource.state, resource.version, resource.data,
+                   resource.since, resource.seen, queue, timers)
+
+    def _args(self, effect: EffectSpec) -> Frozen:
+        """An effect's arguments, frozen once (the spec's effects live as long as it)."""
+        found = self._frozen_args.get(id(effect))
+        if found is None or found[0] is not effect:
+            found = self._frozen_args[id(effect)] = (effect, freeze(effect.args))
+        return found[1]
 
     # -- the worker, one effect or one resource's due timers at a time -------------------
 
@@ -345,7 +385,7 @@ class Memory:
         world = self.world.frozen()
         self._call(resource, head, state.now, world)
         started = replace(head, begun=_memo(resource, head, state.now, world))
-        return state.put(replace(resource, effects=(started, *resource.effects[1:])))
+        return state.put(resource.with_effects((started, *resource.effects[1:])))
 
     def finish(self, state: State, key: str) -> State:
         """End ``key``'s begun run: what its handler held is let go (its running entry
@@ -362,8 +402,10 @@ class Memory:
                 outcome: FollowUp | BaseException | None) -> State:
         """Record the outcome of a call of ``key``'s head, as the worker does."""
         _, resource = state.find(key)
-        progressed = replace(head, attempts=head.attempts + 1, progress=progress)
-        state = state.put(replace(resource, effects=(progressed, *resource.effects[1:])))
+        progressed = Pending(head.name, head.args, head.fence, head.seq, head.position,
+                             head.trigger, head.payload, head.on_failure, head.attempts + 1,
+                             progress, head.due, head.failed, head.begun)
+        state = state.put(resource.with_effects((progressed, *resource.effects[1:])))
         if not isinstance(outcome, BaseException):
             try:
                 return self._done(state, key, outcome)
@@ -413,7 +455,7 @@ class Memory:
         that invariants can count them."""
         _, resource = state.find(key)
         head = resource.head()
-        state = state.put(replace(resource, effects=resource.effects[1:]))
+        state = state.put(resource.with_effects(resource.effects[1:]))
         if follow_up is not None and follow_up.writes is not None and head is not None:
             self.world.actions.append((COMMITTED, key, {"effect": head.name}))
         if follow_up is not None:
@@ -430,17 +472,17 @@ class Memory:
         if not isinstance(failure, PermanentError) and (limit is None or head.attempts < limit):
             delay = effect.retry.delay(head.attempts, _NO_JITTER)
             retried = replace(head, due=state.now + delay)
-            return state.put(replace(resource, effects=(retried, *resource.effects[1:])))
+            return state.put(resource.with_effects((retried, *resource.effects[1:])))
         rest = resource.effects[1:]
         if head.on_failure is None:
-            return state.put(replace(resource, effects=(replace(head, failed=True), *rest)))
-        before = state.put(replace(resource, effects=rest))
+            return state.put(resource.with_effects((replace(head, failed=True), *rest)))
+        before = state.put(resource.with_effects(rest))
         after, fired = self.fire(before, key, head.on_failure, {
             "effect": head.name, "error": f"{type(failure).__name__}: {failure}"})
         _, moved = after.find(key)
         if fired.fired and len(moved.effects) > len(rest):
             return after  # given up: the machine went another way
-        return after.put(replace(moved, effects=(replace(head, failed=True), *moved.effects)))
+        return after.put(moved.with_effects((replace(head, failed=True), *moved.effects)))
 
     def fire_timers(self, state: State, key: str) -> State:
         """``key``'s due timers, soonest first (one a transition cancelled is not fired)."""
@@ -450,10 +492,36 @@ class Memory:
             _, resource = state.find(key)
             if timer not in resource.timers:
                 continue  # cancelled by an earlier timer's transition
-            state = state.put(replace(resource, timers=tuple(
+            state = state.put(resource.with_timers(tuple(
                 t for t in resource.timers if t != timer)))
             state, _ = self.fire(state, key, timer.trigger, {})
         return state
+
+
+_Do = Callable[[Memory, State, Any], tuple[State, Fired | None]]
+
+_ORDER: tuple[tuple[type[Move], _Do], ...] = (
+    (Advance, Memory._advance), (Note, Memory._note), (SetWorld, Memory._set_world),
+    (Create, Memory._created), (Observe, Memory._observe), (Update, Memory._updated),
+    (Fire, Memory._fire), (Step, Memory._step), (RunEffect, Memory._run),
+    (Begin, Memory._begin), (Finish, Memory._finish), (FireTimers, Memory._timers),
+    (Retry, Memory._retry), (Crash, Memory._crash))
+"""What each kind of move does, in the order a move's kind is looked for among them."""
+
+_KINDS: dict[type, tuple[_Do, bool, bool]] = {}
+"""Each kind of move met: what it does, whether it reads the state's world (a handler or a
+probe may run) and whether it writes it. Moves are classes with abstract methods, whose
+``isinstance`` is slow, and a check applies hundreds of thousands of moves."""
+
+
+def _kind(kind: type) -> tuple[_Do, bool, bool] | None:
+    do = next((d for base, d in _ORDER if issubclass(kind, base)), None)
+    if do is None:
+        return None
+    found = _KINDS[kind] = (
+        do, not issubclass(kind, Advance | Note | Observe | Update | Retry),
+        issubclass(kind, SetWorld | RunEffect | Crash | Begin | Finish))
+    return found
 
 
 class _NoJitter(random.Random):
@@ -503,7 +571,7 @@ def _observed(resource: Res, status: Frozen, at: float, source: str) -> Res:
     later is already held (a tie goes to the new one, as the store does)."""
     if resource.seen is not None and resource.seen.at > at:
         return resource
-    return replace(resource, seen=Seen(status, at, source))
+    return resource.with_seen(Seen(status, at, source))
 
 
 

@@ -35,10 +35,15 @@ def freeze(value: Any) -> Any:
     kind = type(value)
     if kind in _PLAIN:
         return value
-    if kind is dict or isinstance(value, Mapping):
-        return Frozen(sorted((str(k), freeze(v)) for k, v in value.items()))
-    if kind is list or kind is tuple or isinstance(value, list | tuple):
-        return (_LIST, *(freeze(v) for v in value))
+    if kind is dict:  # (lists rather than generators: this runs at nearly every move)
+        return Frozen(sorted([(k if type(k) is str else str(k), freeze(v))
+                              for k, v in value.items()]))
+    if kind is list or kind is tuple:
+        return (_LIST, *[freeze(v) for v in value])
+    if isinstance(value, Mapping):
+        return Frozen(sorted([(str(k), freeze(v)) for k, v in value.items()]))
+    if isinstance(value, list | tuple):
+        return (_LIST, *[freeze(v) for v in value])
     return value
 
 
@@ -112,6 +117,19 @@ class Res:
     effects: tuple[Pending, ...] = ()
     timers: tuple[Timer, ...] = ()
 
+    # (``dataclasses.replace`` is slow for what every move does)
+    def with_effects(self, effects: tuple[Pending, ...]) -> Res:
+        return Res(self.key, self.state, self.version, self.data, self.since, self.seen,
+                   effects, self.timers)
+
+    def with_timers(self, timers: tuple[Timer, ...]) -> Res:
+        return Res(self.key, self.state, self.version, self.data, self.since, self.seen,
+                   self.effects, timers)
+
+    def with_seen(self, seen: Seen) -> Res:
+        return Res(self.key, self.state, self.version, self.data, self.since, seen,
+                   self.effects, self.timers)
+
     def head(self) -> Pending | None:
         """The first open effect (the queue's head), if any."""
         return self.effects[0] if self.effects else None
@@ -133,6 +151,29 @@ class State:
                                           compare=False)
     """Each resource's index by key, made at the first :meth:`find`: the world's actions,
     the invariants and the moves look resources up by key many times in one state."""
+
+    _worlds: dict[str, Any] | None = field(default=None, init=False, repr=False,
+                                           compare=False)
+    _extras: dict[str, Any] | None = field(default=None, init=False, repr=False,
+                                           compare=False)
+    """The world's status and the extra values as dicts of frozen values, made at the first
+    look-up: invariants and world actions read them at every move."""
+
+    def world_of(self, key: str) -> Any:
+        """The world's frozen status of ``key`` (:data:`EMPTY` when it has none)."""
+        found = self._worlds
+        if found is None:
+            found = dict(self.world)
+            object.__setattr__(self, "_worlds", found)
+        return found.get(key, EMPTY)
+
+    def extras(self) -> dict[str, Any]:
+        """The extra values, frozen, by name (not to be changed)."""
+        found = self._extras
+        if found is None:
+            found = dict(self.extra)
+            object.__setattr__(self, "_extras", found)
+        return found
 
     def __hash__(self) -> int:
         found = self._hash
@@ -210,10 +251,11 @@ class View:
 
     def world(self, key: str) -> dict[str, Any]:
         """What the world says of ``key`` (what its probe and effect handlers see)."""
-        return thaw(dict(self.state.world).get(key, EMPTY))  # type: ignore[no-any-return]
+        return thaw(self.state.world_of(key))  # type: ignore[no-any-return]
 
     def extra(self, name: str, default: Any = None) -> Any:
-        return thaw(dict(self.state.extra).get(name, freeze(default)))
+        extras = self.state.extras()
+        return thaw(extras[name] if name in extras else freeze(default))
 
     def __iter__(self) -> Iterator[Res]:
         return iter(self.state.resources)
