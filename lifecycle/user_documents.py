@@ -250,4 +250,5 @@ def check_shape(value: Any, origin: str) -> None:
 
 
 __all__ = ["MAX_BYTES", "MAX_DEPTH", "MAX_NODES", "DocumentError",
-           "check_shape", "compose_yaml", "construct_yaml", "core_loader", "load_json", "load_yaml", "read_text"]
+           "check_shape", "compose_yaml", "construct_yaml", "core_loader", "load_json",
+           "load_yaml", "read_text"]
