@@ -49,7 +49,7 @@ from .outbox_admin import retry_failed
 from .spec import MachineSpec, load_spec, suggest
 from .store import Store
 from .store.statements import effects as effect_rows
-from .user_documents import DocumentError, compose_yaml, load_yaml, read_text
+from .user_documents import DocumentError, compose_yaml, construct_yaml, read_text
 from .worker import Worker
 from .worker_core import WorkerCore
 
@@ -132,7 +132,8 @@ def load(path: str | Path) -> Scenario:
     try:
         text = read_text(path)
         root = compose_yaml(text, str(path))
-        document = load_yaml(text, str(path)) if isinstance(root, yaml.MappingNode) else None
+        document = (construct_yaml(root, str(path)) if isinstance(root, yaml.MappingNode)
+                    else None)  # (the text parsed once: its tree gives lines and the value)
     except DocumentError as exc:
         raise ScenarioError(str(exc)) from None
     if not isinstance(root, yaml.MappingNode) or not isinstance(document, dict):

@@ -162,6 +162,24 @@ def compose_yaml(text: str, origin: str) -> yaml.Node | None:
         raise DocumentError(origin, f"nested deeper than {MAX_DEPTH} levels") from None
 
 
+def construct_yaml(node: yaml.Node, origin: str) -> Any:
+    """The value of a node tree :func:`compose_yaml` gave, as :func:`load_yaml` reads it from
+    the text (its constructors, limits and checks), without parsing the text again."""
+    import yaml
+
+    loader = core_loader()("")
+    try:
+        value = loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        raise DocumentError(*_mark(origin, exc)) from None
+    except RecursionError:
+        raise DocumentError(origin, f"nested deeper than {MAX_DEPTH} levels") from None
+    finally:
+        loader.dispose()
+    check_shape(value, origin)
+    return value
+
+
 def load_yaml(text: str, origin: str) -> Any:
     """One YAML document, read with the core schema of YAML 1.2, checked for its shape."""
     import yaml
@@ -232,4 +250,5 @@ def check_shape(value: Any, origin: str) -> None:
 
 
 __all__ = ["MAX_BYTES", "MAX_DEPTH", "MAX_NODES", "DocumentError",
-           "check_shape", "compose_yaml", "core_loader", "load_json", "load_yaml", "read_text"]
+           "check_shape", "compose_yaml", "construct_yaml", "core_loader", "load_json",
+           "load_yaml", "read_text"]

@@ -18,10 +18,16 @@ Run = Callable[..., str]
 
 
 @pytest.fixture
-def run(db_url: str, monkeypatch: pytest.MonkeyPatch) -> Run:
+def run(db_url: str, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> Run:
     monkeypatch.delenv("LIFECYCLE_PLUGINS", raising=False)
     runner = CliRunner()
-    assert runner.invoke(main, ["db", "upgrade", "--db", db_url]).exit_code == 0
+    # db_url is at the code's revision already; `db upgrade` adds the migration branches of
+    # the machines that have one (job_exit's tables), which only those machines' commands
+    # use: it runs where the test's machine has one (on PostgreSQL, about a second of DDL)
+    callspec = getattr(request.node, "callspec", None)
+    machine = callspec.params.get("machine") if callspec is not None else None
+    if machine is not None and builtins()[machine].migrations:
+        assert runner.invoke(main, ["db", "upgrade", "--db", db_url]).exit_code == 0
 
     def invoke(*args: str, code: int = 0) -> str:
         result = runner.invoke(main, [*args, "--db", db_url], catch_exceptions=False)

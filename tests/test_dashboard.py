@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
+from databases import Templates
 from hostile_inputs import MARKUP, RISKY, TOGGLE, cli, dump
 from markupsafe import escape
 from prometheus_client import CollectorRegistry
@@ -66,10 +67,9 @@ def clock() -> SimulatedClock:
     return SimulatedClock(START)
 
 
-@pytest.fixture
-def populated(db_url: str, clock: SimulatedClock) -> Iterator[str]:
-    """A database with hostile keys, data, payloads, actors, statuses and errors on every
-    page: toggles, a refused risky edge, failed and retrying effects, a due timer."""
+def _populate(db_url: str, clock: SimulatedClock) -> None:
+    """Hostile keys, data, payloads, actors, statuses and errors on every page: toggles, a
+    refused risky edge, failed and retrying effects, a due timer."""
     with Store(db_url, upgrade=True) as store:
         engine = Engine(store, [TOGGLE, RISKY, JOBS], clock=clock, probes={"site": _no_status},
                         effects={"deliver": Effect(_fail, Retry(max_attempts=1)),
@@ -92,7 +92,40 @@ def populated(db_url: str, clock: SimulatedClock) -> Iterator[str]:
         engine.fire("jobs:j2<x>", "wait")
         Worker(engine).run_until_idle()
         clock.advance(120)  # the timer is due; no worker runs it
-    yield db_url
+
+
+@pytest.fixture
+def populated(db_url: str, clock: SimulatedClock) -> str:
+    """A database of the test's own populated by :func:`_populate`, for the tests that write
+    to it (a worker, a writer's transaction); ``clock`` is where populating left it."""
+    _populate(db_url, clock)
+    return db_url
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def _populated_once(request: pytest.FixtureRequest, templates: Templates,
+                    tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dt.datetime]]:
+    """One database populated by :func:`_populate` per database kind for the module, and
+    the time populating ended."""
+    clock = SimulatedClock(START)
+    if request.param == "sqlite":
+        url = templates.sqlite(tmp_path_factory.mktemp("populated") / "lifecycle.db")
+        _populate(url, clock)
+        yield url, clock.now()
+    else:
+        with templates.postgres() as url:
+            _populate(url, clock)
+            yield url, clock.now()
+
+
+@pytest.fixture
+def shared(_populated_once: tuple[str, dt.datetime], clock: SimulatedClock) -> str:
+    """As ``populated``, shared by the module's tests that only read it (the dashboard and
+    `lifecycle serve` write nothing: test_every_page_shows_hostile_data_as_text checks it);
+    ``clock`` is set to where populating left it."""
+    url, ended = _populated_once
+    clock.set(ended)
+    return url
 
 
 CLIENT = httpx.Client(timeout=60)
@@ -141,9 +174,9 @@ def _markup_outside_the_pages_own(text: str) -> list[str]:
     return found
 
 
-def test_every_page_shows_hostile_data_as_text(populated: str, clock: SimulatedClock) -> None:
-    before = dump(populated)
-    with served(populated, clock=clock) as base:
+def test_every_page_shows_hostile_data_as_text(shared: str, clock: SimulatedClock) -> None:
+    before = dump(shared)
+    with served(shared, clock=clock) as base:
         for path, params in _pages():
             answer = _get(base, path, **params)
             assert answer.status_code == 200, (path, params, answer.text)
@@ -162,12 +195,12 @@ def test_every_page_shows_hostile_data_as_text(populated: str, clock: SimulatedC
         effects = _get(base, "/effects").text
         assert escape(ERROR) in effects
         assert "jobs:j0&lt;x&gt;" in effects and "jobs:j1&lt;x&gt;" in effects
-    assert dump(populated) == before, "the dashboard wrote to the database"
+    assert dump(shared) == before, "the dashboard wrote to the database"
 
 
-def test_every_page_answers_json_with_the_data_as_stored(populated: str,
+def test_every_page_answers_json_with_the_data_as_stored(shared: str,
                                                          clock: SimulatedClock) -> None:
-    with served(populated, clock=clock) as base:
+    with served(shared, clock=clock) as base:
         for path, params in _pages():
             answer = _get(base, path, **params, format="json")
             assert answer.status_code == 200, (path, params, answer.text)
@@ -289,8 +322,8 @@ def test_an_out_of_date_schema_is_a_clear_page_and_is_left_as_it_is(empty_db_url
         assert store.current_revision() == "0006_claimants"
 
 
-def test_bad_requests_are_answered_not_raised(populated: str, clock: SimulatedClock) -> None:
-    with served(populated, clock=clock) as base:
+def test_bad_requests_are_answered_not_raised(shared: str, clock: SimulatedClock) -> None:
+    with served(shared, clock=clock) as base:
         for path, params, status in [
                 ("/", {"format": "xml"}, 400), ("/machines/toggle", {"limit": "0"}, 400),
                 ("/machines/toggle", {"limit": "x"}, 400),
@@ -318,9 +351,9 @@ def _metrics(base: str) -> dict[str, list[tuple[dict[str, str], float]]]:
     return found
 
 
-def test_metrics_are_prometheus_text_read_from_the_database(populated: str,
+def test_metrics_are_prometheus_text_read_from_the_database(shared: str,
                                                              clock: SimulatedClock) -> None:
-    with served(populated, clock=clock) as base:
+    with served(shared, clock=clock) as base:
         found = _metrics(base)
         assert found["lifecycle_database_up"] == [({}, 1.0)]
         resources = {(m["machine"], m["state"]): v for m, v in found["lifecycle_resources"]}
@@ -372,10 +405,10 @@ def test_the_live_counts_follow_writes(db_url: str, clock: SimulatedClock) -> No
         assert _get(base, "/live", format="json").json()["counts"] == {"toggle": {"on": 1}}
 
 
-def test_refusals_are_those_of_the_window_asked_for(populated: str) -> None:
+def test_refusals_are_those_of_the_window_asked_for(shared: str) -> None:
     later = SimulatedClock(dt.datetime.fromisoformat(START.replace("Z", "+00:00"))
                            + dt.timedelta(hours=3))
-    with served(populated, clock=later) as base:
+    with served(shared, clock=later) as base:
         assert _get(base, "/refusals", format="json").json()["total"] == 0
         assert _get(base, "/refusals", format="json", hours=4).json()["total"] == len(MARKUP)
         page = _get(base, "/refusals").text
@@ -452,10 +485,10 @@ def _listening_addresses(port: int) -> set[str]:
 
 
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads Linux's /proc/net/tcp")
-def test_lifecycle_serve_listens_on_loopback_and_stops_on_sigterm(populated: str) -> None:
+def test_lifecycle_serve_listens_on_loopback_and_stops_on_sigterm(shared: str) -> None:
     port = _free_port()
     server = subprocess.Popen([sys.executable, "-m", "lifecycle", "serve", "--port", str(port),
-                               "--db", populated],
+                               "--db", shared],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
@@ -540,9 +573,9 @@ def test_the_history_counters_are_read_again_in_the_background(
             db.dispose()
 
 
-def test_a_diagram_is_an_image_that_runs_no_script(populated: str,
+def test_a_diagram_is_an_image_that_runs_no_script(shared: str,
                                                    clock: SimulatedClock) -> None:
-    with served(populated, clock=clock) as base:
+    with served(shared, clock=clock) as base:
         drawn = _get(base, "/machines/risky/diagram")
         machines = _get(base, "/").text
     assert drawn.status_code == 200

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import copy
 import re
+import shutil
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -497,9 +499,12 @@ def test_a_sqlite_fire_in_one_pass_writes_what_the_loop_writes(
     is known before the row is read; a guard asked on the row read; payloads; plain and
     ``MACHINE:KEY`` keys; nested states)."""
     seen = []
+    fresh = Path(sqlite_url.removeprefix("sqlite:///"))  # at the code's revision, unopened
     for one_pass in (True, False):
         clock = SimulatedClock("2026-03-01T12:00:00Z")
-        with Store(sqlite_url.replace(".db", f"-{one_pass}.db"), upgrade=True) as store:
+        path = fresh.with_name(f"{fresh.stem}-{one_pass}.db")  # a copy each: not migrated
+        shutil.copyfile(fresh, path)                          # again from empty
+        with Store(f"sqlite:///{path}") as store:
             engine = Engine(store, [SLOT], guards=GUARDS, clock=clock)
             if not one_pass:
                 _loop_only(engine)
