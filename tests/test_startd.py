@@ -58,9 +58,9 @@ def sqlite_store(sqlite_url: str) -> Iterator[Store]:
     """A store on SQLite alone, for the tests of the machine's own rules (its transitions,
     its claims under random lives): what they check is decided by the spec, its guards and
     its data model, the same on either database. The engine's transactions, its effects and
-    its JSON on PostgreSQL are tests/test_engine.py's, test_effects.py's and test_store.py's;
-    here the tests that read the stored rows or run workers and hooks keep ``store``
-    (both databases)."""
+    its documents on PostgreSQL are tests/test_engine.py's, test_effects.py's and
+    test_reads.py's; here the tests that read the stored rows or run workers and hooks keep
+    ``store`` (both databases)."""
     store = Store(sqlite_url)
     try:
         yield store
