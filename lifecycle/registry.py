@@ -6,6 +6,7 @@ read long after the file that declared the machine changed."""
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from typing import Any
 
 from .errors import StrandedResources, UnknownMachine
@@ -17,24 +18,54 @@ from .store.statements import resources, specs
 log = logger(__name__)
 
 
-def store_spec(store: Store, spec: MachineSpec, now: dt.datetime) -> None:
-    """Store ``spec`` if it is new and make it its machine's current version. A changed spec
-    is refused when live resources are in states it no longer has."""
+def store_specs(store: Store, given: Sequence[MachineSpec], now: dt.datetime) -> None:
+    """Store each spec of ``given`` that is new and make it its machine's current version,
+    in order. A changed spec is refused (:class:`StrandedResources`) when live resources are
+    in states it no longer has; the specs before it are registered all the same.
+
+    One read tells which machines run these versions already (an engine's start-up on a
+    database that has its machines: every worker's, every command's); only the others are
+    registered, in one write transaction that locks their names and reads them again."""
+    if not given:
+        return
+    names = list(dict.fromkeys(spec.name for spec in given))
+    with store.reading() as tx:
+        tx.execute(store.sql.current_versions, {"names": store.sql.keys_param(names)})
+        current = {str(name): str(version) for name, version in tx.fetchall()}
+    if len(names) < len(given):  # a machine given twice: each of its specs in turn
+        changed = list(given)
+    else:
+        changed = [spec for spec in given if current.get(spec.name) != spec.version]
+    if changed:
+        _register(store, changed, now)
+
+
+def _register(store: Store, given: list[MachineSpec], now: dt.datetime) -> None:
+    """:func:`store_specs`' write: the machines' names locked (in one order, so that
+    processes registering several at once never wait for each other in a circle), their
+    current versions read again under the locks, and each spec stored and made current."""
+    refused: StrandedResources | None = None
     with store.begin() as db:
-        specs.lock_registration(db, spec.name)
-        known = specs.is_stored(db, spec.name, spec.version)
-        current = specs.current_version(db, spec.name)
-        if current != spec.version:
+        names = sorted({spec.name for spec in given})
+        for name in names:
+            specs.lock_registration(db, name)
+        current = specs.current_versions(db, names)
+        for spec in given:
+            was = current.get(spec.name)
+            if was == spec.version:
+                continue
             stranded = _stranded(db, spec)
-            if stranded:
-                raise StrandedResources(spec.name, spec.version, stranded)
-        if not known:
+            if stranded:  # the specs before it are committed, as each on its own would be
+                refused = StrandedResources(spec.name, spec.version, stranded)
+                break
             specs.store(db, spec.name, spec.version, spec.to_json(), now)
-        if current != spec.version:
-            specs.make_current(db, spec.name, spec.version, now, known=current is not None)
-        if current is not None and current != spec.version:
-            log.info("machine %s: spec version %s replaces %s", spec.name, spec.version,
-                     current)
+            specs.make_current(db, spec.name, spec.version, now)
+            current[spec.name] = spec.version
+            if was is not None:
+                log.info("machine %s: spec version %s replaces %s", spec.name, spec.version,
+                         was)
+    if refused is not None:
+        raise refused
 
 
 def _stranded(db: Any, spec: MachineSpec) -> list[tuple[str, str]]:
