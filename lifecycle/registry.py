@@ -12,8 +12,8 @@ from typing import Any
 from .errors import StrandedResources, UnknownMachine
 from .logs import logger
 from .spec import MachineSpec
-from .store import Store
-from .store.statements import resources, specs
+from .store import Store, Transaction
+from .store.statements import specs
 
 log = logger(__name__)
 
@@ -28,9 +28,10 @@ def store_specs(store: Store, given: Sequence[MachineSpec], now: dt.datetime) ->
     registered, in one write transaction that locks their names and reads them again."""
     if not given:
         return
+    sql = store.sql
     names = list(dict.fromkeys(spec.name for spec in given))
     with store.reading() as tx:
-        tx.execute(store.sql.current_versions, {"names": store.sql.keys_param(names)})
+        tx.execute(sql.current_versions, {"names": sql.keys_param(names)})
         current = {str(name): str(version) for name, version in tx.fetchall()}
     if len(names) < len(given):  # a machine given twice: each of its specs in turn
         changed = list(given)
@@ -41,25 +42,32 @@ def store_specs(store: Store, given: Sequence[MachineSpec], now: dt.datetime) ->
 
 
 def _register(store: Store, given: list[MachineSpec], now: dt.datetime) -> None:
-    """:func:`store_specs`' write: the machines' names locked (in one order, so that
-    processes registering several at once never wait for each other in a circle), their
-    current versions read again under the locks, and each spec stored and made current."""
+    """:func:`store_specs`' write, on a connection of the pool: the machines' names locked
+    (in one order, so that processes registering several at once never wait for each other
+    in a circle), their current versions read again under the locks, and each spec stored
+    and made current (the catalogue's statements, compiled once per process)."""
+    sql = store.sql
     refused: StrandedResources | None = None
-    with store.begin() as db:
+    with store.write(held=False) as tx:
         names = sorted({spec.name for spec in given})
-        for name in names:
-            specs.lock_registration(db, name)
-        current = specs.current_versions(db, names)
+        if sql.lock_registration is not None:
+            for name in names:
+                tx.execute(sql.lock_registration, {"name": f"lifecycle.register:{name}"})
+        tx.execute(sql.current_versions, {"names": sql.keys_param(names)})
+        current = {str(name): str(version) for name, version in tx.fetchall()}
         for spec in given:
             was = current.get(spec.name)
             if was == spec.version:
                 continue
-            stranded = _stranded(db, spec)
+            stranded = _stranded(tx, spec)
             if stranded:  # the specs before it are committed, as each on its own would be
                 refused = StrandedResources(spec.name, spec.version, stranded)
                 break
-            specs.store(db, spec.name, spec.version, spec.to_json(), now)
-            specs.make_current(db, spec.name, spec.version, now)
+            at = tx.time(now)
+            tx.execute(sql.store_spec, {"machine": spec.name, "version": spec.version,
+                                        "spec": tx.json(spec.to_json()), "now": at})
+            tx.execute(sql.make_current, {"machine": spec.name, "version": spec.version,
+                                          "now": at})
             current[spec.name] = spec.version
             if was is not None:
                 log.info("machine %s: spec version %s replaces %s", spec.name, spec.version,
@@ -68,15 +76,19 @@ def _register(store: Store, given: list[MachineSpec], now: dt.datetime) -> None:
         raise refused
 
 
-def _stranded(db: Any, spec: MachineSpec) -> list[tuple[str, str]]:
+def _stranded(tx: Transaction, spec: MachineSpec) -> list[tuple[str, str]]:
     """Live resources (not in a final state of the spec they run under) whose state the new
     spec does not have."""
+    sql = tx.sql
+    assert sql is not None
+    tx.execute(sql.stranded_candidates, {"machine": spec.name,
+                                         "states": sql.keys_param(list(spec.graph.names))})
     finals_of: dict[str, set[str]] = {}
     stranded = []
-    for key, state, version in resources.stranded_candidates(db, spec.name,
-                                                             set(spec.graph.names)):
+    for key, state, version in tx.fetchall():
         if version not in finals_of:
-            old = MachineSpec.model_validate(specs.document(db, spec.name, version))
+            tx.execute(sql.spec_document, {"machine": spec.name, "version": version})
+            old = MachineSpec.model_validate(tx.json_value(tx.fetchone()[0]))
             finals_of[version] = {n for n in old.graph.leaves
                                   if old.graph.is_final(n, old.final)}
         if state not in finals_of[version]:

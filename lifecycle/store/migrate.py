@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 from .. import redact
 from ..errors import DatabaseError
-from ..revisions import CORE_REVISION, core_revision
+from ..revisions import CORE_REVISION
 from ..revisions import VERSION_TABLE as VERSION_TABLE
 from ..revisions import chain as chain
 from ..revisions import head_revision as head_revision

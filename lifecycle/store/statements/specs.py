@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
-from collections.abc import Collection
 from typing import Any
 
 from sqlalchemy import (
@@ -16,67 +14,61 @@ from sqlalchemy import (
     func,
     literal_column,
     select,
-    text,
 )
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from ..schema import machines, specs
+from ..schema import machines, resources, specs
 from .compiling import Compiling
 
 
 class SpecStatements(Compiling):
-    """The statement of a registration's one read (:func:`lifecycle.registry.store_specs`)."""
+    """A registration's statements (:func:`lifecycle.registry.store_specs`): compiled once
+    per process, as the hot path's are, not by each store's SQLAlchemy engine again (every
+    test's store, every command's)."""
 
     def _specs(self) -> None:
-        m = machines.c
-        if self.dialect.name == "postgresql":
-            named: Any = m.name == any_(bindparam("names", type_=ARRAY(String)))
-        else:
-            named = m.name.in_(select(literal_column("value")).select_from(
-                func.json_each(bindparam("names"))).scalar_subquery())
-        self.current_versions = self._sql(select(m.name, m.spec_version).where(named))
+        m, s, r, sql = machines.c, specs.c, resources.c, self._sql
+        postgresql = self.dialect.name == "postgresql"
+
+        def among(column: Any, name: str) -> Any:  # a list parameter, as keys_param gives
+            if postgresql:
+                return column == any_(bindparam(name, type_=ARRAY(String)))
+            return column.in_(select(literal_column("value")).select_from(
+                func.json_each(bindparam(name))).scalar_subquery())
+
+        self.current_versions = sql(select(m.name, m.spec_version).where(among(m.name, "names")))
         """(name, spec version) of the machines named (``names``: :meth:`keys_param`) that
-        the database has registered: the one statement an engine's start-up reads when
-        every spec it registers is current already."""
-
-
-def lock_registration(db: Connection, machine: str) -> None:
-    """PostgreSQL: hold a lock on registering ``machine`` until this transaction ends, so that
-    processes starting together register it one at a time (SQLite's ``BEGIN IMMEDIATE``
-    already serialises them)."""
-    if db.dialect.name == "postgresql":
-        db.execute(text("SELECT pg_advisory_xact_lock(hashtext(:name))"),
-                   {"name": f"lifecycle.register:{machine}"})
-
-
-def current_versions(db: Connection, names: Collection[str]) -> dict[str, str]:
-    """The spec version each of the machines ``names`` runs under now (a machine not
-    registered is absent)."""
-    return {str(name): str(version) for name, version in db.execute(
-        select(machines.c.name, machines.c.spec_version).where(machines.c.name.in_(names)))}
-
-
-def store(db: Connection, machine: str, version: str, document: Any, now: dt.datetime) -> None:
-    """Store a spec under its version, unless it is stored already (a version is its
-    content's hash: the stored document is the same)."""
-    db.execute(_insert(db, specs).values(machine=machine, version=version, spec=document,
-                                         created_at=now).on_conflict_do_nothing())
-
-
-def make_current(db: Connection, machine: str, version: str, now: dt.datetime) -> None:
-    """Make ``version`` the machine's current one (the machine's row made, or changed)."""
-    db.execute(_insert(db, machines).values(name=machine, spec_version=version, updated_at=now)
-               .on_conflict_do_update(index_elements=[machines.c.name],
-                                      set_={"spec_version": version, "updated_at": now}))
-
-
-def _insert(db: Connection, table: Any) -> Any:
-    """An INSERT of the connection's dialect, which has an ``ON CONFLICT`` clause."""
-    if db.dialect.name == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert as postgresql_insert
-
-        return postgresql_insert(table)
-    return sqlite_insert(table)
+        the database has registered: what an engine's start-up reads, once for all its
+        machines, outside any transaction."""
+        self.lock_registration = (
+            "SELECT pg_advisory_xact_lock(hashtext(%(name)s))" if postgresql else None)
+        """PostgreSQL: hold a lock on registering ``name`` until the transaction ends, so that
+        processes starting together register it one at a time (the key is
+        ``lifecycle.register:MACHINE``, as every release took it). None on SQLite, whose
+        ``BEGIN IMMEDIATE`` serialises them already."""
+        self.stranded_candidates = sql(
+            select(r.key, r.state, r.spec_version)
+            .where(r.machine == bindparam("machine"), ~among(r.state, "states"))
+            .order_by(r.key))
+        """(key, state, spec version) of ``machine``'s resources in a state not among
+        ``states`` (:meth:`keys_param`), by key."""
+        self.spec_document = sql(select(s.spec).where(
+            s.machine == bindparam("machine"), s.version == bindparam("version")))
+        if postgresql:
+            from sqlalchemy.dialects.postgresql import insert as dialect_insert
+        else:
+            from sqlalchemy.dialects.sqlite import insert as dialect_insert
+        self.store_spec = sql(dialect_insert(specs).values(
+            machine=bindparam("machine"), version=bindparam("version"),
+            spec=bindparam("spec"), created_at=bindparam("now")).on_conflict_do_nothing())
+        """A spec stored under its version, unless it is stored already (a version is its
+        content's hash)."""
+        current = dialect_insert(machines).values(
+            name=bindparam("machine"), spec_version=bindparam("version"),
+            updated_at=bindparam("now"))
+        self.make_current = sql(current.on_conflict_do_update(
+            index_elements=[m.name], set_={"spec_version": current.excluded.spec_version,
+                                           "updated_at": current.excluded.updated_at}))
+        """``version`` the machine's current one: its row made, or changed."""
 
 
 def document(db: Connection, machine: str, version: str) -> Any:
@@ -99,5 +91,4 @@ def names(db: Connection) -> list[str]:
     return [str(name) for name in db.execute(select(machines.c.name)).scalars().all()]
 
 
-__all__ = ["SpecStatements", "current", "current_versions", "document", "lock_registration",
-           "make_current", "names", "store"]
+__all__ = ["SpecStatements", "current", "document", "names"]
