@@ -53,9 +53,10 @@ class SpecStatements(Compiling):
         ``states`` (:meth:`keys_param`), by key."""
         self.spec_document = sql(select(s.spec).where(
             s.machine == bindparam("machine"), s.version == bindparam("version")))
+        dialect_insert: Any
         if postgresql:
             from sqlalchemy.dialects.postgresql import insert as dialect_insert
-        else:
+        else:  # (PostgreSQL's dialect is imported only where it is used)
             from sqlalchemy.dialects.sqlite import insert as dialect_insert
         self.store_spec = sql(dialect_insert(specs).values(
             machine=bindparam("machine"), version=bindparam("version"),
