@@ -1,5 +1,6 @@
 """Statements of ``lifecycle_machines`` (each machine's current spec version) and
-``lifecycle_specs`` (every spec stored, under its version)."""
+``lifecycle_specs`` (every spec stored, under its version), and registration's look at the
+resources a changed spec would strand."""
 
 from __future__ import annotations
 
