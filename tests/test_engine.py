@@ -247,6 +247,46 @@ def test_changed_spec_that_strands_live_resources_is_refused(engine: Engine) -> 
     assert engine.spec("slot").version == Engine(engine.store, guards=GUARDS).spec("slot").version
 
 
+def test_machines_registered_together_stop_at_one_that_strands_resources(
+        store: Store) -> None:
+    """An engine's machines are registered as each on its own would be, in order: the specs
+    before a refused one are registered, the refused one and those after it are not."""
+    first = Engine(store, [SLOT], guards=GUARDS)
+    first.create("slot", "live", state="cleanup")
+    before, after = copy.deepcopy(SLOT), copy.deepcopy(SLOT)
+    before["name"], after["name"] = "before", "after"
+    changed = copy.deepcopy(SLOT)
+    changed["states"] = [s for s in changed["states"] if s != "cleanup"]
+    changed["transitions"] = [t for t in changed["transitions"]
+                              if "cleanup" not in (t["source"], t["dest"])]
+    changed["eventless"] = []
+    with pytest.raises(StrandedResources, match=r"live \(in 'cleanup'\)"):
+        Engine(store, [before, changed, after], guards=GUARDS)
+    again = Engine(store, guards=GUARDS)
+    assert again.machine_names() == ["before", "slot"]
+    assert again.spec("slot").version == first.spec("slot").version
+
+
+def test_an_engine_of_machines_the_database_runs_starts_with_one_read(counted: Any) -> None:
+    """On a database whose machines run the engine's specs already (every process's
+    start after the first), building the engine is one statement: no write transaction, no
+    lock. A spec that changed is registered, and runs."""
+    with Store(counted.url) as store:
+        Engine(store, [SLOT, TIMED], guards={**GUARDS, "back": lambda c: True},
+               strict=False)
+        trips = round_trips(counted, lambda: Engine(
+            store, [SLOT, TIMED], guards={**GUARDS, "back": lambda c: True}, strict=False))
+        assert trips == 1
+        changed = copy.deepcopy(SLOT)
+        changed["transitions"].append({"trigger": "drain", "source": "unclaimed",
+                                       "dest": "cleanup"})
+        engine = Engine(store, [changed, TIMED], guards={**GUARDS, "back": lambda c: True},
+                        strict=False)
+        assert Engine(store).spec("slot").version == engine.spec("slot").version
+        engine.create("slot", "s")
+        assert engine.fire("s", "drain").dest == "cleanup"
+
+
 def test_verify_finds_a_tampered_resource(engine: Engine, store: Store) -> None:
     from sqlalchemy import update
 

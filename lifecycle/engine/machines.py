@@ -12,7 +12,7 @@ from .. import registry
 from ..clock import Clock, SystemClock
 from ..compiled import CompiledMachine, GuardContext
 from ..effects import Effect, Handler, as_effect
-from ..errors import SpecError
+from ..errors import SpecError, StrandedResources
 from ..freshness import Probe
 from ..spec import MachineSpec, SpecSource, load_spec
 from ..store import Store
@@ -52,8 +52,7 @@ class MachineRegistry:
         self.spec_for = spec_for
         self.strict = strict
         self._compiled: dict[str, CompiledMachine] = {}
-        for spec in machines:
-            self.register(spec)
+        self.register_all(machines)
 
     @property
     def machines(self) -> dict[str, MachineSpec]:
@@ -63,11 +62,35 @@ class MachineRegistry:
         """Validate a spec, store it if it is new, and make it the machine's current version.
 
         A changed spec is refused when live resources are in states it no longer has."""
-        spec = load_spec(source)
-        self.check_names(spec)
-        registry.store_spec(self.store, spec, self.clock.now())
-        self._compiled[spec.name] = CompiledMachine(spec, self.guards)
-        return spec
+        return self.register_all([source])[0]
+
+    def register_all(self, sources: Iterable[SpecSource]) -> list[MachineSpec]:
+        """:meth:`register` each spec, in order, as one: a database whose machines run these
+        specs already (a process starting, again) is read once and written nothing;
+        only the others are registered, together. A spec refused (invalid, naming what this
+        engine lacks, stranding resources) raises as :meth:`register` of each in turn
+        would: the specs before it are registered."""
+        valid: list[MachineSpec] = []
+        refused: Exception | None = None
+        for source in sources:
+            try:
+                spec = load_spec(source)
+                self.check_names(spec)
+            except Exception as exc:  # raised once the specs before it are registered
+                refused = exc
+                break
+            valid.append(spec)
+        try:
+            registry.store_specs(self.store, valid, self.clock.now())
+        except StrandedResources as exc:
+            before = next(i for i, spec in enumerate(valid)
+                          if (spec.name, spec.version) == (exc.machine, exc.version))
+            valid, refused = valid[:before], exc
+        for spec in valid:
+            self._compiled[spec.name] = CompiledMachine(spec, self.guards)
+        if refused is not None:
+            raise refused
+        return valid
 
     def check_names(self, spec: MachineSpec) -> None:
         """Refuse a spec that names a guard, an effect or a probe this engine lacks."""

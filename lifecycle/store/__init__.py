@@ -18,6 +18,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from ..errors import DatabaseError, SchemaOutOfDate
 from ..results import json_value, time_value
+from ..revisions import core_revision
 from ..urls import display_url, resolve_url
 from . import migrate
 from .database import (
@@ -83,6 +84,7 @@ class Store:
         self.integrity_error: type[Exception] = dbapi.IntegrityError
         self._connection_errors: tuple[type[Exception], ...] = (
             dbapi.OperationalError, dbapi.InterfaceError)
+        self._driver_error: type[Exception] = dbapi.Error
         if check:
             self.check_schema(upgrade=upgrade)
 
@@ -99,24 +101,33 @@ class Store:
     # -- schema ------------------------------------------------------------------------
 
     def current_revision(self) -> str | None:
-        with self.read() as connection:
-            return migrate.current_revision(connection)
+        """The core's schema revision the database is at (None: it has no schema)."""
+        return core_revision(self.revisions())
 
     def revisions(self) -> list[str]:
-        """Every row of the version table: the core's revision and each branch's."""
-        with self.read() as connection:
-            return migrate.revision_rows(connection)
+        """Every row of the version table: the core's revision and each branch's (none: the
+        database has no schema). One statement on the driver, outside any transaction: a
+        missing table is the database's own answer, not asked first (which cost a
+        reflection's query and a read transaction of every store's opening)."""
+        with self.reading() as tx:
+            try:
+                tx.execute(migrate.VERSION_ROWS)
+            except self._driver_error as exc:
+                if migrate.no_version_table(exc):
+                    return []
+                raise
+            return [str(row[0]) for row in tx.fetchall()]
 
     def branch_revision(self, directory: str) -> str | None:
         """The revision of the branch in ``directory`` the database is at (None: absent)."""
-        with self.read() as connection:
-            return migrate.branch_revision(connection, directory)
+        return migrate.branch_revision(self.revisions(), directory)
 
     def check_schema(self, *, upgrade: bool = False) -> None:
         head = migrate.head_revision()
-        current = self.current_revision()
+        rows = self.revisions()
+        current = core_revision(rows)
         if current == head:
-            self._check_branches(upgrade=upgrade)
+            self._check_branches(rows, upgrade=upgrade)
             return
         known = [r for r, _, _ in migrate.revisions()]
         if current is not None and current not in known:
@@ -128,9 +139,10 @@ class Store:
             raise SchemaOutOfDate(self.display_url, current, head)
         self.upgrade()
 
-    def _check_branches(self, *, upgrade: bool) -> None:
+    def _check_branches(self, rows: list[str], *, upgrade: bool) -> None:
         for branch in self.branches:
-            current, head = self.branch_revision(branch), migrate.branch_head(branch)
+            current = migrate.branch_revision(rows, branch)
+            head = migrate.branch_head(branch)
             if current != head:
                 if not upgrade:
                     raise SchemaOutOfDate(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import sqlite3
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 
 from .. import redact
 from ..errors import DatabaseError
-from ..revisions import CORE_REVISION, core_revision
+from ..revisions import CORE_REVISION
 from ..revisions import VERSION_TABLE as VERSION_TABLE
 from ..revisions import chain as chain
 from ..revisions import head_revision as head_revision
@@ -76,24 +77,33 @@ def _config(connection: Connection | None = None, branches: Sequence[str] = ()) 
     return config
 
 
+VERSION_ROWS = f"SELECT version_num FROM {VERSION_TABLE}"
+"""The version table's rows, read on the driver (:meth:`lifecycle.store.Store.revisions`)."""
+
+
+def no_version_table(exc: BaseException) -> bool:
+    """Whether the driver's error ``exc`` says that the version table does not exist (a
+    database without lifecycle's schema): SQLite's ``no such table``, PostgreSQL's
+    ``undefined_table``."""
+    if getattr(exc, "sqlstate", None) == "42P01":  # psycopg's UndefinedTable
+        return True
+    return isinstance(exc, sqlite3.OperationalError) and str(exc).startswith("no such table")
+
+
 def revision_rows(connection: Connection) -> list[str]:
-    """The rows of the database's version table: the core's revision and each branch's."""
+    """The rows of the database's version table: the core's revision and each branch's
+    (asked inside a migration's transaction, where a failed statement would spoil it)."""
     if not inspect(connection).has_table(VERSION_TABLE):
         return []
-    return [row[0] for row in connection.execute(text(
-        f"SELECT version_num FROM {VERSION_TABLE}"))]
+    return [row[0] for row in connection.execute(text(VERSION_ROWS))]
 
 
-def current_revision(connection: Connection) -> str | None:
-    """The core's revision in the database's version table (None when it has none)."""
-    return core_revision(revision_rows(connection))
-
-
-def branch_revision(connection: Connection, directory: str) -> str | None:
-    """The revision of the branch in ``directory`` the database is at (None: not applied)."""
+def branch_revision(rows: list[str], directory: str) -> str | None:
+    """The revision of the branch in ``directory`` among the version table's ``rows`` (None:
+    not applied)."""
     ids = {r for r, _, _ in chain(directory)}
     label = branch_label(directory)
-    found = [row for row in revision_rows(connection) if row in ids or row.startswith(label)]
+    found = [row for row in rows if row in ids or row.startswith(label)]
     return found[0] if found else None
 
 

@@ -33,12 +33,13 @@ from .compiling import numbered
 from .effects import EffectStatements
 from .journal import JournalStatements
 from .resources import ResourceStatements
+from .specs import SpecStatements
 from .timers import TimerStatements
 from .writes import WriteStatements
 
 
 class Statements(ResourceStatements, JournalStatements, EffectStatements, TimerStatements,
-                 WriteStatements):
+                 WriteStatements, SpecStatements):
     """The hot path's statements for one dialect, built from the schema once."""
 
     def __init__(self, dialect: Dialect) -> None:
@@ -51,6 +52,7 @@ class Statements(ResourceStatements, JournalStatements, EffectStatements, TimerS
         self._effects()
         self._timers()
         self._writes()
+        self._specs()
         self.quick: QuickFire | None = QuickFire(
             by_key=numbered(self.resource_by_key, ("key",)),
             by_machine_key=numbered(self.resource_by_machine_key, ("machine", "key")),

@@ -233,13 +233,4 @@ def find(db: Connection, machine: str | None, key: str) -> Any:
     return rows[0]
 
 
-def stranded_candidates(db: Connection, machine: str, states: set[str]) -> list[Any]:
-    """(key, state, spec_version) of ``machine``'s resources in a state not in ``states``,
-    by key."""
-    r = resources.c
-    return list(db.execute(
-        select(r.key, r.state, r.spec_version)
-        .where(r.machine == machine, r.state.not_in(states)).order_by(r.key)).all())
-
-
-__all__ = ["OBSERVED", "ResourceStatements", "find", "stranded_candidates"]
+__all__ = ["OBSERVED", "ResourceStatements", "find"]
