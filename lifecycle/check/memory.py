@@ -21,7 +21,7 @@ import random
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, ClassVar
 
 from ..clock import SimulatedClock
 from ..compiled import CompiledMachine, Decision, GuardContext
@@ -126,6 +126,10 @@ class CheckError(InvalidInput):
     the machine does not have."""
 
 
+_Do = Callable[..., tuple[State, Fired | None]]
+"""What a kind of move does: a method of :class:`Memory` given the state and the move."""
+
+
 class Memory:
     """A machine's engine and worker over in-memory states."""
 
@@ -159,9 +163,9 @@ class Memory:
         """The state after ``move``, what handlers did in the world, and what a fire or a
         step came to."""
         kind = type(move)
-        found = _KINDS.get(kind)
+        found = self._KINDS.get(kind)
         if found is None:  # a kind of move not seen yet: by the first class it is of
-            found = _kind(kind)
+            found = self._kind(kind)
             if found is None:
                 raise CheckError(f"unknown move {move!r}")
         do, reads, writes = found
@@ -497,31 +501,26 @@ class Memory:
             state, _ = self.fire(state, key, timer.trigger, {})
         return state
 
+    # what each kind of move does, in the order a move's kind is looked for among them
+    _ORDER: ClassVar[tuple[tuple[type, _Do], ...]] = (
+        (Advance, _advance), (Note, _note), (SetWorld, _set_world), (Create, _created),
+        (Observe, _observe), (Update, _updated), (Fire, _fire), (Step, _step),
+        (RunEffect, _run), (Begin, _begin), (Finish, _finish), (FireTimers, _timers),
+        (Retry, _retry), (Crash, _crash))
+    _KINDS: ClassVar[dict[type, tuple[_Do, bool, bool]]] = {}
+    """Each kind of move met: what it does, whether it reads the state's world (a handler or
+    a probe may run) and whether it writes it. Moves are classes with abstract methods, whose
+    ``isinstance`` is slow, and a check applies hundreds of thousands of moves."""
 
-_Do = Callable[[Memory, State, Any], tuple[State, Fired | None]]
-
-_ORDER: tuple[tuple[type[Move], _Do], ...] = (
-    (Advance, Memory._advance), (Note, Memory._note), (SetWorld, Memory._set_world),
-    (Create, Memory._created), (Observe, Memory._observe), (Update, Memory._updated),
-    (Fire, Memory._fire), (Step, Memory._step), (RunEffect, Memory._run),
-    (Begin, Memory._begin), (Finish, Memory._finish), (FireTimers, Memory._timers),
-    (Retry, Memory._retry), (Crash, Memory._crash))
-"""What each kind of move does, in the order a move's kind is looked for among them."""
-
-_KINDS: dict[type, tuple[_Do, bool, bool]] = {}
-"""Each kind of move met: what it does, whether it reads the state's world (a handler or a
-probe may run) and whether it writes it. Moves are classes with abstract methods, whose
-``isinstance`` is slow, and a check applies hundreds of thousands of moves."""
-
-
-def _kind(kind: type) -> tuple[_Do, bool, bool] | None:
-    do = next((d for base, d in _ORDER if issubclass(kind, base)), None)
-    if do is None:
-        return None
-    found = _KINDS[kind] = (
-        do, not issubclass(kind, Advance | Note | Observe | Update | Retry),
-        issubclass(kind, SetWorld | RunEffect | Crash | Begin | Finish))
-    return found
+    @classmethod
+    def _kind(cls, kind: type) -> tuple[_Do, bool, bool] | None:
+        do = next((d for base, d in cls._ORDER if issubclass(kind, base)), None)
+        if do is None:
+            return None
+        found = cls._KINDS[kind] = (
+            do, not issubclass(kind, Advance | Note | Observe | Update | Retry),
+            issubclass(kind, SetWorld | RunEffect | Crash | Begin | Finish))
+        return found
 
 
 class _NoJitter(random.Random):
