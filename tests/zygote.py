@@ -102,10 +102,30 @@ def _startup(env: dict[str, str]) -> dict[str, str]:
             or name in STARTUP_VARIABLES}
 
 
+def _form(argv: list[str], cwd: str, program: str) -> tuple[str, str] | None:
+    """What ``argv`` runs, where a fork can run it: ``("program", PATH)`` for the console
+    script, ``("module", NAME)`` for ``python -m NAME ARG...`` and ``("script", PATH)`` for
+    ``python PATH ARG...`` with this server's interpreter (the very path: another, or a
+    venv's other name, may be another installation); None for anything else (an interpreter
+    option, another interpreter, a script that is not a ``.py`` file, a missing one)."""
+    if os.path.realpath(os.path.join(cwd, argv[0])) == os.path.realpath(program):
+        return "program", argv[0]
+    if argv[0] != sys.executable or len(argv) < 2:
+        return None
+    if argv[1] == "-m":
+        if len(argv) > 2 and argv[2] and not argv[2].startswith("-"):
+            return "module", argv[2]
+        return None
+    if (not argv[1].startswith("-") and argv[1].endswith(".py")
+            and os.path.isfile(os.path.join(cwd, argv[1]))):
+        return "script", argv[1]
+    return None
+
+
 def _mismatch(request: Message, program: str) -> str | None:
     """Why the request cannot be served by a fork of this server (None: it can)."""
-    if os.path.realpath(request["argv"][0]) != os.path.realpath(program):
-        return f"not the console script {program}"
+    if _form(request["argv"], request.get("cwd", os.getcwd()), program) is None:
+        return f"neither the console script {program} nor {sys.executable} -m MODULE or SCRIPT"
     ours, theirs = _startup(dict(os.environ)), _startup(request["env"])
     if ours != theirs:
         differ = sorted(name for name in {*ours, *theirs} if ours.get(name) != theirs.get(name))
@@ -349,9 +369,9 @@ def _stdio(fd: int, name: str, model: object) -> object:
     return stream
 
 
-def child(request: Message, fds: list[int]) -> None:
+def child(request: Message, fds: list[int], program: str) -> None:
     """Become the program of ``request``: the stdio, process state and interpreter state a
-    fresh start would give, then the console script itself."""
+    fresh start would give, then the console script, the module or the script itself."""
     import importlib
     import time
     import types
@@ -384,10 +404,21 @@ def child(request: Message, fds: list[int]) -> None:
     time.tzset()
     sys.dont_write_bytecode = bool(os.environ.get("PYTHONDONTWRITEBYTECODE"))
     sys.pycache_prefix = os.environ.get("PYTHONPYCACHEPREFIX") or None
-    program = request["argv"][0]
-    sys.argv = list(request["argv"])
-    sys.orig_argv = [sys.executable, *sys.argv]
-    sys.path[0] = os.path.dirname(os.path.realpath(program))
+    argv = list(request["argv"])
+    form = _form(argv, request["cwd"], program)
+    assert form is not None  # (the server forked for it)
+    kind, target = form
+    if kind == "program":  # a script's shebang: the interpreter, then the script's path
+        sys.argv, sys.orig_argv = argv, [sys.executable, *argv]
+        path: str | None = target
+    elif kind == "script":  # python SCRIPT ARG...: its path as given, __file__ made absolute
+        sys.argv, sys.orig_argv = argv[1:], argv
+        path = os.path.join(os.getcwd(), target)
+    else:  # python -m NAME ARG...: "-m" until runpy finds the module's file
+        sys.argv, sys.orig_argv = ["-m", *argv[3:]], argv
+        path = None
+    # the script's real directory, or for -m the working directory
+    sys.path[0] = os.getcwd() if path is None else os.path.dirname(os.path.realpath(path))
     importlib.invalidate_caches()
     for fd, name in enumerate(STDIO):
         model = getattr(sys, f"__{name}__")
@@ -395,11 +426,21 @@ def child(request: Message, fds: list[int]) -> None:
         setattr(sys, name, stream)
         setattr(sys, f"__{name}__", stream)
     main = types.ModuleType("__main__")
-    main.__file__ = program
     main.__builtins__ = __builtins__  # type: ignore[attr-defined]
     sys.modules["__main__"] = main
-    with open(program, "rb") as file:
-        code = compile(file.read(), program, "exec")
+    if path is None:
+        import runpy
+
+        # what the interpreter itself calls for -m (argv[0], __spec__, __package__...)
+        runpy._run_module_as_main(target, alter_argv=True)  # type: ignore[attr-defined]
+        return
+    import importlib.machinery
+
+    main.__file__ = path  # as the interpreter runs a file (the console script is one too)
+    main.__cached__ = None  # type: ignore[attr-defined]
+    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
+    with open(path, "rb") as file:
+        code = compile(file.read(), path, "exec")
     exec(code, main.__dict__)
 
 
@@ -522,4 +563,4 @@ if __name__ == "__main__":
         _, _, _address, _program = sys.argv
         _served = serve(_address, _program)
         if _served is not None:
-            child(*_served)
+            child(*_served, _program)
