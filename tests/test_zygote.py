@@ -70,6 +70,8 @@ SETUPS = {
     "SIGINT ignored, umask, time zone, width": ("trap '' INT; umask 077", "pipe",
                                                 {"TZ": "Pacific/Auckland", "COLUMNS": "151"}),
     "no stdin, bytecode written": ("exec <&-", "pipe", {"PYTHONDONTWRITEBYTECODE": ""}),
+    # a path of the test's own: relative, empty (the working directory) and missing entries
+    "PYTHONPATH": ("", "pipe", {"PYTHONPATH": os.pathsep.join(["sub", "", "/nonexistent"])}),
     # an interpreter set to start otherwise than the server: the client runs the program
     "PYTHONWARNINGS": ("", "pipe", {"PYTHONWARNINGS": "error::ResourceWarning"}),
 }
@@ -161,6 +163,13 @@ def test_what_a_fork_cannot_be_runs_for_real(tmp_path: Path) -> None:
         found = zygote._mismatch({"argv": argv, "env": dict(os.environ), "cwd": str(tmp_path)},
                                  PROGRAM)
         assert (found is None) == (argv in served), (argv, found)
+    # a PYTHONPATH that holds a module the server imported (which a new interpreter would
+    # import from there): for real too; one that holds none is served
+    (tmp_path / "shadow" / "lifecycle").mkdir(parents=True)
+    for path, served_here in (("shadow", False), (".", True), ("", True)):
+        found = zygote._mismatch({"argv": served[1], "env": {**os.environ, "PYTHONPATH": path},
+                                  "cwd": str(tmp_path)}, PROGRAM)
+        assert (found is None) == served_here, (path, found)
 
 
 def test_a_signal_reaches_the_command_and_its_status_comes_back(forkserver: Any,

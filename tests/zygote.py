@@ -67,8 +67,9 @@ FORWARDED = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SI
 """The signals a client passes on to its child (those it would otherwise die of)."""
 STARTUP_VARIABLES = ("LC_ALL", "LC_CTYPE", "LANG")
 """Besides PYTHON*: what decides how the interpreter starts (its stdio's encoding)."""
-APPLIED_VARIABLES = ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")
-"""The PYTHON* variables the child applies itself (the tests' and the pages' differ)."""
+APPLIED_VARIABLES = ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX", "PYTHONPATH")
+"""The PYTHON* variables the child applies itself (the tests' and the pages' differ; the
+tests put tests/ on PYTHONPATH for their plugins; the server itself runs without one)."""
 PRELOAD = (
     # the program and what its commands import, but for the command modules (cli.resources,
     # cli.machines, ...), which make lifecycle.cli.console's consoles when imported
@@ -122,10 +123,38 @@ def _form(argv: list[str], cwd: str, program: str) -> tuple[str, str] | None:
     return None
 
 
+def _python_path(env: dict[str, str], cwd: str) -> list[str]:
+    """The directories ``PYTHONPATH`` puts on a new interpreter's path, as its ``site`` makes
+    them: absolute, an empty entry the working directory."""
+    value = env.get("PYTHONPATH")
+    if not value:
+        return []
+    return [os.path.abspath(os.path.join(cwd, entry)) for entry in value.split(os.pathsep)]
+
+
+def _shadowed(directories: list[str]) -> list[str]:
+    """What those directories hold under the name of a top-level module the server imported
+    (which a new interpreter would have imported from there instead)."""
+    loaded = {name for name in sys.modules if "." not in name}
+    found = []
+    for directory in directories:
+        try:
+            names = os.listdir(directory)
+        except OSError:
+            continue
+        found += [os.path.join(directory, name) for name in names
+                  if name.split(".", 1)[0] in loaded and name != "__pycache__"]
+    return found
+
+
 def _mismatch(request: Message, program: str) -> str | None:
     """Why the request cannot be served by a fork of this server (None: it can)."""
-    if _form(request["argv"], request.get("cwd", os.getcwd()), program) is None:
+    cwd = request.get("cwd", os.getcwd())
+    if _form(request["argv"], cwd, program) is None:
         return f"neither the console script {program} nor {sys.executable} -m MODULE or SCRIPT"
+    shadowed = _shadowed(_python_path(request["env"], cwd))
+    if shadowed:
+        return f"PYTHONPATH holds modules the server imported: {', '.join(shadowed)}"
     ours, theirs = _startup(dict(os.environ)), _startup(request["env"])
     if ours != theirs:
         differ = sorted(name for name in {*ours, *theirs} if ours.get(name) != theirs.get(name))
@@ -417,7 +446,10 @@ def child(request: Message, fds: list[int], program: str) -> None:
     else:  # python -m NAME ARG...: "-m" until runpy finds the module's file
         sys.argv, sys.orig_argv = ["-m", *argv[3:]], argv
         path = None
-    # the script's real directory, or for -m the working directory
+    # the script's real directory, or for -m the working directory; PYTHONPATH's before the
+    # rest, less those already there (as site leaves them)
+    search = [*_python_path(request["env"], request["cwd"]), *sys.path[1:]]
+    sys.path[1:] = [entry for i, entry in enumerate(search) if entry not in search[:i]]
     sys.path[0] = os.getcwd() if path is None else os.path.dirname(os.path.realpath(path))
     importlib.invalidate_caches()
     for fd, name in enumerate(STDIO):
@@ -468,9 +500,10 @@ class Server:
         import shlex
         import subprocess
 
-        self.process = subprocess.Popen(
+        env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
+        self.process = subprocess.Popen(  # (a child puts its own PYTHONPATH on its path)
             [sys.executable, __file__, "serve", self.address, self.program],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         assert self.process.stdout is not None
         ready = self.process.stdout.readline()  # (no deadline: an exit ends it too)
         assert ready == "ready\n", f"the fork server did not start: {ready!r}"
@@ -507,10 +540,6 @@ class Server:
         import time
 
         request = _request(argv, cwd, env)
-        reason = _mismatch(request, self.program)
-        if reason is not None:
-            return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True,
-                                  stdin=subprocess.DEVNULL, timeout=timeout, check=False)
         null = os.open(os.devnull, os.O_RDONLY)
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
@@ -536,8 +565,11 @@ class Server:
                     for key, _ in selector.select(left):
                         if key.fileobj is connection:
                             answer = next(answers, None)
-                            assert answer is not None and "fallback" not in answer, answer
-                            if "status" in answer:
+                            assert answer is not None, "the fork server went away"
+                            if "fallback" in answer:  # (the server judges: it knows what
+                                status = -1           # it imported) the real program runs
+                                selector.unregister(connection)
+                            elif "status" in answer:
                                 status = answer["status"]
                                 selector.unregister(connection)
                             continue
@@ -551,6 +583,9 @@ class Server:
             for fd in (null, out_w, err_w, out_r, err_r):
                 if fd >= 0:
                     os.close(fd)
+        if status == -1:
+            return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True,
+                                  stdin=subprocess.DEVNULL, timeout=timeout, check=False)
         return subprocess.CompletedProcess(
             argv, os.waitstatus_to_exitcode(status),
             outputs[out_r].decode(errors="replace"), outputs[err_r].decode(errors="replace"))
