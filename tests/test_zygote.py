@@ -163,6 +163,10 @@ def test_what_a_fork_cannot_be_runs_for_real(tmp_path: Path) -> None:
         found = zygote._mismatch({"argv": argv, "env": dict(os.environ), "cwd": str(tmp_path)},
                                  PROGRAM)
         assert (found is None) == (argv in served), (argv, found)
+    # a setting a preloaded module reads when imported (job_exit's): for real
+    found = zygote._mismatch({"argv": served[1], "cwd": str(tmp_path), "env": {
+        **os.environ, "LIFECYCLE_JOB_EXIT_RETRY_DELAY": "7"}}, PROGRAM)
+    assert found is not None and "LIFECYCLE_JOB_EXIT_RETRY_DELAY" in found
     # a PYTHONPATH that holds a module the server imported (which a new interpreter would
     # import from there): for real too; one that holds none is served
     (tmp_path / "shadow" / "lifecycle").mkdir(parents=True)

@@ -67,6 +67,10 @@ FORWARDED = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SI
 """The signals a client passes on to its child (those it would otherwise die of)."""
 STARTUP_VARIABLES = ("LC_ALL", "LC_CTYPE", "LANG")
 """Besides PYTHON*: what decides how the interpreter starts (its stdio's encoding)."""
+IMPORTED_PREFIXES = ("LIFECYCLE_JOB_EXIT_",)
+"""Variables a preloaded module reads when it is imported: job_exit's machine (its
+``BUILTIN``) is made with its settings then. A request that sets them otherwise than the
+server runs for real."""
 APPLIED_VARIABLES = ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX", "PYTHONPATH")
 """The PYTHON* variables the child applies itself (the tests' and the pages' differ; the
 tests put tests/ on PYTHONPATH for their plugins; the server itself runs without one)."""
@@ -100,7 +104,7 @@ Message = dict[str, Any]
 def _startup(env: dict[str, str]) -> dict[str, str]:
     return {name: value for name, value in env.items()
             if (name.startswith("PYTHON") and name not in APPLIED_VARIABLES)
-            or name in STARTUP_VARIABLES}
+            or name in STARTUP_VARIABLES or name.startswith(IMPORTED_PREFIXES)}
 
 
 def _form(argv: list[str], cwd: str, program: str) -> tuple[str, str] | None:
@@ -158,7 +162,7 @@ def _mismatch(request: Message, program: str) -> str | None:
     ours, theirs = _startup(dict(os.environ)), _startup(request["env"])
     if ours != theirs:
         differ = sorted(name for name in {*ours, *theirs} if ours.get(name) != theirs.get(name))
-        return f"the interpreter's start-up variables differ: {', '.join(differ)}"
+        return f"the start-up or import-time variables differ: {', '.join(differ)}"
     return None
 
 
@@ -519,6 +523,15 @@ class Server:
         """The command line that runs ``program`` (and then the arguments after it) in a
         fork of the server: for a ``subprocess.Popen`` of the program."""
         return [sys.executable, "-I", "-S", __file__, "client", self.address, program, shims]
+
+    def python(self, *args: str) -> list[str]:
+        """The command line that runs ``python ARGS...`` (``-m MODULE ...`` or ``SCRIPT
+        ...``) with this interpreter, in a fork of the server where it can (the client runs
+        the real interpreter where it cannot): for a ``subprocess.Popen`` whose command ends
+        by itself or by a signal its client passes on, never for one a test kills, stops or
+        signals by a pid of its own (the client's pid is not the command's, and a command
+        outlives a killed client for a moment)."""
+        return [*self.client_command(sys.executable), *args]
 
     def close(self) -> None:
         import shutil
