@@ -1,17 +1,21 @@
-"""A warm fork server for the ``lifecycle`` commands the tests run as separate processes.
+"""A warm fork server for the ``lifecycle`` commands and the Python programs the tests run as
+separate processes.
 
 A ``lifecycle`` command spends nearly all of its CPU importing (SQLAlchemy, pydantic, rich,
 lifecycle itself) before its few milliseconds of work. The server (``python zygote.py serve
 SOCKET``, one per test session and xdist worker, :class:`Server`) imports those modules
 once, and for each command forks a child that runs the program as the real console script
-would: with the command's argv, working directory, environment, umask, ignored signals and
+would, or as ``python -m MODULE ARG...`` or ``python SCRIPT ARG...`` would with the
+session's interpreter (:meth:`Server.python`: a test's worker scripts, ``python -m
+lifecycle``, the pages' Python driver): with the command's argv, working directory, environment, umask, ignored signals and
 signal mask, and its own stdin, stdout and stderr, the very file descriptors of the caller
 (passed over the Unix socket), so that isatty, pipes and redirections are the real
 program's. The client (``python -I -S zygote.py client ...``, which a page's shell finds as
 ``lifecycle`` first on its PATH, or :meth:`Server.run` in a test's own process) waits for
 the child's exit status and exits with it; a signal the client gets (SIGTERM, SIGINT,
-SIGHUP, ...) is passed on to the child, and a child whose client dies
-without a word (SIGKILL) is killed. So ``lifecycle worker &`` in a page's shell, and the
+SIGHUP, SIGQUIT, ...) is passed on to the child, and a child whose client dies
+without a word (SIGKILL) is killed, a moment later: so a test that kills or stops a
+command with SIGKILL or SIGSTOP, or signals it by a pid of its own, starts it for real. So ``lifecycle worker &`` in a page's shell, and the
 page's kill of its process group, behave as with the real program; the client dies of the
 signal its command died of (a shell shows 128+N). The session's end (the server's stdin
 closing) kills what still runs in it. tests/test_zygote.py compares the two.
@@ -28,15 +32,22 @@ The child starts as a fresh program would:
   ``XDG_CACHE_HOME`` when it is used, entry points (of a machine package a page installs)
   are read when a command asks for them, after ``importlib.invalidate_caches()``; the time
   zone is read again (``time.tzset``).
-- ``sys.argv``, ``sys.path[0]`` (the program's directory), ``__main__`` (the console
-  script, run from its file), stdio (made as CPython makes them: line-buffered on a
+- ``sys.argv``, ``sys.orig_argv``, ``sys.path[0]`` (the program's or script's real
+  directory; for ``-m`` the working directory), the rest of ``sys.path`` (the request's
+  ``PYTHONPATH`` first, as ``site`` leaves it: absolute, an empty entry the working
+  directory, no duplicates), ``__main__`` (the console script or the script, run from its
+  file with ``__file__`` absolute, as the interpreter runs one; for ``-m`` what
+  ``runpy._run_module_as_main``, the interpreter's own entry, makes of it), stdio (made as CPython makes them: line-buffered on a
   terminal and for stderr), ``sys.dont_write_bytecode`` and ``sys.pycache_prefix`` are the
   real program's; the child exits through the interpreter's own exit (atexit, threads,
   flushing), as the program would.
 - Where that cannot be had, the client runs the real program instead (:func:`_mismatch`):
   an environment that changes how the interpreter itself starts (any other ``PYTHON*``
-  variable, the locale's ``LC_ALL``/``LC_CTYPE``/``LANG``) than the server's, or a program
-  that is not the console script.
+  variable, the locale's ``LC_ALL``/``LC_CTYPE``/``LANG``) than the server's, a setting a
+  preloaded module reads when imported (:data:`IMPORTED_PREFIXES`: job_exit's), a
+  ``PYTHONPATH`` that holds a module of the name of one the server imported, or a program
+  that is none of the three forms (an interpreter option, ``-c``, another interpreter or
+  another name of this one, a script that is not a ``.py`` file).
 
 What differs, and no test here reads: the child's parent is the server (``os.getppid()``),
 its process group and session are the server's, its hash seed is the server's (so a set's
