@@ -7,18 +7,19 @@ SOCKET``, one per test session and xdist worker, :class:`Server`) imports those 
 once, and for each command forks a child that runs the program as the real console script
 would, or as ``python -m MODULE ARG...`` or ``python SCRIPT ARG...`` would with the
 session's interpreter (:meth:`Server.python`: a test's worker scripts, ``python -m
-lifecycle``, the pages' Python driver): with the command's argv, working directory, environment, umask, ignored signals and
-signal mask, and its own stdin, stdout and stderr, the very file descriptors of the caller
-(passed over the Unix socket), so that isatty, pipes and redirections are the real
-program's. The client (``python -I -S zygote.py client ...``, which a page's shell finds as
-``lifecycle`` first on its PATH, or :meth:`Server.run` in a test's own process) waits for
-the child's exit status and exits with it; a signal the client gets (SIGTERM, SIGINT,
-SIGHUP, SIGQUIT, ...) is passed on to the child, and a child whose client dies
-without a word (SIGKILL) is killed, a moment later: so a test that kills or stops a
-command with SIGKILL or SIGSTOP, or signals it by a pid of its own, starts it for real. So ``lifecycle worker &`` in a page's shell, and the
-page's kill of its process group, behave as with the real program; the client dies of the
-signal its command died of (a shell shows 128+N). The session's end (the server's stdin
-closing) kills what still runs in it. tests/test_zygote.py compares the two.
+lifecycle``, the pages' Python driver): with the command's argv, working directory,
+environment, umask, ignored signals and signal mask, and its own stdin, stdout and stderr,
+the very file descriptors of the caller (passed over the Unix socket), so that isatty, pipes
+and redirections are the real program's. The client (``python -I -S zygote.py client ...``,
+which a page's shell finds as ``lifecycle`` first on its PATH, or :meth:`Server.run` in a
+test's own process) waits for the child's exit status and exits with it; a signal the client
+gets (SIGTERM, SIGINT, SIGHUP, SIGQUIT, ...) is passed on to the child, and a child whose
+client dies without a word (SIGKILL) is killed, a moment later: so a test that kills or
+stops a command with SIGKILL or SIGSTOP, or signals it by a pid of its own, starts it for
+real. So ``lifecycle worker &`` in a page's shell, and the page's kill of its process group,
+behave as with the real program; the client dies of the signal its command died of (a shell
+shows 128+N). The session's end (the server's stdin closing) kills what still runs in it.
+tests/test_zygote.py compares the two.
 
 The child starts as a fresh program would:
 
@@ -37,14 +38,15 @@ The child starts as a fresh program would:
   ``PYTHONPATH`` first, as ``site`` leaves it: absolute, an empty entry the working
   directory, no duplicates), ``__main__`` (the console script or the script, run from its
   file with ``__file__`` absolute, as the interpreter runs one; for ``-m`` what
-  ``runpy._run_module_as_main``, the interpreter's own entry, makes of it), stdio (made as CPython makes them: line-buffered on a
-  terminal and for stderr), ``sys.dont_write_bytecode`` and ``sys.pycache_prefix`` are the
-  real program's; the child exits through the interpreter's own exit (threads waited for,
-  every atexit handler run, the exception printed, stdout and stderr flushed), as the
-  program would, but for the modules' teardown (:func:`_exit_fast`: it would copy every
-  page the child shares with the server, 45 ms a command): the files and SQLite
-  connections the program left open are closed as their deallocation would close them,
-  and the child leaves with the program's status.
+  ``runpy._run_module_as_main``, the interpreter's own entry, makes of it), stdio (made as
+  CPython makes them: line-buffered on a terminal and for stderr),
+  ``sys.dont_write_bytecode`` and ``sys.pycache_prefix`` are the real program's; the child
+  exits through the interpreter's own exit (threads waited for, every atexit handler run,
+  the exception printed, stdout and stderr flushed), as the program would, but for the
+  modules' teardown (:func:`_exit_fast`: it would copy every page the child shares with the
+  server, 45 ms a command): the files and SQLite connections the program left open are
+  closed as their deallocation would close them, and the child leaves with the program's
+  status.
 - Where that cannot be had, the client runs the real program instead (:func:`_mismatch`):
   an environment that changes how the interpreter itself starts (any other ``PYTHON*``
   variable, the locale's ``LC_ALL``/``LC_CTYPE``/``LANG``) than the server's, a setting a
