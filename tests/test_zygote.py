@@ -1,8 +1,8 @@
 """The tests' fork server (tests/zygote.py) starts the ``lifecycle`` program, ``python -m
-MODULE`` and ``python SCRIPT`` as a new process would: what the program sees of its process (argv, path, stdio and how each is
-buffered, environment, working directory, umask, signals, descriptors, time zone) and what
-it prints are the real program's, whatever the caller's stdio; signals reach it; a client
-that dies takes its command with it."""
+MODULE`` and ``python SCRIPT`` as a new process would: what the program sees of its process
+(argv, path, stdio and how each is buffered, environment, working directory, umask, signals,
+descriptors, time zone) and what it prints are the real program's, whatever the caller's
+stdio; signals reach it; a client that dies takes its command with it."""
 
 from __future__ import annotations
 
