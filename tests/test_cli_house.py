@@ -8,6 +8,7 @@ import os
 import shlex
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -111,15 +112,16 @@ def test_diagrams_check_sees_an_edited_svg(tmp_path: Path) -> None:
     assert "1 diagram file is out of date" in result.output
 
 
-def test_a_worker_start_is_quiet(sqlite_url: str) -> None:
+def test_a_worker_start_is_quiet(sqlite_url: str, forkserver: Any) -> None:
     """Checking the schema revision is no news: Alembic's INFO lines stay out of the
     worker's log (an upgrade still reports what it did)."""
     import subprocess
-    import sys
 
     invoke("db", "upgrade", "--db", sqlite_url)
-    done = subprocess.run([sys.executable, "-m", "lifecycle", "worker", "--until-idle", "--db",
-                           sqlite_url], capture_output=True, text=True, timeout=120, check=False)
+    # started warm (tests/zygote.py): the program's logging is set up in the child
+    done = subprocess.run([*forkserver.python("-m", "lifecycle"), "worker", "--until-idle",
+                           "--db", sqlite_url], capture_output=True, text=True, timeout=120,
+                          check=False)
     assert done.returncode == 0, done.stderr
     assert "Context impl" not in done.stderr and "Will assume" not in done.stderr, done.stderr
     assert "effects: 0 done" in done.stdout

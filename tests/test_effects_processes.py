@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -18,11 +17,19 @@ from sqlalchemy import text
 from lifecycle import Engine, Store, Worker
 from lifecycle.outbox_admin import effect_records, outbox_counts
 
-RUN = [sys.executable, str(Path(__file__).parent / "procs" / "run_worker.py")]
+SCRIPT = str(Path(__file__).parent / "procs" / "run_worker.py")
+
+
+@pytest.fixture
+def run_cmd(forkserver: Any) -> list[str]:
+    """`python procs/run_worker.py`, started warm (tests/zygote.py): each run here ends by
+    itself (its own forks kill themselves) or by the SIGTERM or SIGQUIT its client passes
+    on."""
+    return forkserver.python(SCRIPT)  # type: ignore[no-any-return]
 
 
 def test_crashes_at_every_point_lose_and_repeat_nothing(db_url: str, tmp_path: Path,
-                                                       slow: bool) -> None:
+                                                       slow: bool, run_cmd: list[str]) -> None:
     logs = tmp_path / "logs"
     logs.mkdir()
     store = Store(db_url, upgrade=True)
@@ -38,7 +45,7 @@ def test_crashes_at_every_point_lose_and_repeat_nothing(db_url: str, tmp_path: P
     # This process holds no connection meanwhile (see procs/crash_loop.py on SQLite)
     store.dispose()
     engine.store.dispose()
-    done = subprocess.run([*RUN, "exit", db_url, str(logs), probability],
+    done = subprocess.run([*run_cmd, "exit", db_url, str(logs), probability],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.splitlines()[-1])
@@ -76,7 +83,7 @@ def _in_order(calls: list[Any]) -> None:
 
 
 def test_four_workers_share_postgres_without_running_anything_twice(
-        postgres_url: str, tmp_path: Path, slow: bool) -> None:
+        postgres_url: str, tmp_path: Path, slow: bool, run_cmd: list[str]) -> None:
     store, engine = _ticker_with_calls_table(postgres_url)
     keys = [f"r{i:03d}" for i in range(500 if slow else 100)]
     effects = 2 * 5 * len(keys)  # each tick asks for two
@@ -89,7 +96,7 @@ def test_four_workers_share_postgres_without_running_anything_twice(
     started = time.monotonic()
     # four worker processes, forked at once from one that imported everything, start
     # claiming together, when the last has started
-    workers = subprocess.run([*RUN, "tickers", postgres_url, "effect_calls", "4",
+    workers = subprocess.run([*run_cmd, "tickers", postgres_url, "effect_calls", "4",
                               str(tmp_path)], stderr=subprocess.PIPE, text=True, timeout=300)
     assert workers.returncode == 0, workers.stderr
     elapsed = time.monotonic() - started
@@ -105,7 +112,7 @@ def test_four_workers_share_postgres_without_running_anything_twice(
     assert len({c.worker for c in calls}) == 4, "the work was not shared"
 
 
-def _start_slow_worker(db_url: str, tmp_path: Path, kind: str = "sync"
+def _start_slow_worker(run_cmd: list[str], db_url: str, tmp_path: Path, kind: str = "sync"
                        ) -> tuple[subprocess.Popen[str], Engine, Path]:
     """A worker process whose handler has started and waits until the test removes its
     gate file."""
@@ -115,7 +122,7 @@ def _start_slow_worker(db_url: str, tmp_path: Path, kind: str = "sync"
     engine.store.upgrade()
     engine.create("slow", "s1")
     engine.fire("s1", "go")
-    process = subprocess.Popen([*RUN, "slow" if kind == "sync" else "slow-async", db_url,
+    process = subprocess.Popen([*run_cmd, "slow" if kind == "sync" else "slow-async", db_url,
                                 str(marker)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert process.stdout is not None and process.stdout.readline().strip() == "ready"
@@ -141,11 +148,11 @@ def _stderr_until(process: subprocess.Popen[str], text: str) -> str:
 
 @pytest.mark.parametrize("kind", ["sync", "async"])
 def test_sigterm_finishes_the_running_handler(sqlite_url: str, tmp_path: Path,
-                                              kind: str) -> None:
+                                              kind: str, run_cmd: list[str]) -> None:
     """SIGTERM: the worker stops claiming and waits for its running handler, however long
     (either driver)."""
     Store(sqlite_url, upgrade=True).dispose()
-    process, engine, marker = _start_slow_worker(sqlite_url, tmp_path, kind)
+    process, engine, marker = _start_slow_worker(run_cmd, sqlite_url, tmp_path, kind)
     process.send_signal(signal.SIGTERM)
     _stderr_until(process, "finishing 1 running handlers")
     assert process.poll() is None  # still waiting for the handler, which waits for its gate
@@ -158,11 +165,12 @@ def test_sigterm_finishes_the_running_handler(sqlite_url: str, tmp_path: Path,
 
 @pytest.mark.parametrize("signals", [[signal.SIGTERM, signal.SIGTERM], [signal.SIGQUIT]])
 def test_fast_shutdown_abandons_the_running_handler(sqlite_url: str, tmp_path: Path,
-                                                    signals: list[int]) -> None:
+                                                    signals: list[int],
+                                                    run_cmd: list[str]) -> None:
     """A second SIGTERM, or SIGQUIT: the worker leaves at once, its handler still running
     (it waits for a gate nobody opens), and gives the effect back for another worker."""
     Store(sqlite_url, upgrade=True).dispose()
-    process, engine, marker = _start_slow_worker(sqlite_url, tmp_path)
+    process, engine, marker = _start_slow_worker(run_cmd, sqlite_url, tmp_path)
     first, *then = signals
     process.send_signal(first)
     for number in then:
@@ -175,7 +183,8 @@ def test_fast_shutdown_abandons_the_running_handler(sqlite_url: str, tmp_path: P
     engine.store.dispose()
 
 
-def test_effects_asked_for_while_workers_finish_their_predecessors(postgres_url: str) -> None:
+def test_effects_asked_for_while_workers_finish_their_predecessors(postgres_url: str,
+                                                                  run_cmd: list[str]) -> None:
     """Each resource's effects form a queue whose head alone may run. Transitions ask for new
     effects on the very resources whose effects two worker processes are finishing: a new
     effect must become the head when its predecessor is done, whichever commits first, or
@@ -185,7 +194,7 @@ def test_effects_asked_for_while_workers_finish_their_predecessors(postgres_url:
     for key in keys:
         engine.create("ticker", key)
         engine.fire(key, "tick")
-    workers = subprocess.Popen([*RUN, "tickers", postgres_url, "effect_calls", "2"],
+    workers = subprocess.Popen([*run_cmd, "tickers", postgres_url, "effect_calls", "2"],
                                stderr=subprocess.PIPE, text=True)  # two, forked
     try:
         for _ in range(15):  # while they work: more effects on the same resources

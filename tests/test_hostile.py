@@ -422,7 +422,8 @@ def test_simulation_options_out_of_range_are_refused_before_anything_runs(
 def test_job_exit_settings_are_refused_at_start(tmp_path: Path, value: str) -> None:
     db = str(tmp_path / "j.db")
     assert_clean(cli("db", "upgrade", db=db), 0)
-    # a process of its own: the settings are read when the machine is first made
+    # a process of its own: the settings are read when the machine is first made (a new
+    # interpreter: the fork server's has job_exit imported, and would run one anyway)
     ran = subprocess.run([sys.executable, "-m", "lifecycle", "worker", "--until-idle",
                           "--db", db], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "LIFECYCLE_JOB_EXIT_RETRY_DELAY": value})
@@ -474,10 +475,11 @@ def test_a_handler_error_with_a_url_is_shown_and_logged_without_its_password(
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
-def test_a_command_that_committed_exits_0_when_its_output_is_lost(tmp_path: Path) -> None:
+def test_a_command_that_committed_exits_0_when_its_output_is_lost(tmp_path: Path,
+                                                                  forkserver: Any) -> None:
     db = str(tmp_path / "full.db")
     assert_clean(cli("db", "upgrade", db=db), 0)
-    command = [sys.executable, "-m", "lifecycle"]
+    command = forkserver.python("-m", "lifecycle")  # (started warm, tests/zygote.py)
     with open("/dev/full", "w") as full:
         for args in (["create", "batch_job", "lost[/]"], ["fire", "lost[/]", "hold", "--json"]):
             ran = subprocess.run([*command, *args, "--db", db], stdout=full, stderr=subprocess.PIPE,

@@ -57,7 +57,15 @@ from lifecycle.outbox_admin import effect_records, outbox_counts, retry_failed
 
 EXITED_AT = dt.datetime(2026, 12, 2, 10, 1, 0, tzinfo=dt.UTC)
 FAST = Retry(max_attempts=None, base=0.05, cap=0.2, jitter=0.5)
-WORKER = [sys.executable, str(Path(__file__).parent / "procs" / "run_job_exit_worker.py")]
+SCRIPT = str(Path(__file__).parent / "procs" / "run_job_exit_worker.py")
+
+
+@pytest.fixture
+def worker_cmd(forkserver: Any) -> list[str]:
+    """`python procs/run_job_exit_worker.py`, started warm (tests/zygote.py): each run here
+    ends by itself (the crash loop's own forks kill themselves) or by the SIGTERM its client
+    passes on."""
+    return forkserver.python(SCRIPT)  # type: ignore[no-any-return]
 TRIGGERS = ["exited", "userlog_written", "output_ad_written", "queue_updated", "email_sent"]
 
 
@@ -759,14 +767,15 @@ def test_a_queue_outage_holds_up_nothing_else(sqlite_url: str, tmp_path: Path) -
     store.dispose()
 
 
-def test_fast_shutdown_while_the_queue_hangs(sqlite_url: str, tmp_path: Path) -> None:
+def test_fast_shutdown_while_the_queue_hangs(sqlite_url: str, tmp_path: Path,
+                                             worker_cmd: list[str]) -> None:
     store = Store(sqlite_url, upgrade=True)
     hang_file = tmp_path / "hang"
     hang_file.touch()
     engine = make_engine(store, mailer=RecordingMailer())
     engine.create("job_exit", "42.0", job(42, 0, tmp_path))
     engine.fire("42.0", "exited", {"exit_code": 0})
-    process = subprocess.Popen([*WORKER, "hang", sqlite_url, str(hang_file)],
+    process = subprocess.Popen([*worker_cmd, "hang", sqlite_url, str(hang_file)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert process.stdout is not None and process.stdout.readline().strip() == "ready"
@@ -801,7 +810,8 @@ MAYBE = ("email:claim_lost", "email:failed")
 busy machine): it may or may not have been delivered, and is sent again."""
 
 
-def _crash_run(url: str, tmp_path: Path, jobs: int, probability: float) -> None:
+def _crash_run(worker_cmd: list[str], url: str, tmp_path: Path, jobs: int,
+               probability: float) -> None:
     """Job exits worked off by worker processes that kill themselves with SIGKILL at random
     points, two at a time, restarted until nothing is left to do."""
     store = Store(url, upgrade=True)
@@ -828,7 +838,7 @@ def _crash_run(url: str, tmp_path: Path, jobs: int, probability: float) -> None:
         wants_mail[key] = job_exit.JobExitData.model_validate({**data, **payload}).wants_mail()
     started = time.monotonic()
     with MailSink() as sink:
-        done = subprocess.run([*WORKER, "crash-loop", url, str(crash_log), str(probability),
+        done = subprocess.run([*worker_cmd, "crash-loop", url, str(crash_log), str(probability),
                                sink.url, "2", "200"], capture_output=True, text=True,
                               timeout=260)
         assert done.returncode == 0, done.stderr[-3000:]
@@ -877,13 +887,13 @@ def _crash_run(url: str, tmp_path: Path, jobs: int, probability: float) -> None:
 
 
 def test_crashes_at_random_points_across_many_exits(db_url: str, tmp_path: Path,
-                                                    slow: bool) -> None:
+                                                    slow: bool, worker_cmd: list[str]) -> None:
     """40 job exits, each crash point taken with probability 0.04 (some 20 crashes); with
     --slow, 200 exits at 0.015."""
     if slow:
-        _crash_run(db_url, tmp_path, jobs=200, probability=0.015)
+        _crash_run(worker_cmd, db_url, tmp_path, jobs=200, probability=0.015)
     else:
-        _crash_run(db_url, tmp_path, jobs=40, probability=0.04)
+        _crash_run(worker_cmd, db_url, tmp_path, jobs=40, probability=0.04)
 
 
 # -- identity: a payload never changes which job exits ------------------------------------------

@@ -4,6 +4,7 @@ database that was never upgraded is refused without being written to."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -212,13 +213,13 @@ def test_upgrading_keeps_every_row(empty_db_url: str) -> None:
 
 
 def test_many_processes_upgrade_a_fresh_postgresql_database_at_once(
-        empty_postgres_url: str, slow: bool) -> None:
+        empty_postgres_url: str, slow: bool, forkserver: Any) -> None:
     """Processes starting together each run `lifecycle db upgrade`: they take turns on an
     advisory lock, and every one ends well (without it, most failed creating the same type)."""
     import subprocess
-    import sys
 
-    command = [sys.executable, "-m", "lifecycle", "db", "upgrade", "--db", empty_postgres_url]
+    # each a process of its own, started warm (tests/zygote.py): they start closer together
+    command = [*forkserver.python("-m", "lifecycle"), "db", "upgrade", "--db", empty_postgres_url]
     processes = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   text=True) for _ in range(20 if slow else 4)]
     outcomes = [(p.wait(timeout=300), p.communicate()) for p in processes]

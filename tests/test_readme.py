@@ -35,7 +35,8 @@ The convention the pages are written to:
   ``forkserver``, tests/zygote.py): a fork of a process that imported the program once,
   which runs it with the command's argv, environment, directory and stdio, and the
   virtualenv's ``bin`` first on the PATH it sees, as if it were the program itself (a
-  new interpreter importing it all for each command cost most of the pages' time).
+  new interpreter importing it all for each command cost most of the pages' time). The
+  Python blocks' process (tests/procs/readme_python.py) starts in it too.
 """
 
 from __future__ import annotations
@@ -212,9 +213,9 @@ class Shell:
 class Python:
     """One Python process, one namespace, for a page's Python blocks."""
 
-    def __init__(self, cwd: Path, env: dict[str, str]) -> None:
+    def __init__(self, cwd: Path, env: dict[str, str], interpreter: list[str]) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, str(DRIVER)], cwd=cwd, env=env, stdin=subprocess.PIPE,
+            [*interpreter, str(DRIVER)], cwd=cwd, env=env, stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, text=True)
         self.answers: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
@@ -309,11 +310,14 @@ def serves(page: Path) -> bool:
 
 
 def run_page(page: Path, directory: Path, *, exclusive: bool = True,
-             postgres: str | None = None, shims: str | None = None) -> Iterator[str]:
+             postgres: str | None = None, shims: str | None = None,
+             interpreter: list[str] | None = None) -> Iterator[str]:
     """Run the page's examples; yield a description of each one that is not as shown.
     ``exclusive``: in turn with every other page (LOCK); a page that serves no fixed port
     need not wait for them. ``postgres``: the URL its ``needs: postgresql`` blocks run on
-    (None: they do not run). ``shims``: see :func:`environment`."""
+    (None: they do not run). ``shims``: see :func:`environment`. ``interpreter``: the
+    command that runs the Python blocks' driver (the fork server's, where it ends when its
+    stdin closes), ``python`` itself by default."""
     name = page.relative_to(REPO) if REPO in page.parents else page.name
     with LOCK.open("a") as lock, MailSink() as sink:
         if exclusive:
@@ -335,7 +339,7 @@ def run_page(page: Path, directory: Path, *, exclusive: bool = True,
                             yield (f"{where}\nexpected:\n" + "\n".join(command.expected)
                                    + "\nactual:\n" + "\n".join(trimmed(output)))
                 elif block.lang == "python":
-                    python = python or Python(directory, env)
+                    python = python or Python(directory, env, interpreter or [sys.executable])
                     error = python.run(block)
                     if error is not None:
                         yield f"{name}:{block.line}: python block:\n{error}"
@@ -356,7 +360,8 @@ def test_examples_run_as_shown(page: Path, tmp_path: Path, request: pytest.Fixtu
                                forkserver: Any) -> None:
     failures = []
     for failure in run_page(page, tmp_path, exclusive=serves(page),
-                            postgres=page_database(page, request), shims=forkserver.shims):
+                            postgres=page_database(page, request), shims=forkserver.shims,
+                            interpreter=forkserver.python()):
         failures.append(failure)
         if len(failures) == 3:  # later examples usually fail because of the first
             break

@@ -6,22 +6,28 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 pytest.importorskip("uvicorn")
 import httpx
 
-LIFECYCLE = [sys.executable, "-m", "lifecycle"]
+
+@pytest.fixture
+def lifecycle_cmd(forkserver: Any) -> list[str]:
+    """`python -m lifecycle`, started warm (tests/zygote.py): each command here ends by
+    itself, or by the SIGTERM its client passes on."""
+    return forkserver.python("-m", "lifecycle")  # type: ignore[no-any-return]
 
 
-def test_a_busy_port_is_one_error_line_and_exit_1(sqlite_url: str) -> None:
+def test_a_busy_port_is_one_error_line_and_exit_1(sqlite_url: str,
+                                                  lifecycle_cmd: list[str]) -> None:
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
-        done = subprocess.run([*LIFECYCLE, "serve", "--port", str(port), "--db", sqlite_url],
+        done = subprocess.run([*lifecycle_cmd, "serve", "--port", str(port), "--db", sqlite_url],
                               capture_output=True, text=True, timeout=120)
     assert done.returncode == 1, done
     assert done.stdout == ""                              # never said it was serving
@@ -30,8 +36,9 @@ def test_a_busy_port_is_one_error_line_and_exit_1(sqlite_url: str) -> None:
         f"error: cannot listen on 127.0.0.1:{port}: Address already in use"), lines
 
 
-def test_metrics_in_the_format_the_scraper_asks_for(sqlite_url: str, tmp_path: Path) -> None:
-    server = subprocess.Popen([*LIFECYCLE, "serve", "--port", "0", "--db", sqlite_url],
+def test_metrics_in_the_format_the_scraper_asks_for(sqlite_url: str, tmp_path: Path,
+                                                    lifecycle_cmd: list[str]) -> None:
+    server = subprocess.Popen([*lifecycle_cmd, "serve", "--port", "0", "--db", sqlite_url],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert server.stdout is not None

@@ -34,6 +34,14 @@ from lifecycle.worker import DEFAULT_LEASE
 
 TESTS = Path(__file__).resolve().parent
 LIFECYCLE = [sys.executable, "-m", "lifecycle"]
+"""A new interpreter: for the worker a test kills with SIGKILL (whose pid is its claim's)."""
+
+
+@pytest.fixture
+def lifecycle_cmd(forkserver: Any) -> list[str]:
+    """`python -m lifecycle`, started warm (tests/zygote.py): for the commands that end by
+    themselves or by the SIGTERM their client passes on."""
+    return forkserver.python("-m", "lifecycle")  # type: ignore[no-any-return]
 
 
 
@@ -77,7 +85,8 @@ def _running(engine: Engine) -> list[tuple[str, str | None, dt.datetime | None]]
 
 
 def test_a_killed_workers_claims_are_taken_over_within_its_lease(
-        gated_engine: Engine, db_url: str, tmp_path: Path, plugin_env: dict[str, str]) -> None:
+        gated_engine: Engine, db_url: str, tmp_path: Path, plugin_env: dict[str, str],
+        lifecycle_cmd: list[str]) -> None:
     """SIGKILL a `lifecycle worker` (default settings) while its handlers run; `lifecycle
     worker --until-idle` started next takes its claims over (the claimant's process is gone
     from this host) and finishes everything before the dead worker's leases would have
@@ -100,7 +109,7 @@ def test_a_killed_workers_claims_are_taken_over_within_its_lease(
         first.wait()
     killed_at = engine.clock.now()
     (tmp_path / "gate").unlink()
-    done = subprocess.run([*LIFECYCLE, "worker", "--until-idle", "--db", db_url],
+    done = subprocess.run([*lifecycle_cmd, "worker", "--until-idle", "--db", db_url],
                           env=plugin_env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "claimed again now" in done.stderr  # taken over, not waited out
@@ -118,7 +127,8 @@ def test_a_killed_workers_claims_are_taken_over_within_its_lease(
 
 
 def test_until_idle_waits_for_effects_another_host_holds(
-        gated_engine: Engine, db_url: str, tmp_path: Path, plugin_env: dict[str, str]) -> None:
+        gated_engine: Engine, db_url: str, tmp_path: Path, plugin_env: dict[str, str],
+        lifecycle_cmd: list[str]) -> None:
     """A claim of a worker on another host cannot be judged from here: `--until-idle` says
     what it waits for, waits, and finishes the effect once that lease has run out."""
     engine = gated_engine
@@ -129,7 +139,7 @@ def test_until_idle_waits_for_effects_another_host_holds(
             status="running", attempts=1, claimed_by="elsewhere:4242:beef",
             claimant="another-boot/pid:[1]/4242/777",
             lease_until=engine.clock.now() + dt.timedelta(hours=1)))
-    process = subprocess.Popen([*LIFECYCLE, "worker", "--until-idle", "--db", db_url,
+    process = subprocess.Popen([*lifecycle_cmd, "worker", "--until-idle", "--db", db_url,
                                 "--poll", "0.05"],  # it looks again soon after the lease
                                env=plugin_env, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
@@ -154,8 +164,8 @@ def test_until_idle_waits_for_effects_another_host_holds(
     assert _ends(tmp_path) == Counter(["far"])
 
 
-def test_a_claim_of_a_live_process_is_never_taken_over(gated_engine: Engine,
-                                                      tmp_path: Path) -> None:
+def test_a_claim_of_a_live_process_is_never_taken_over(gated_engine: Engine, tmp_path: Path,
+                                                      lifecycle_cmd: list[str]) -> None:
     """Claims of a process that lives (here: this one, under another worker's name) wait for
     their lease: a worker takes over only what it knows to be dead."""
     engine = gated_engine
@@ -173,7 +183,7 @@ def test_a_claim_of_a_live_process_is_never_taken_over(gated_engine: Engine,
     assert (record.status, record.claimed_by) == ("running", "other")
     assert record.lease_until is not None and record.lease_until > engine.clock.now()
     assert _starts(tmp_path) == Counter()
-    shown = subprocess.run([*LIFECYCLE, "show", "gated:mine", "--db", engine.store.url],
+    shown = subprocess.run([*lifecycle_cmd, "show", "gated:mine", "--db", engine.store.url],
                            capture_output=True, text=True, timeout=120,
                            env={**os.environ, "COLUMNS": "200"})
     assert "work running, attempt 1, held by worker other until" in shown.stdout, shown
@@ -259,7 +269,8 @@ def _backends(postgres_url: str, application_name: str) -> int:
 
 
 def test_lost_connections_cost_nothing_but_time(postgres_url: str, tmp_path: Path,
-                                                plugin_env: dict[str, str]) -> None:
+                                                plugin_env: dict[str, str],
+                                                lifecycle_cmd: list[str]) -> None:
     """Every connection of a running `lifecycle worker` is cut, again and again, while it
     works off 120 effects: each runs exactly once, no attempt is burnt, and the worker is
     still running at the end."""
@@ -275,9 +286,9 @@ def test_lost_connections_cost_nothing_but_time(postgres_url: str, tmp_path: Pat
     # handlers short enough that the worker is busy between cuts, long enough that each
     # cut (which the worker waits out for at least 0.1 s) finds more work left
     env = {**plugin_env, "GATED_SECONDS": "0.02"}
-    process = subprocess.Popen([*LIFECYCLE, "worker", "--db", worker_url, "--concurrency", "4",
-                                "--poll", "0.05"], env=env, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen([*lifecycle_cmd, "worker", "--db", worker_url,
+                                "--concurrency", "4", "--poll", "0.05"], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     cuts = 0
     try:
         for round_ in range(6):

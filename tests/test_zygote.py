@@ -1,8 +1,8 @@
-"""The tests' fork server (tests/zygote.py) starts the ``lifecycle`` program as a new
-process would: what the program sees of its process (argv, path, stdio and how each is
-buffered, environment, working directory, umask, signals, descriptors, time zone) and what
-it prints are the real program's, whatever the caller's stdio; signals reach it; a client
-that dies takes its command with it."""
+"""The tests' fork server (tests/zygote.py) starts the ``lifecycle`` program, ``python -m
+MODULE`` and ``python SCRIPT`` as a new process would: what the program sees of its process
+(argv, path, stdio and how each is buffered, environment, working directory, umask, signals,
+descriptors, time zone) and what it prints are the real program's, whatever the caller's
+stdio; signals reach it; a client that dies takes its command with it."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def stream(s):
 with open("state.json", "w") as file:
     json.dump({
         "argv": sys.argv, "orig_argv": sys.orig_argv, "path": sys.path,
-        "executable": sys.executable, "main": sys.modules["__main__"].__file__,
+        "executable": sys.executable,
         "stdio": [stream(s) for s in (sys.__stdin__, sys.__stdout__, sys.__stderr__)],
         "env": dict(os.environ), "cwd": os.getcwd(), "umask": os.umask(0o22),
         "signals": {str(int(n)): repr(signal.getsignal(n)) for n in signal.valid_signals()
@@ -43,8 +43,24 @@ with open("state.json", "w") as file:
         "time zone": [time.tzname, time.timezone], "threads": threading.active_count(),
         "descriptors": sorted(os.listdir("/proc/self/fd")),
         "console made": "lifecycle.cli.console" in sys.modules,
+        "main": {name: repr(getattr(sys.modules["__main__"], name, "(none)")).split(" at ")[0]
+                 for name in ("__name__", "__file__", "__package__", "__spec__", "__cached__",
+                              "__loader__", "__doc__")},
     }, file)
+
+if __name__ == "__main__":  # run itself (python -m probe, python probe.py): it exits as told
+    print("probe", sys.argv[1:], flush=True)
+    print("to stderr", file=sys.stderr)
+    sys.exit(int(sys.argv[1]))
 '''
+FORMS = {
+    # how the test starts what it runs: the console script (which loads the probe as a
+    # plugin), python -m MODULE and python SCRIPT (the probe itself, given a relative path)
+    "program": [PROGRAM],
+    "-m lifecycle": [sys.executable, "-m", "lifecycle"],
+    "-m MODULE": [sys.executable, "-m", "probe", "3", "an argument", "-m"],
+    "SCRIPT": [sys.executable, "./sub/../probe.py", "4", "-c", "x"],
+}
 SETUPS = {
     # (a shell's set-up before it runs the program, the program's stdio, environment);
     # `lifecycle describe startd` (a table as wide as the terminal) then runs too where the
@@ -54,6 +70,8 @@ SETUPS = {
     "SIGINT ignored, umask, time zone, width": ("trap '' INT; umask 077", "pipe",
                                                 {"TZ": "Pacific/Auckland", "COLUMNS": "151"}),
     "no stdin, bytecode written": ("exec <&-", "pipe", {"PYTHONDONTWRITEBYTECODE": ""}),
+    # a path of the test's own: relative, empty (the working directory) and missing entries
+    "PYTHONPATH": ("", "pipe", {"PYTHONPATH": os.pathsep.join(["sub", "", "/nonexistent"])}),
     # an interpreter set to start otherwise than the server: the client runs the program
     "PYTHONWARNINGS": ("", "pipe", {"PYTHONWARNINGS": "error::ResourceWarning"}),
 }
@@ -90,33 +108,72 @@ def started(command: list[str], setup: str, stdio: str, env: dict[str, str],
     return process.returncode, out.decode(), err.decode()
 
 
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("setup", SETUPS, ids=list(SETUPS))
-def test_the_fork_is_the_program_as_it_starts(setup: str, forkserver: Any,
+def test_the_fork_is_the_program_as_it_starts(setup: str, form: str, forkserver: Any,
                                                tmp_path: Path) -> None:
     shell, stdio, variables = SETUPS[setup]
     (tmp_path / "probe.py").write_text(PROBE)
+    (tmp_path / "sub").mkdir()
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("LIFECYCLE_")},
            "COLUMNS": "70", **variables, "LIFECYCLE_PLUGINS": "probe"}
-    commands = [["machines"]]
-    if stdio == "terminal" or "COLUMNS" in variables:
+    command = FORMS[form]
+    lifecycle = form in ("program", "-m lifecycle")
+    commands = [["machines"]] if lifecycle else [[]]
+    if lifecycle and (stdio == "terminal" or "COLUMNS" in variables):
         commands.append(["describe", "startd"])
     seen = {}
-    for how, program in (("real", [PROGRAM]), ("fork", forkserver.client_command(PROGRAM))):
+    for how, program in (("real", command),
+                         ("fork", [*forkserver.client_command(command[0]), *command[1:]])):
         ran = [started([*program, *args], shell, stdio, env, tmp_path) for args in commands]
         state = json.loads((tmp_path / "state.json").read_text())
         (tmp_path / "state.json").unlink()
         seen[how] = (ran, state)
     (real_ran, real), (fork_ran, fork) = seen["real"], seen["fork"]
     assert fork_ran == real_ran  # what it printed, exit statuses
-    assert real_ran[0][0] == 1 and "no lifecycle schema" in real_ran[0][2]
+    if lifecycle:
+        assert real_ran[0][0] == 1 and "no lifecycle schema" in real_ran[0][2]
+        assert ("lifecycle/__main__.py" in real["main"]["__file__"]) == (form != "program")
+    else:
+        assert real_ran[0][0] == int(command[2 if form == "SCRIPT" else 3])
+        assert real_ran[0][1].startswith("probe ["), real_ran
+        assert real["main"]["__name__"] == "'__main__'"
     if len(commands) > 1:
         assert "startd" in real_ran[1][1] and "spec version" in real_ran[1][1], real_ran[1]
     for name in real:
         assert fork[name] == real[name], name
     if stdio == "terminal":
         assert real["stdio"][1]["isatty"]
-    fallback = zygote._mismatch({"argv": [PROGRAM], "env": env}, PROGRAM)
+    fallback = zygote._mismatch({"argv": command, "env": env, "cwd": str(tmp_path)}, PROGRAM)
     assert (fallback is not None) == ("PYTHONWARNINGS" in variables), fallback
+
+
+def test_what_a_fork_cannot_be_runs_for_real(tmp_path: Path) -> None:
+    """An interpreter option, another interpreter (or another name of this one), a module or
+    script not given as a fork would run it: the client runs the real command."""
+    (tmp_path / "probe.py").write_text(PROBE)
+    python = sys.executable
+    served = [[PROGRAM, "machines"], [python, "-m", "lifecycle", "machines"],
+              [python, "probe.py", "1"], [python, str(tmp_path / "probe.py")]]
+    real = [[python, "-u", "probe.py"], [python, "-c", "pass"], [python, "-m"],
+            [python, "-m", "-c"], [python, "-mlifecycle"], [python], [python, "missing.py"],
+            [python, "-", "probe.py"], [str(Path(python).with_name("python3.0")), "probe.py"],
+            [os.path.realpath(python), "probe.py"], ["python", "probe.py"]]
+    for argv in served + real:
+        found = zygote._mismatch({"argv": argv, "env": dict(os.environ), "cwd": str(tmp_path)},
+                                 PROGRAM)
+        assert (found is None) == (argv in served), (argv, found)
+    # a setting a preloaded module reads when imported (job_exit's): for real
+    found = zygote._mismatch({"argv": served[1], "cwd": str(tmp_path), "env": {
+        **os.environ, "LIFECYCLE_JOB_EXIT_RETRY_DELAY": "7"}}, PROGRAM)
+    assert found is not None and "LIFECYCLE_JOB_EXIT_RETRY_DELAY" in found
+    # a PYTHONPATH that holds a module the server imported (which a new interpreter would
+    # import from there): for real too; one that holds none is served
+    (tmp_path / "shadow" / "lifecycle").mkdir(parents=True)
+    for path, served_here in (("shadow", False), (".", True), ("", True)):
+        found = zygote._mismatch({"argv": served[1], "env": {**os.environ, "PYTHONPATH": path},
+                                  "cwd": str(tmp_path)}, PROGRAM)
+        assert (found is None) == served_here, (path, found)
 
 
 def test_a_signal_reaches_the_command_and_its_status_comes_back(forkserver: Any,

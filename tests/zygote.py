@@ -1,20 +1,25 @@
-"""A warm fork server for the ``lifecycle`` commands the tests run as separate processes.
+"""A warm fork server for the ``lifecycle`` commands and the Python programs the tests run as
+separate processes.
 
 A ``lifecycle`` command spends nearly all of its CPU importing (SQLAlchemy, pydantic, rich,
 lifecycle itself) before its few milliseconds of work. The server (``python zygote.py serve
 SOCKET``, one per test session and xdist worker, :class:`Server`) imports those modules
 once, and for each command forks a child that runs the program as the real console script
-would: with the command's argv, working directory, environment, umask, ignored signals and
-signal mask, and its own stdin, stdout and stderr, the very file descriptors of the caller
-(passed over the Unix socket), so that isatty, pipes and redirections are the real
-program's. The client (``python -I -S zygote.py client ...``, which a page's shell finds as
-``lifecycle`` first on its PATH, or :meth:`Server.run` in a test's own process) waits for
-the child's exit status and exits with it; a signal the client gets (SIGTERM, SIGINT,
-SIGHUP, ...) is passed on to the child, and a child whose client dies
-without a word (SIGKILL) is killed. So ``lifecycle worker &`` in a page's shell, and the
-page's kill of its process group, behave as with the real program; the client dies of the
-signal its command died of (a shell shows 128+N). The session's end (the server's stdin
-closing) kills what still runs in it. tests/test_zygote.py compares the two.
+would, or as ``python -m MODULE ARG...`` or ``python SCRIPT ARG...`` would with the
+session's interpreter (:meth:`Server.python`: a test's worker scripts, ``python -m
+lifecycle``, the pages' Python driver): with the command's argv, working directory,
+environment, umask, ignored signals and signal mask, and its own stdin, stdout and stderr,
+the very file descriptors of the caller (passed over the Unix socket), so that isatty, pipes
+and redirections are the real program's. The client (``python -I -S zygote.py client ...``,
+which a page's shell finds as ``lifecycle`` first on its PATH, or :meth:`Server.run` in a
+test's own process) waits for the child's exit status and exits with it; a signal the client
+gets (SIGTERM, SIGINT, SIGHUP, SIGQUIT, ...) is passed on to the child, and a child whose
+client dies without a word (SIGKILL) is killed, a moment later: so a test that kills or
+stops a command with SIGKILL or SIGSTOP, or signals it by a pid of its own, starts it for
+real. So ``lifecycle worker &`` in a page's shell, and the page's kill of its process group,
+behave as with the real program; the client dies of the signal its command died of (a shell
+shows 128+N). The session's end (the server's stdin closing) kills what still runs in it.
+tests/test_zygote.py compares the two.
 
 The child starts as a fresh program would:
 
@@ -28,22 +33,36 @@ The child starts as a fresh program would:
   ``XDG_CACHE_HOME`` when it is used, entry points (of a machine package a page installs)
   are read when a command asks for them, after ``importlib.invalidate_caches()``; the time
   zone is read again (``time.tzset``).
-- ``sys.argv``, ``sys.path[0]`` (the program's directory), ``__main__`` (the console
-  script, run from its file), stdio (made as CPython makes them: line-buffered on a
-  terminal and for stderr), ``sys.dont_write_bytecode`` and ``sys.pycache_prefix`` are the
-  real program's; the child exits through the interpreter's own exit (atexit, threads,
-  flushing), as the program would.
+- ``sys.argv``, ``sys.orig_argv``, ``sys.path[0]`` (the program's or script's real
+  directory; for ``-m`` the working directory), the rest of ``sys.path`` (the request's
+  ``PYTHONPATH`` first, as ``site`` leaves it: absolute, an empty entry the working
+  directory, no duplicates), ``__main__`` (the console script or the script, run from its
+  file with ``__file__`` absolute, as the interpreter runs one; for ``-m`` what
+  ``runpy._run_module_as_main``, the interpreter's own entry, makes of it), stdio (made as
+  CPython makes them: line-buffered on a terminal and for stderr),
+  ``sys.dont_write_bytecode`` and ``sys.pycache_prefix`` are the real program's; the child
+  exits through the interpreter's own exit (threads waited for, every atexit handler run,
+  the exception printed, stdout and stderr flushed), as the program would, but for the
+  modules' teardown (:func:`_exit_fast`: it would copy every page the child shares with the
+  server, 45 ms a command): the files and SQLite connections the program left open are
+  closed as their deallocation would close them, and the child leaves with the program's
+  status.
 - Where that cannot be had, the client runs the real program instead (:func:`_mismatch`):
   an environment that changes how the interpreter itself starts (any other ``PYTHON*``
-  variable, the locale's ``LC_ALL``/``LC_CTYPE``/``LANG``) than the server's, or a program
-  that is not the console script.
+  variable, the locale's ``LC_ALL``/``LC_CTYPE``/``LANG``) than the server's, a setting a
+  preloaded module reads when imported (:data:`IMPORTED_PREFIXES`: job_exit's), a
+  ``PYTHONPATH`` that holds a module of the name of one the server imported, or a program
+  that is none of the three forms (an interpreter option, ``-c``, another interpreter or
+  another name of this one, a script that is not a ``.py`` file).
 
 What differs, and no test here reads: the child's parent is the server (``os.getppid()``),
 its process group and session are the server's, its hash seed is the server's (so a set's
 order is the same in every command), its command line in ``ps`` is the server's, a
 traceback it does not catch shows this module's frames below the console script's, and
 modules it would import only for some commands are loaded already. A package a page
-installs over one the server imported would not be seen (no page installs one).
+installs over one the server imported would not be seen (no page installs one). Objects
+other than files and SQLite connections that the program leaves alive at its exit are not
+finalized (their ``__del__`` does not run; the kernel closes their descriptors).
 """
 
 from __future__ import annotations
@@ -67,8 +86,13 @@ FORWARDED = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SI
 """The signals a client passes on to its child (those it would otherwise die of)."""
 STARTUP_VARIABLES = ("LC_ALL", "LC_CTYPE", "LANG")
 """Besides PYTHON*: what decides how the interpreter starts (its stdio's encoding)."""
-APPLIED_VARIABLES = ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")
-"""The PYTHON* variables the child applies itself (the tests' and the pages' differ)."""
+IMPORTED_PREFIXES = ("LIFECYCLE_JOB_EXIT_",)
+"""Variables a preloaded module reads when it is imported: job_exit's machine (its
+``BUILTIN``) is made with its settings then. A request that sets them otherwise than the
+server runs for real."""
+APPLIED_VARIABLES = ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX", "PYTHONPATH")
+"""The PYTHON* variables the child applies itself (the tests' and the pages' differ; the
+tests put tests/ on PYTHONPATH for their plugins; the server itself runs without one)."""
 PRELOAD = (
     # the program and what its commands import, but for the command modules (cli.resources,
     # cli.machines, ...), which make lifecycle.cli.console's consoles when imported
@@ -99,17 +123,65 @@ Message = dict[str, Any]
 def _startup(env: dict[str, str]) -> dict[str, str]:
     return {name: value for name, value in env.items()
             if (name.startswith("PYTHON") and name not in APPLIED_VARIABLES)
-            or name in STARTUP_VARIABLES}
+            or name in STARTUP_VARIABLES or name.startswith(IMPORTED_PREFIXES)}
+
+
+def _form(argv: list[str], cwd: str, program: str) -> tuple[str, str] | None:
+    """What ``argv`` runs, where a fork can run it: ``("program", PATH)`` for the console
+    script, ``("module", NAME)`` for ``python -m NAME ARG...`` and ``("script", PATH)`` for
+    ``python PATH ARG...`` with this server's interpreter (the very path: another, or a
+    venv's other name, may be another installation); None for anything else (an interpreter
+    option, another interpreter, a script that is not a ``.py`` file, a missing one)."""
+    if os.path.realpath(os.path.join(cwd, argv[0])) == os.path.realpath(program):
+        return "program", argv[0]
+    if argv[0] != sys.executable or len(argv) < 2:
+        return None
+    if argv[1] == "-m":
+        if len(argv) > 2 and argv[2] and not argv[2].startswith("-"):
+            return "module", argv[2]
+        return None
+    if (not argv[1].startswith("-") and argv[1].endswith(".py")
+            and os.path.isfile(os.path.join(cwd, argv[1]))):
+        return "script", argv[1]
+    return None
+
+
+def _python_path(env: dict[str, str], cwd: str) -> list[str]:
+    """The directories ``PYTHONPATH`` puts on a new interpreter's path, as its ``site`` makes
+    them: absolute, an empty entry the working directory."""
+    value = env.get("PYTHONPATH")
+    if not value:
+        return []
+    return [os.path.abspath(os.path.join(cwd, entry)) for entry in value.split(os.pathsep)]
+
+
+def _shadowed(directories: list[str]) -> list[str]:
+    """What those directories hold under the name of a top-level module the server imported
+    (which a new interpreter would have imported from there instead)."""
+    loaded = {name for name in sys.modules if "." not in name}
+    found = []
+    for directory in directories:
+        try:
+            names = os.listdir(directory)
+        except OSError:
+            continue
+        found += [os.path.join(directory, name) for name in names
+                  if name.split(".", 1)[0] in loaded and name != "__pycache__"]
+    return found
 
 
 def _mismatch(request: Message, program: str) -> str | None:
     """Why the request cannot be served by a fork of this server (None: it can)."""
-    if os.path.realpath(request["argv"][0]) != os.path.realpath(program):
-        return f"not the console script {program}"
+    cwd = request.get("cwd", os.getcwd())
+    if _form(request["argv"], cwd, program) is None:
+        return f"neither the console script {program} nor {sys.executable} -m MODULE or SCRIPT"
+    shadowed = _shadowed(_python_path(request["env"], cwd))
+    if shadowed:
+        return f"PYTHONPATH holds modules the server imported: {', '.join(shadowed)}"
     ours, theirs = _startup(dict(os.environ)), _startup(request["env"])
     if ours != theirs:
         differ = sorted(name for name in {*ours, *theirs} if ours.get(name) != theirs.get(name))
-        return f"the interpreter's start-up variables differ: {', '.join(differ)}"
+        return f"the start-up or import-time variables differ: {', '.join(differ)}"
     return None
 
 
@@ -236,9 +308,11 @@ def _filled(connection: socket.socket, data: bytes, size: int) -> bytes:
 def serve(address: str, program: str) -> tuple[Message, list[int]] | None:
     """Serve until stdin closes (the tests' session ended). In a child, return its request
     and its stdio's descriptors, with everything of the server's closed."""
+    import atexit
     import importlib
     import selectors
 
+    atexit.register(_exit_fast)  # before the preloads register theirs: it runs after them
     for name in PRELOAD:
         importlib.import_module(name)
     loaded = [name for name in NOT_PRELOADED if name in sys.modules]
@@ -325,6 +399,43 @@ def serve(address: str, program: str) -> tuple[Message, list[int]] | None:
                 del children[connection]
 
 
+EXIT_STATUS: list[int] = []
+"""A child's exit status once its program ended (as the interpreter would exit with it)."""
+
+
+def _exit_fast() -> None:
+    """A child's last atexit handler: after its program ended, its threads were waited for
+    and every other handler ran, what a new interpreter's exit does next that a caller can
+    see is done (stdout and stderr flushed; the files and SQLite databases it left open
+    flushed and closed, as their objects' deallocation would), and the child leaves at once
+    with the program's status. Tearing down its modules, as the interpreter would, would
+    write to (and so copy) every page it shares with the server: 45 ms of CPU a command.
+    Where the flush fails, or the program ended by KeyboardInterrupt (the interpreter then
+    dies of SIGINT), the interpreter's own exit goes on instead."""
+    if not EXIT_STATUS:
+        return
+    import gc
+    import io
+    import sqlite3
+
+    try:
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:
+                stream.flush()
+    except Exception:  # (the interpreter says so and exits with 120)
+        return
+    # the child's own objects: what the server made is frozen (gc.freeze), and holds no file
+    left = [obj for generation in range(3) for obj in gc.get_objects(generation)
+            if isinstance(obj, (io.IOBase, sqlite3.Connection))]
+    order = (io.TextIOBase, io.BufferedIOBase, io.IOBase, sqlite3.Connection)  # outer first
+    for kind in order:
+        for obj in left:
+            if isinstance(obj, kind) and obj not in (sys.stdin, sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    obj.close()
+    os._exit(EXIT_STATUS[0])
+
+
 def _answer(connection: socket.socket, answer: Message) -> None:
     with contextlib.suppress(OSError):  # (the client is gone)
         connection.sendall(json.dumps(answer).encode() + b"\n")
@@ -349,9 +460,9 @@ def _stdio(fd: int, name: str, model: object) -> object:
     return stream
 
 
-def child(request: Message, fds: list[int]) -> None:
+def child(request: Message, fds: list[int], program: str) -> None:
     """Become the program of ``request``: the stdio, process state and interpreter state a
-    fresh start would give, then the console script itself."""
+    fresh start would give, then the console script, the module or the script itself."""
     import importlib
     import time
     import types
@@ -384,10 +495,24 @@ def child(request: Message, fds: list[int]) -> None:
     time.tzset()
     sys.dont_write_bytecode = bool(os.environ.get("PYTHONDONTWRITEBYTECODE"))
     sys.pycache_prefix = os.environ.get("PYTHONPYCACHEPREFIX") or None
-    program = request["argv"][0]
-    sys.argv = list(request["argv"])
-    sys.orig_argv = [sys.executable, *sys.argv]
-    sys.path[0] = os.path.dirname(os.path.realpath(program))
+    argv = list(request["argv"])
+    form = _form(argv, request["cwd"], program)
+    assert form is not None  # (the server forked for it)
+    kind, target = form
+    if kind == "program":  # a script's shebang: the interpreter, then the script's path
+        sys.argv, sys.orig_argv = argv, [sys.executable, *argv]
+        path: str | None = target
+    elif kind == "script":  # python SCRIPT ARG...: its path as given, __file__ made absolute
+        sys.argv, sys.orig_argv = argv[1:], argv
+        path = os.path.join(os.getcwd(), target)
+    else:  # python -m NAME ARG...: "-m" until runpy finds the module's file
+        sys.argv, sys.orig_argv = ["-m", *argv[3:]], argv
+        path = None
+    # the script's real directory, or for -m the working directory; PYTHONPATH's before the
+    # rest, less those already there (as site leaves them)
+    search = [*_python_path(request["env"], request["cwd"]), *sys.path[1:]]
+    sys.path[1:] = [entry for i, entry in enumerate(search) if entry not in search[:i]]
+    sys.path[0] = os.getcwd() if path is None else os.path.dirname(os.path.realpath(path))
     importlib.invalidate_caches()
     for fd, name in enumerate(STDIO):
         model = getattr(sys, f"__{name}__")
@@ -395,11 +520,21 @@ def child(request: Message, fds: list[int]) -> None:
         setattr(sys, name, stream)
         setattr(sys, f"__{name}__", stream)
     main = types.ModuleType("__main__")
-    main.__file__ = program
     main.__builtins__ = __builtins__  # type: ignore[attr-defined]
     sys.modules["__main__"] = main
-    with open(program, "rb") as file:
-        code = compile(file.read(), program, "exec")
+    if path is None:
+        import runpy
+
+        # what the interpreter itself calls for -m (argv[0], __spec__, __package__...)
+        runpy._run_module_as_main(target, alter_argv=True)  # type: ignore[attr-defined]
+        return
+    import importlib.machinery
+
+    main.__file__ = path  # as the interpreter runs a file (the console script is one too)
+    main.__cached__ = None  # type: ignore[attr-defined]
+    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
+    with open(path, "rb") as file:
+        code = compile(file.read(), path, "exec")
     exec(code, main.__dict__)
 
 
@@ -427,9 +562,10 @@ class Server:
         import shlex
         import subprocess
 
-        self.process = subprocess.Popen(
+        env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
+        self.process = subprocess.Popen(  # (a child puts its own PYTHONPATH on its path)
             [sys.executable, __file__, "serve", self.address, self.program],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         assert self.process.stdout is not None
         ready = self.process.stdout.readline()  # (no deadline: an exit ends it too)
         assert ready == "ready\n", f"the fork server did not start: {ready!r}"
@@ -445,6 +581,15 @@ class Server:
         """The command line that runs ``program`` (and then the arguments after it) in a
         fork of the server: for a ``subprocess.Popen`` of the program."""
         return [sys.executable, "-I", "-S", __file__, "client", self.address, program, shims]
+
+    def python(self, *args: str) -> list[str]:
+        """The command line that runs ``python ARGS...`` (``-m MODULE ...`` or ``SCRIPT
+        ...``) with this interpreter, in a fork of the server where it can (the client runs
+        the real interpreter where it cannot): for a ``subprocess.Popen`` whose command ends
+        by itself or by a signal its client passes on, never for one a test kills, stops or
+        signals by a pid of its own (the client's pid is not the command's, and a command
+        outlives a killed client for a moment)."""
+        return [*self.client_command(sys.executable), *args]
 
     def close(self) -> None:
         import shutil
@@ -466,10 +611,6 @@ class Server:
         import time
 
         request = _request(argv, cwd, env)
-        reason = _mismatch(request, self.program)
-        if reason is not None:
-            return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True,
-                                  stdin=subprocess.DEVNULL, timeout=timeout, check=False)
         null = os.open(os.devnull, os.O_RDONLY)
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
@@ -495,8 +636,11 @@ class Server:
                     for key, _ in selector.select(left):
                         if key.fileobj is connection:
                             answer = next(answers, None)
-                            assert answer is not None and "fallback" not in answer, answer
-                            if "status" in answer:
+                            assert answer is not None, "the fork server went away"
+                            if "fallback" in answer:  # (the server judges: it knows what
+                                status = -1           # it imported) the real program runs
+                                selector.unregister(connection)
+                            elif "status" in answer:
                                 status = answer["status"]
                                 selector.unregister(connection)
                             continue
@@ -510,6 +654,9 @@ class Server:
             for fd in (null, out_w, err_w, out_r, err_r):
                 if fd >= 0:
                     os.close(fd)
+        if status == -1:
+            return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True,
+                                  stdin=subprocess.DEVNULL, timeout=timeout, check=False)
         return subprocess.CompletedProcess(
             argv, os.waitstatus_to_exitcode(status),
             outputs[out_r].decode(errors="replace"), outputs[err_r].decode(errors="replace"))
@@ -522,4 +669,17 @@ if __name__ == "__main__":
         _, _, _address, _program = sys.argv
         _served = serve(_address, _program)
         if _served is not None:
-            child(*_served)
+            try:
+                child(*_served, _program)
+            except SystemExit as _exit:  # (the interpreter prints a code that is no number)
+                _code = _exit.code
+                EXIT_STATUS.append(0 if _code is None else _code if isinstance(_code, int)
+                                   else 1)
+                raise
+            except KeyboardInterrupt:
+                raise
+            except BaseException:  # (the interpreter prints its traceback)
+                EXIT_STATUS.append(1)
+                raise
+            else:
+                EXIT_STATUS.append(0)
