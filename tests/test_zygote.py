@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration  # it starts processes
 
 PROGRAM = str(Path(sys.executable).with_name("lifecycle"))
 PROBE = '''
-import json, os, signal, sys, threading, time
+import json, os, re, signal, sys, threading, time
 
 def stream(s):
     return None if s is None else {
@@ -43,7 +43,8 @@ with open("state.json", "w") as file:
         "time zone": [time.tzname, time.timezone], "threads": threading.active_count(),
         "descriptors": sorted(os.listdir("/proc/self/fd")),
         "console made": "lifecycle.cli.console" in sys.modules,
-        "main": {name: repr(getattr(sys.modules["__main__"], name, "(none)")).split(" at ")[0]
+        "main": {name: re.sub(" at 0x[0-9a-f]+", "", repr(getattr(sys.modules["__main__"], name,
+                                                                 "(none)")))
                  for name in ("__name__", "__file__", "__package__", "__spec__", "__cached__",
                               "__loader__", "__doc__")},
     }, file)
