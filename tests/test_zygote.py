@@ -237,3 +237,26 @@ def _parent(pid: int) -> int | None:
         return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
     except (OSError, ValueError, IndexError):
         return None
+
+
+def test_a_request_sent_whole_is_not_sent_again_to_a_server_that_has_closed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A short request goes out in its first send; its command may then run and end, and the
+    server close the connection, before the client goes on: the client must not send again
+    (an empty send to a closed socket fails with a broken pipe, as it did under load)."""
+    import socket
+
+    client, server = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    real_send_fds = socket.send_fds
+
+    def then_the_server_closes(*args: Any) -> int:
+        sent = real_send_fds(*args)
+        server.recv(65536)
+        server.close()
+        return sent
+
+    monkeypatch.setattr(socket, "send_fds", then_the_server_closes)
+    try:
+        zygote._send(client, {"argv": ["lifecycle", "history", "vm-1"]}, [None, 1, 2])
+    finally:
+        client.close()

@@ -204,7 +204,8 @@ def _send(connection: socket.socket, request: Message, fds: list[int | None]) ->
     payload = json.dumps(request).encode()
     message = HEADER.pack(len(payload)) + payload
     sent = socket.send_fds(connection, [message[:4096]], [fd for fd in fds if fd is not None])
-    connection.sendall(message[sent:])
+    if sent < len(message):  # (not an empty send: the command may have ended and the server
+        connection.sendall(message[sent:])  # closed the connection, and it would fail)
 
 
 def _lines(connection: socket.socket) -> Iterator[Message]:
