@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from operator import itemgetter
 from typing import Any
 
-from sqlalchemy import literal_column
+from sqlalchemy import ARRAY, String, any_, bindparam, func, literal_column, select
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import Dialect
 
@@ -26,6 +26,14 @@ class Compiling:
     """On SQLite, the hot write's statements (by their text) in their positional form
     (``?``) and what binds their named parameters to it: sqlite3 binds a tuple for much
     less than a dict (a string made and looked up per parameter). Empty on PostgreSQL."""
+
+    def _among(self, column: Any, name: str) -> Any:
+        """``column`` is one of the list parameter ``name`` (what ``keys_param`` gives): an
+        array on PostgreSQL, a JSON array on SQLite."""
+        if self.dialect.name == "postgresql":
+            return column == any_(bindparam(name, type_=ARRAY(String)))
+        return column.in_(select(literal_column("value")).select_from(
+            func.json_each(bindparam(name))).scalar_subquery())
 
     def _sql(self, statement: Any, *, positional: bool = False) -> str:
         """The statement's text for the store's dialect; ``positional``: on SQLite, its

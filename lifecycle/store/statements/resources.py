@@ -8,16 +8,12 @@ import json
 from typing import Any, ClassVar
 
 from sqlalchemy import (
-    ARRAY,
     Connection,
-    String,
     Text,
-    any_,
     bindparam,
     cast,
     func,
     insert,
-    literal_column,
     select,
     tuple_,
     update,
@@ -123,19 +119,11 @@ class ResourceStatements(Compiling):
         of a batch (``Engine.observe_many``, ``Engine.step_many``). The keys are one
         parameter, ``keys``: an array on PostgreSQL, a JSON array on SQLite."""
         r, o, sql = resources.c, observations.c, self._sql
-        if self.dialect.name == "postgresql":
-            keys: Any = r.key == any_(bindparam("keys", type_=ARRAY(String)))
-        else:
-            keys = r.key.in_(select(literal_column("value")).select_from(
-                func.json_each(bindparam("keys"))).scalar_subquery())
+        keys = self._among(r.key, "keys")
         # a machine's resources in some states, key and data alone, in key order: what a
         # heartbeat asks its site about (``lifecycle.machines.drone.live_drones``), in one
         # read; the states are one parameter, ``states``, as ``keys`` is
-        if self.dialect.name == "postgresql":
-            states: Any = r.state == any_(bindparam("states", type_=ARRAY(String)))
-        else:
-            states = r.state.in_(select(literal_column("value")).select_from(
-                func.json_each(bindparam("states"))).scalar_subquery())
+        states = self._among(r.state, "states")
         self.keys_and_data_by_states = sql(
             # (the data as text: decoded by ``results.json_value``, cheaper than the
             # driver's JSON loader)

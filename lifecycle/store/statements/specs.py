@@ -7,13 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import (
-    ARRAY,
     Connection,
-    String,
-    any_,
     bindparam,
-    func,
-    literal_column,
     select,
 )
 
@@ -27,14 +22,8 @@ class SpecStatements(Compiling):
     test's store, every command's)."""
 
     def _specs(self) -> None:
-        m, s, r, sql = machines.c, specs.c, resources.c, self._sql
+        m, s, r, sql, among = machines.c, specs.c, resources.c, self._sql, self._among
         postgresql = self.dialect.name == "postgresql"
-
-        def among(column: Any, name: str) -> Any:  # a list parameter, as keys_param gives
-            if postgresql:
-                return column == any_(bindparam(name, type_=ARRAY(String)))
-            return column.in_(select(literal_column("value")).select_from(
-                func.json_each(bindparam(name))).scalar_subquery())
 
         self.current_versions = sql(select(m.name, m.spec_version).where(among(m.name, "names")))
         """(name, spec version) of the machines named (``names``: :meth:`keys_param`) that

@@ -36,13 +36,13 @@ class TimerStatements(Compiling):
         self.refuse_timer = sql(update(timers).where(t.id == bindparam("id_")).values(
             status=constant(REFUSED), outcome=bindparam("outcome")))
         self.due_timers = sql(_DUE)
+        """The look for due timers (``now``, ``limit``) of ``Store.due_timers``: a worker
+        looks on every ``run_until_idle``, and a compiled statement read on its thread's own
+        connection costs a fraction of a read transaction's checkout, BEGIN and rollback."""
         self.soonest_due = sql(select(func.min(t.due_at)).where(t.status == constant(PENDING)))
         """When the soonest pending timer is due (as the database stores it; NULL: none),
         for ``Store.reading``: a simulation waking its worker for the next timer looks after
         every step, and a read transaction of its own cost more than the rest of its look."""
-        """The look for due timers (``now``, ``limit``) of ``Store.due_timers``: a worker
-        looks on every ``run_until_idle``, and a compiled statement read on its thread's own
-        connection costs a fraction of a read transaction's checkout, BEGIN and rollback."""
 
 
 __all__ = ["TimerStatements"]
