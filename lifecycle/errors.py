@@ -19,7 +19,7 @@ to do.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -36,6 +36,15 @@ class LifecycleError(Exception):
 
     def for_command_line(self) -> str:
         return str(self)
+
+
+def raise_first(outcomes: Iterable[object]) -> None:
+    """Raise the first refusal among a batch's outcomes (``Engine.observe_many``,
+    ``step_many`` and ``fire_many`` give each resource's result, or the
+    :class:`LifecycleError` that refused it), as writing that one alone would have."""
+    for outcome in outcomes:
+        if isinstance(outcome, LifecycleError):
+            raise outcome
 
 
 class NotFound(LifecycleError, LookupError):

@@ -58,7 +58,7 @@ from ..adapters.slurm_dispatch import (
 from ..clock import Clock
 from ..compiled import GuardContext
 from ..effects import Effect, EffectCall, FollowUp, Retry
-from ..errors import LifecycleError, PermanentError
+from ..errors import PermanentError, raise_first
 from ..logs import logger
 from ..results import FireResult
 from ..spec import MachineSpec
@@ -402,13 +402,6 @@ class PollReport:
     error: str | None = None
 
 
-def _raise_first(outcomes: Sequence[Any]) -> None:
-    """The first refusal of a batch's outcomes raised (as the write of one would be)."""
-    for outcome in outcomes:
-        if isinstance(outcome, LifecycleError):
-            raise outcome
-
-
 class Dispatcher:
     """Containers and their jobs: one ``squeue`` per :meth:`poll` serves them all."""
 
@@ -506,7 +499,7 @@ class Dispatcher:
                               priority=job.priority, reason=job.reason)
             keys.append(key)
             statuses.append((key, status))
-        _raise_first(self.engine.observe_many(statuses, asked_at, source="squeue"))
+        raise_first(self.engine.observe_many(statuses, asked_at, source="squeue"))
         for resource, job in seen:
             if (job is not None and resource.state in AFTER_SCANCEL
                     and resource.data.get("scancels", 0) > 0
@@ -517,7 +510,7 @@ class Dispatcher:
                                   resource.key, job.state, f"; {held_back} repeats of this "
                                   "message left out" if held_back else "")
         results = self.engine.step_many(keys, actor="dispatcher", on_stale="return")
-        _raise_first(results)
+        raise_first(results)
         for (resource, _), result in zip(seen, cast(list[FireResult], results), strict=True):
             if result.fired:
                 move = f"{result.source} -> {result.dest}"

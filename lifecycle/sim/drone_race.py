@@ -35,7 +35,7 @@ from ..adapters.sites import (
 )
 from ..clock import SimulatedClock
 from ..engine import Engine
-from ..errors import LifecycleError
+from ..errors import raise_first
 from ..machines import drone as drone_machine
 from ..store import Store
 from .loop import EventLoop, Progress
@@ -291,12 +291,10 @@ def run_variant(*, seed: int, race_guard: bool, options: dict[str, Any], store: 
         pool = world.machine_status(drones)
         # the cache's one call for all drones, recorded in one transaction (as the status
         # cache's own refresh does), not one per drone
-        for outcome in engine.observe_many(
-                [(f"{machine}:{name}", {"resource_status": site[name],
-                                        "machine_status": pool[name]}) for name in names],
-                source="status-cache"):
-            if isinstance(outcome, LifecycleError):
-                raise outcome
+        raise_first(engine.observe_many(
+            [(f"{machine}:{name}", {"resource_status": site[name],
+                                    "machine_status": pool[name]}) for name in names],
+            source="status-cache"))
 
     def control() -> None:
         low, high = options["demand"]

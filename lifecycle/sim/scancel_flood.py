@@ -66,7 +66,7 @@ from ..adapters.slurm_dispatch import (
 )
 from ..clock import SimulatedClock
 from ..engine import Engine
-from ..errors import LifecycleError
+from ..errors import raise_first
 from ..machines import slurm_dispatch as machine
 from ..store import Store
 from .loop import EventLoop, Progress
@@ -391,12 +391,9 @@ def after(seed: int, options: dict[str, Any], store: Store, prefix: str,
         for key in keys:
             api.set(key, COMPLETE)
         # every crunch-run's report at this instant, written as the engine's batches
-        for outcome in engine.fire_many(
-                [(f"{machine.MACHINE}:{key}", "container_done",
-                  {"container_state": COMPLETE}, "crunch-run", None) for key in keys],
-                on_stale="raise"):
-            if isinstance(outcome, LifecycleError):
-                raise outcome
+        raise_first(engine.fire_many(
+            [(f"{machine.MACHINE}:{key}", "container_done", {"container_state": COMPLETE},
+              "crunch-run", None) for key in keys], on_stale="raise"))
         work()
 
     loop.at(0.0, finish)
