@@ -20,6 +20,8 @@ import functools
 import json
 import math
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # (PyYAML is imported when a YAML document is read: JSON needs none)
@@ -150,30 +152,35 @@ def _mark(origin: str, exc: yaml.YAMLError) -> tuple[str, str]:
     return where, f"invalid YAML: {what}"
 
 
-def compose_yaml(text: str, origin: str) -> yaml.Node | None:
-    """The document's node tree (for line numbers), with the same limits as :func:`load_yaml`."""
+@contextmanager
+def _reading_yaml(origin: str) -> Iterator[None]:
+    """PyYAML's errors, and a document nested too deep for it, as ``origin``'s
+    :class:`DocumentError`."""
     import yaml
 
     try:
-        return yaml.compose(text, Loader=core_loader())
+        yield
     except yaml.YAMLError as exc:
         raise DocumentError(*_mark(origin, exc)) from None
     except RecursionError:
         raise DocumentError(origin, f"nested deeper than {MAX_DEPTH} levels") from None
+
+
+def compose_yaml(text: str, origin: str) -> yaml.Node | None:
+    """The document's node tree (for line numbers), with the same limits as :func:`load_yaml`."""
+    import yaml
+
+    with _reading_yaml(origin):
+        return yaml.compose(text, Loader=core_loader())
 
 
 def construct_yaml(node: yaml.Node, origin: str) -> Any:
     """The value of a node tree :func:`compose_yaml` gave, as :func:`load_yaml` reads it from
     the text (its constructors, limits and checks), without parsing the text again."""
-    import yaml
-
     loader = core_loader()("")
     try:
-        value = loader.construct_document(node)
-    except yaml.YAMLError as exc:
-        raise DocumentError(*_mark(origin, exc)) from None
-    except RecursionError:
-        raise DocumentError(origin, f"nested deeper than {MAX_DEPTH} levels") from None
+        with _reading_yaml(origin):
+            value = loader.construct_document(node)
     finally:
         loader.dispose()
     check_shape(value, origin)
@@ -184,12 +191,8 @@ def load_yaml(text: str, origin: str) -> Any:
     """One YAML document, read with the core schema of YAML 1.2, checked for its shape."""
     import yaml
 
-    try:
+    with _reading_yaml(origin):
         value = yaml.load(text, Loader=core_loader())  # a SafeLoader
-    except yaml.YAMLError as exc:
-        raise DocumentError(*_mark(origin, exc)) from None
-    except RecursionError:
-        raise DocumentError(origin, f"nested deeper than {MAX_DEPTH} levels") from None
     check_shape(value, origin)
     return value
 
