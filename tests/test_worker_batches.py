@@ -8,22 +8,30 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from procs import gated
+from procs.warm import said_pid
 from waiting import until
 
 from lifecycle import Engine, Store, Worker
 from lifecycle.outbox_admin import effect_records
 from lifecycle.spec import load_spec
 
-RUN = [sys.executable, str(Path(__file__).resolve().parent / "procs" / "run_gated_worker.py")]
+SCRIPT = str(Path(__file__).resolve().parent / "procs" / "run_gated_worker.py")
 HELD = "g5"
 """The effect whose outcome's transaction the killed worker holds open."""
+
+
+@pytest.fixture
+def run_cmd(forkserver: Any) -> list[str]:
+    """`python procs/run_gated_worker.py`, started warm (tests/zygote.py): the worker says its
+    own pid, which the test kills (procs/warm.py)."""
+    return forkserver.python(SCRIPT)  # type: ignore[no-any-return]
 
 
 @pytest.fixture
@@ -45,7 +53,8 @@ def _lines(tmp_path: Path, what: str) -> Counter[str]:
 
 @pytest.mark.parametrize("kind", ["sync", "async"])
 def test_a_worker_killed_before_its_batch_commits_loses_and_repeats_no_outcome(
-        gated_engine: Engine, db_url: str, tmp_path: Path, kind: str) -> None:
+        gated_engine: Engine, db_url: str, tmp_path: Path, kind: str,
+        run_cmd: list[str]) -> None:
     """P1 (concurrency 4, batch 8) claims 8 effects and runs their handlers; the
     transaction recording g5's outcome (with the outcomes fired beside it) is held open,
     and P1 is killed there. A second worker then finishes the work: every effect is done
@@ -58,19 +67,21 @@ def test_a_worker_killed_before_its_batch_commits_loses_and_repeats_no_outcome(
     for key in keys:
         engine.create("gated", key)
         engine.fire(key, "go")
-    p1 = subprocess.Popen([*RUN, kind, db_url, "30", "4", "8"], stderr=subprocess.PIPE,
-                          text=True, env=dict(os.environ))
+    p1 = subprocess.Popen([*run_cmd, kind, db_url, "30", "4", "8"], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, env=dict(os.environ))
     try:
+        pid = said_pid(p1)
         until(lambda: HELD in _lines(tmp_path, "writing"),
               "P1 to record g5's outcome (and hold its transaction open)")
-        p1.send_signal(signal.SIGKILL)
-        p1.wait(timeout=60)
+        os.kill(pid, signal.SIGKILL)
+        p1.wait(timeout=60)  # (its client dies of the same signal, once it is reaped)
     finally:
         if p1.poll() is None:
             p1.kill()
             p1.wait(timeout=60)
-        assert p1.stderr is not None
+        assert p1.stderr is not None and p1.stdout is not None
         p1.stderr.close()
+        p1.stdout.close()
     assert p1.returncode == -signal.SIGKILL
     committed = {r.key for r in effect_records(engine) if r.status == "done"}
     ran_in_p1 = _lines(tmp_path, "end")

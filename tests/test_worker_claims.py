@@ -9,11 +9,11 @@ deadline only against a hang; the pause lasts past the lease by a clock the test
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sqlite3
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -24,14 +24,14 @@ from typing import Any
 import pytest
 from procs import gated
 from procs.jump_clock import JumpClock, jump
+from procs.warm import said_pid
 from waiting import until
 
 from lifecycle import AsyncWorker, Effect, EffectCall, Engine, Store, Worker
 from lifecycle.outbox_admin import effect_records
 from lifecycle.spec import load_spec
 
-TESTS = Path(__file__).resolve().parent
-RUN = [sys.executable, str(TESTS / "procs" / "run_gated_worker.py")]
+SCRIPT = str(Path(__file__).resolve().parent / "procs" / "run_gated_worker.py")
 LEASE = 30.0
 """The paused worker's lease (a heartbeat a third of it): the default, so that no busy machine
 makes it lapse before the pause; the pause outlasts it by the clock the test moves."""
@@ -42,6 +42,11 @@ left for its handler to start (a busy machine that takes longer makes the worker
 claim back and claim it again, which the test allows)."""
 
 
+@pytest.fixture
+def run_cmd(forkserver: Any) -> list[str]:
+    """`python procs/run_gated_worker.py`, started warm (tests/zygote.py): the worker says its
+    own pid, which the test stops, wakes and ends (procs/warm.py)."""
+    return forkserver.python(SCRIPT)  # type: ignore[no-any-return]
 
 
 @pytest.fixture
@@ -91,17 +96,17 @@ def _in_a_transaction(engine: Engine, db_url: str) -> bool:
     return bool(row and row[0])
 
 
-def _pause(process: subprocess.Popen[str], engine: Engine, db_url: str) -> None:
+def _pause(pid: int, engine: Engine, db_url: str) -> None:
     """SIGSTOP the process at a moment it holds no transaction open (else woken for a
     moment and stopped again)."""
     deadline = time.monotonic() + 60
     while True:
-        process.send_signal(signal.SIGSTOP)
-        until(lambda: _stopped(process.pid), "the worker to stop")
+        os.kill(pid, signal.SIGSTOP)
+        until(lambda: _stopped(pid), "the worker to stop")
         if not _in_a_transaction(engine, db_url):
             return
         assert time.monotonic() < deadline, "the worker was always in a transaction"
-        process.send_signal(signal.SIGCONT)
+        os.kill(pid, signal.SIGCONT)
         time.sleep(0.05)
 
 
@@ -121,7 +126,8 @@ def _stderr_lines(process: subprocess.Popen[str]) -> list[str]:
 
 @pytest.mark.parametrize("kind", ["sync", "async"])
 def test_a_worker_paused_past_its_lease_starts_nothing_it_lost(
-        gated_engine: Engine, db_url: str, tmp_path: Path, kind: str) -> None:
+        gated_engine: Engine, db_url: str, tmp_path: Path, kind: str,
+        run_cmd: list[str]) -> None:
     """P1 claims 12 effects and runs 2 (concurrency 2); it is paused past its lease (its
     clock and P2's jump two leases while it is stopped); P2 takes over and finishes all 12;
     P1 is woken. P1 may finish the 2 handlers it was
@@ -134,12 +140,14 @@ def test_a_worker_paused_past_its_lease_starts_nothing_it_lost(
     for key in keys:
         engine.create("gated", key)
         engine.fire(key, "go")
-    p1 = subprocess.Popen([*RUN, kind, db_url, str(LEASE), "2", "12", str(tmp_path / "clock")],
+    p1 = subprocess.Popen([*run_cmd, kind, db_url, str(LEASE), "2", "12",
+                           str(tmp_path / "clock")], stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True, env=dict(os.environ))
     log = _stderr_lines(p1)
+    pid = said_pid(p1)
     try:
         until(lambda: sum(_starts(tmp_path).values()) == 2, "P1 to start two handlers")
-        _pause(p1, engine, db_url)
+        _pause(pid, engine, db_url)
         started_by_p1 = set(_starts(tmp_path))
         assert len(started_by_p1) == 2
         gate.unlink()
@@ -150,7 +158,7 @@ def test_a_worker_paused_past_its_lease_starts_nothing_it_lost(
                            for r in effect_records(engine)), "P1's leases to run out")
         Worker(engine, concurrency=4, name="p2").run_until_idle()
         assert {r.status for r in effect_records(engine)} == {"done"}
-        p1.send_signal(signal.SIGCONT)
+        os.kill(pid, signal.SIGCONT)
 
         def settled() -> bool:   # P1 finished its two, and either let the rest go or ran some
             calls = [c for c in gated.calls(tmp_path / "calls") if c[0] != "writing"]
@@ -160,9 +168,13 @@ def test_a_worker_paused_past_its_lease_starts_nothing_it_lost(
 
         until(settled, "P1 to finish its running handlers and go on")
     finally:
-        p1.send_signal(signal.SIGCONT)
-        p1.send_signal(signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):
+            if p1.poll() is None:  # (its client ends with it)
+                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGTERM)
         p1.wait(timeout=120)
+        assert p1.stdout is not None
+        p1.stdout.close()
     starts = _starts(tmp_path)
     assert set(starts) == set(keys)
     twice = {key for key, count in starts.items() if count > 1}

@@ -11,7 +11,6 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -33,17 +32,14 @@ from lifecycle.store import outbox
 from lifecycle.worker import DEFAULT_LEASE
 
 TESTS = Path(__file__).resolve().parent
-LIFECYCLE = [sys.executable, "-m", "lifecycle"]
-"""A new interpreter: for the worker a test kills with SIGKILL (whose pid is its claim's)."""
 
 
 @pytest.fixture
 def lifecycle_cmd(forkserver: Any) -> list[str]:
     """`python -m lifecycle`, started warm (tests/zygote.py): for the commands that end by
-    themselves or by the SIGTERM their client passes on."""
+    themselves or by the SIGTERM their client passes on, and for a worker the test kills by
+    its own pid (which its claims name: the client's is not the worker's)."""
     return forkserver.python("-m", "lifecycle")  # type: ignore[no-any-return]
-
-
 
 
 @pytest.fixture
@@ -97,16 +93,23 @@ def test_a_killed_workers_claims_are_taken_over_within_its_lease(
         engine.create("gated", key)
         engine.fire(key, "go")
     (tmp_path / "gate").touch()
-    first = subprocess.Popen([*LIFECYCLE, "worker", "--db", db_url, "--concurrency", "3"],
+    first = subprocess.Popen([*lifecycle_cmd, "worker", "--db", db_url, "--concurrency", "3"],
                              env=plugin_env, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
     try:
         until(lambda: sum(_starts(tmp_path).values()) == 3, "three handlers to start")
         leases = {lease for _, _, lease in _running(engine)}
         assert len(_running(engine)) >= 3 and None not in leases
+        # the worker's default name is HOST:PID:TAG: its own pid, not its client's
+        [holder] = {claimed_by for _, claimed_by, _ in _running(engine)}
+        assert holder is not None
+        os.kill(int(holder.rsplit(":", 2)[1]), signal.SIGKILL)
+        first.wait(timeout=60)  # (its client dies of the same signal, once it is reaped)
+        assert first.returncode == -signal.SIGKILL
     finally:
-        first.kill()
-        first.wait()
+        if first.poll() is None:
+            first.kill()
+            first.wait()
     killed_at = engine.clock.now()
     (tmp_path / "gate").unlink()
     done = subprocess.run([*lifecycle_cmd, "worker", "--until-idle", "--db", db_url],
