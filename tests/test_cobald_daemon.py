@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -61,9 +60,11 @@ pipeline:
 """
 
 
-def start(folder: Path, tardis_yml: str, quota: int,
+def start(forkserver: Any, folder: Path, tardis_yml: str, quota: int,
           env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """COBalD's daemon on ``folder``'s cobald.yml and the TARDIS configuration given."""
+    """COBalD's daemon on ``folder``'s cobald.yml and the TARDIS configuration given: `python
+    -m cobald.daemon`, started warm (tests/zygote.py; lifecycle, SQLAlchemy and psycopg
+    imported once for the session), ended by the SIGTERM its client passes on."""
     (folder / "tardis.yml").write_text(tardis_yml)
     # the controller's demand stops at twice the site's quota: unbounded, it wound up while
     # the drones booted (to 39 for a quota of 3) and took as many rounds to come down before
@@ -74,13 +75,13 @@ def start(folder: Path, tardis_yml: str, quota: int,
         str(TESTS), os.environ.get("PYTHONPATH")]))}
     env.pop("LIFECYCLE_DATABASE_URL", None)
     with (folder / "daemon.log").open("wb") as log:
-        return subprocess.Popen([sys.executable, "-m", "cobald.daemon", "cobald.yml"],
+        return subprocess.Popen([*forkserver.python("-m", "cobald.daemon"), "cobald.yml"],
                                 cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
 @pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
-    process = start(tmp_path, TARDIS_YML, 3)
+def daemon(tmp_path: Path, forkserver: Any) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    process = start(forkserver, tmp_path, TARDIS_YML, 3)
     try:
         yield process, tmp_path
     finally:
@@ -175,7 +176,7 @@ def held_effects(engine: Engine) -> int:
 
 
 def test_on_the_real_slurm_a_drone_whose_job_starts_before_its_removal_keeps_its_job(
-        tmp_path: Path, cluster: Any) -> None:
+        tmp_path: Path, cluster: Any, forkserver: Any) -> None:
     """The same pipeline on the real Slurm, the site's adapter TARDIS's Slurm one (which
     the factory fences): two drones' jobs are submitted held (pending: Booting); one is let
     run and becomes available; then nobody uses the drones, COBalD lets both go, and the
@@ -207,7 +208,7 @@ BatchSystem:
   utilisation: {{__type__: procs.file_value.FileValue, path: utilisation}}
   machine_status: Available
 """
-    process = start(tmp_path, tardis_yml, 2, cluster.env)
+    process = start(forkserver, tmp_path, tardis_yml, 2, cluster.env)
     read = Reader(process, tmp_path)
     try:
         def deployed() -> list[Any]:
