@@ -150,17 +150,24 @@ def test_db_commands(run) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_console_script_and_module_entry_point(tmp_path: Path) -> None:
+    """Both run a command, exit with its status and print its error: the migration, which
+    needs Alembic's files, once (it costs either half a second); the others cost little."""
     db = tmp_path / "x.db"
-    for command in ([sys.executable, "-m", "lifecycle"],
-                    [str(Path(sys.executable).parent / "lifecycle")]):
-        done = subprocess.run([*command, "db", "upgrade", "--db", str(db)],
-                              capture_output=True, text=True, timeout=60)
-        assert done.returncode == 0, done.stderr
-    done = subprocess.run([sys.executable, "-m", "lifecycle", "show", "nope", "--db", str(db)],
+    module = [sys.executable, "-m", "lifecycle"]
+    script = [str(Path(sys.executable).parent / "lifecycle")]
+    done = subprocess.run([*module, "db", "upgrade", "--db", str(db)],
                           capture_output=True, text=True, timeout=60)
-    assert done.returncode == 1
-    assert done.stderr.strip() == (
-        "error: no resource with key 'nope'; `lifecycle create` makes one")
+    assert done.returncode == 0, done.stderr
+    assert "empty -> " in done.stdout
+    for command in (module, script):
+        done = subprocess.run([*command, "show", "nope", "--db", str(db)],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 1, command
+        assert done.stderr.strip() == (
+            "error: no resource with key 'nope'; `lifecycle create` makes one")
+    done = subprocess.run([*script, "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("Usage: lifecycle ") and "\n  db " in done.stdout
 
 
 def test_observe_and_a_refused_risky_edge(run, upgraded, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
