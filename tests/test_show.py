@@ -148,9 +148,27 @@ def _populated(url: str, tmp_path: Path) -> list[str]:
     return ["batch_job:job-1", "job_exit:42.0", "d1", "k1", "kettle:k2", "kettle:job-1"]
 
 
-def test_show_prints_what_the_engine_shows(db_url: str, tmp_path: Path,
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def populated(request: pytest.FixtureRequest, templates: Any,
+              tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, list[str]]]:
+    """A database of the module's own (on each of SQLite and PostgreSQL) with
+    :func:`_populated`'s resources, and their keys: the tests that only read them share it
+    (show, by its read or by the engine, writes nothing)."""
+    directory = tmp_path_factory.mktemp("populated")
+    with pytest.MonkeyPatch.context() as patched:
+        patched.delenv("LIFECYCLE_PLUGINS", raising=False)
+        if request.param == "sqlite":
+            url = templates.sqlite(directory / "lifecycle.db")
+            yield url, _populated(url, directory)
+        else:
+            with templates.postgres() as url:
+                yield url, _populated(url, directory)
+
+
+def test_show_prints_what_the_engine_shows(populated: tuple[str, list[str]],
                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    for key in _populated(db_url, tmp_path):
+    db_url, keys = populated
+    for key in keys:
         for shape in ([], ["--json"]):
             ours, theirs = _both(monkeypatch, "show", key, "--db", db_url, *shape)
             assert ours == theirs
@@ -168,9 +186,9 @@ def test_show_prints_what_the_engine_shows(db_url: str, tmp_path: Path,
     assert json.loads(nested)["state"] == "running.executing"
 
 
-def test_errors_are_the_engines(db_url: str, tmp_path: Path,
+def test_errors_are_the_engines(populated: tuple[str, list[str]],
                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    _populated(db_url, tmp_path)
+    db_url, _ = populated
     for key, said in (("no-such-key", "no-such-key"), ("job-1", "several machines"),
                       ("x" * 600, "invalid key"), ("nope:job-1", "nope")):
         ours, theirs = _both(monkeypatch, "show", key, "--db", db_url)
