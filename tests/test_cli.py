@@ -149,18 +149,24 @@ def test_db_commands(run) -> None:  # type: ignore[no-untyped-def]
             ) in history
 
 
-def test_console_script_and_module_entry_point(tmp_path: Path) -> None:
-    db = tmp_path / "x.db"
-    for command in ([sys.executable, "-m", "lifecycle"],
-                    [str(Path(sys.executable).parent / "lifecycle")]):
-        done = subprocess.run([*command, "db", "upgrade", "--db", str(db)],
+def test_console_script_and_module_entry_point(sqlite_url: str) -> None:
+    """Both run a command and exit with its status, printing its error; both print the
+    version or the help. (A migration through the console script is the pages' first
+    example, tests/test_readme.py; here it would cost either half a second.)"""
+    module = [sys.executable, "-m", "lifecycle"]
+    script = [str(Path(sys.executable).parent / "lifecycle")]
+    for command in (module, script):
+        done = subprocess.run([*command, "show", "nope", "--db", sqlite_url],
                               capture_output=True, text=True, timeout=60)
-        assert done.returncode == 0, done.stderr
-    done = subprocess.run([sys.executable, "-m", "lifecycle", "show", "nope", "--db", str(db)],
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 1
-    assert done.stderr.strip() == (
-        "error: no resource with key 'nope'; `lifecycle create` makes one")
+        assert done.returncode == 1, command
+        assert done.stderr.strip() == (
+            "error: no resource with key 'nope'; `lifecycle create` makes one")
+    done = subprocess.run([*module, "--version"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("lifecycle, version ")
+    done = subprocess.run([*script, "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("Usage: lifecycle ") and "\n  db " in done.stdout
 
 
 def test_observe_and_a_refused_risky_edge(run, upgraded, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -177,20 +177,29 @@ def test_show_knows_it_from_the_index_without_importing_it(toy: Path, tmp_path: 
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(toy), *filter(None, [os.environ.get("PYTHONPATH")])])}
 
-    def run(*args: str) -> list[str]:
+    def run(*commands: list[str]) -> list[dict[str, bool]]:
+        """Run the commands one after the other in one fresh interpreter: after each, whether
+        the toy's package and the engine were imported, and whether the index is written."""
         done = subprocess.run(
-            [sys.executable, "-c", "import json, sys, lifecycle.cli\ntry:\n"
-             "    lifecycle.cli.main(sys.argv[1:], prog_name='lifecycle')\n"
-             "except SystemExit as e:\n    assert not e.code, e.code\n"
-             "print(json.dumps(sorted(sys.modules)))", *args, "--db", sqlite_url],
+            [sys.executable, "-c", "import json, sys, lifecycle.cli, lifecycle.machines.index\n"
+             "for args in json.loads(sys.argv[1]):\n"
+             "    try:\n        lifecycle.cli.main(args, prog_name='lifecycle')\n"
+             "    except SystemExit as e:\n        assert not e.code, e.code\n"
+             f"    print('\\nafter:', json.dumps({{'package': {PACKAGE!r} in sys.modules, "
+             "'engine': 'lifecycle.engine' in sys.modules, "
+             "'index': lifecycle.machines.index.fresh() is not None}))",
+             json.dumps([[*args, "--db", sqlite_url] for args in commands])],
             capture_output=True, text=True, timeout=300, env=environment)
         assert done.returncode == 0, done.stderr
-        return list(json.loads(done.stdout.strip().splitlines()[-1]))
+        return [json.loads(line.removeprefix("after: "))
+                for line in done.stdout.splitlines() if line.startswith("after: ")]
 
-    assert PACKAGE in run("create", "kettle", "k1")  # (loads its machine alone)
-    assert PACKAGE in run("show", "k1")  # (no index yet: loads every machine, writes it)
-    loaded = run("show", "k1")
-    assert PACKAGE not in loaded and "lifecycle.engine" not in loaded
+    # a user's first commands, in one process (each imports the machines it needs)
+    created, shown = run(["create", "kettle", "k1"], ["show", "k1"])
+    assert created["package"]  # (loads its machine alone)
+    assert shown["index"]  # (no index yet: loads every machine, writes it)
+    (loaded,) = run(["show", "k1"])  # a fresh process reads the index instead
+    assert not loaded["package"] and not loaded["engine"]
     assert machines.index.fresh() is not None
     (toy / PACKAGE / "__init__.py").write_text(TOY + "\n# changed\n")
     assert machines.index.fresh() is None  # the machine may have changed: ask it again

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 import pytest
@@ -89,6 +90,81 @@ def _loaded(*args: str, plugins: str = "") -> tuple[int, set[str]]:
     return report["code"], set(report["modules"])
 
 
+_EACH = """
+import atexit, gc, json, os, sys
+preload, commands = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+for name in preload:
+    __import__(name)
+assert not [m for m in sys.modules if m.split(".")[0] == "lifecycle"], "preloaded lifecycle"
+gc.freeze()  # (out of the children's collections, which would copy every page of it)
+reports = []
+for args, env in commands:
+    read, write = os.pipe()
+    sys.stdout.flush()
+    pid = os.fork()
+    if pid == 0:  # the command, in a process of its own that has imported none of lifecycle
+        os.close(read)
+        os.environ.update(env)
+        output = os.memfd_create("stdout")  # (a file, as capture_output's pipe is none)
+        os.dup2(output, 1)
+        from lifecycle.cli import main
+        code = None
+        try:
+            main(args, prog_name="lifecycle")
+        except SystemExit as exit:
+            code = exit.code
+        sys.stdout.flush()
+        os.lseek(output, 0, os.SEEK_SET)
+        with os.fdopen(write, "w") as report, os.fdopen(output) as printed:
+            json.dump({"code": code, "output": printed.read(), "modules": sorted(
+                name for name in sys.modules if name.split(".")[0] in (
+                    "alembic", "sqlalchemy", "lifecycle", "rich", "pydantic", "transitions",
+                    "yaml", "psycopg", "logging", "importlib", "classad2", "smtplib"))}, report)
+        atexit._run_exitfuncs()  # the program's exit, but for the modules' teardown
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as report:
+        reports.append(json.loads(report.read() or "null"))
+    os.waitpid(pid, 0)
+print("\\n" + json.dumps(reports))
+"""
+ENGINE_LIBRARIES = ("sqlalchemy", "sqlalchemy.dialects.sqlite", "sqlite3", "pydantic",
+                    "pydantic.main", "pydantic.fields", "transitions", "click", "asyncio")
+"""Libraries every command that opens a database imports, whatever the machine: what
+:func:`_loaded_each` imports once before its commands."""
+
+
+def _loaded_each(*commands: list[str], plugins: str = "",
+                 preload: tuple[str, ...] = ENGINE_LIBRARIES) -> list[tuple[int, set[str]]]:
+    """What each command imported (see :func:`_reports`): its exit status, the modules."""
+    return [(report["code"], set(report["modules"]))
+            for report in _reports(*commands, plugins=plugins, preload=preload)]
+
+
+def _reports(*commands: list[str], plugins: str = "",
+             preload: tuple[str, ...] = ENGINE_LIBRARIES) -> list[dict[str, Any]]:
+    """What each command imported, as :func:`_loaded` says, for several commands run one
+    after the other, each in a fork of one fresh interpreter that has imported ``preload``
+    and nothing of lifecycle's: the libraries every one of them imports anyway are imported
+    once (they are 80% of a command's CPU), and which of lifecycle's modules, machines,
+    dialects and adapters each command imports is still its own. (A preloaded library is in
+    every command's modules, so that it cannot hide a module a check refuses: one it imports
+    would show.) ``plugins`` is ``LIFECYCLE_PLUGINS`` for the last command. Each report:
+    ``code``, ``modules`` and ``output`` (what it printed on stdout, a file)."""
+    environment = {k: v for k, v in os.environ.items() if k != "LIFECYCLE_PLUGINS"}
+    requests = [(list(args), {}) for args in commands]
+    if plugins:
+        requests[-1][1]["LIFECYCLE_PLUGINS"] = plugins
+    done = subprocess.run([sys.executable, "-c", _EACH, json.dumps(list(preload)),
+                           json.dumps(requests)], capture_output=True, text=True,
+                          timeout=300, env=environment)
+    reports = json.loads(done.stdout.strip().splitlines()[-1]) if done.stdout.strip() else []
+    assert len(reports) == len(commands) and None not in reports, done.stderr
+    return list(reports)
+
+
 def _libraries(modules: set[str]) -> set[str]:
     return {m for m in modules if m.split(".")[0] in LIBRARIES}
 
@@ -109,11 +185,9 @@ def test_help_lists_the_machines_commands_from_the_index(tmp_path: Path,
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     code, modules = _loaded("--help")
     assert code == 0 and "importlib.metadata" in modules  # no index yet: read, and kept
-    code, modules = _loaded("--help")
-    assert code == 0 and "importlib.metadata" not in modules
-    help_text = subprocess.run([sys.executable, "-m", "lifecycle", "--help"], text=True,
-                               capture_output=True, timeout=300, check=True).stdout
-    assert all(f" {name} " in help_text for name in ("tardis", "reconcile", "queue"))
+    (report,) = _reports(["--help"], preload=())  # (a fork of a bare interpreter)
+    assert report["code"] == 0 and "importlib.metadata" not in report["modules"]
+    assert all(f" {name} " in report["output"] for name in ("tardis", "reconcile", "queue"))
 
 
 def test_show_imports_no_database_library_nor_its_machine(
@@ -121,19 +195,19 @@ def test_show_imports_no_database_library_nor_its_machine(
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # (writable by any user)
     # a user's first command (the database is at the code's revision already): it writes
     # the machines' index, which show reads instead of loading the machines
-    code, _ = _loaded("db", "upgrade", "--db", sqlite_url)
-    assert code in (0, None)
-    code, _ = _loaded("create", "batch_job", "j1", "--data", '{"cmd": "x"}', "--db", sqlite_url)
-    assert code in (0, None)
-    code, modules = _loaded("show", "j1", "--db", sqlite_url)
+    assert all(code in (0, None) for code, _ in _loaded_each(
+        ["db", "upgrade", "--db", sqlite_url],
+        ["create", "batch_job", "j1", "--data", '{"cmd": "x"}', "--db", sqlite_url]))
+    (code, modules), (failed, failed_modules) = _loaded_each(  # in a bare interpreter
+        ["show", "j1", "--db", sqlite_url], ["show", "no-such-key", "--db", sqlite_url],
+        preload=())
     assert code in (0, None)
     assert not _libraries(modules)
     assert not {m for m in modules if m.startswith("lifecycle.machines.")} - {
         "lifecycle.machines.builtin", "lifecycle.machines.index"}
     assert not {"lifecycle.engine", "lifecycle.store", "lifecycle.spec",
                 "lifecycle.compiled", "lifecycle.cli.context"} & modules
-    code, modules = _loaded("show", "no-such-key", "--db", sqlite_url)  # an error, as fast
-    assert code == 1 and not _libraries(modules)
+    assert failed == 1 and not _libraries(failed_modules)  # an error, as fast
 
 
 def test_show_through_the_engine_loads_its_machine_alone(sqlite_url: str, tmp_path: Path,
@@ -141,12 +215,12 @@ def test_show_through_the_engine_loads_its_machine_alone(sqlite_url: str, tmp_pa
                                                         ) -> None:
     """With plugins (known only by importing them) the engine answers, loading the
     resource's machine and no other, and no Alembic."""
-    code, _ = _loaded("create", "batch_job", "j1", "--db", sqlite_url)
-    assert code in (0, None)
     (tmp_path / "empty_plugin.py").write_text("effects = {}\n")
     monkeypatch.chdir(tmp_path)
-    code, modules = _loaded("show", "j1", "--db", sqlite_url, plugins="empty_plugin")
-    assert code in (0, None)
+    (created, _), (code, modules) = _loaded_each(
+        ["create", "batch_job", "j1", "--db", sqlite_url], ["show", "j1", "--db", sqlite_url],
+        plugins="empty_plugin")
+    assert created in (0, None) and code in (0, None)
     assert "lifecycle.engine" in modules and "lifecycle.machines.batch_job" in modules
     assert not {m for m in modules if m.startswith("alembic")}
     assert not {"lifecycle.machines.startd", "lifecycle.machines.job_exit",
@@ -177,11 +251,12 @@ def test_a_command_on_one_resource_loads_its_machine_alone(sqlite_url: str, tmp_
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     for name in _UNFORCED:
         monkeypatch.delenv(name, raising=False)
-    for args in (["create", "batch_job", "j1", "--data", '{"cmd": "x"}'],
-                 ["fire", "j1", "hold"], ["step", "j1"], ["fire", "j1", "release"],
-                 ["observe", "j1", '{"up": true}'], ["update", "j1", '{"owner": "me"}'],
-                 ["fire", "j1", "start"], ["fire", "j1", "release"]):
-        code, modules = _loaded(*args, "--db", sqlite_url)
+    commands = (["create", "batch_job", "j1", "--data", '{"cmd": "x"}'],
+                ["fire", "j1", "hold"], ["step", "j1"], ["fire", "j1", "release"],
+                ["observe", "j1", '{"up": true}'], ["update", "j1", '{"owner": "me"}'],
+                ["fire", "j1", "start"], ["fire", "j1", "release"])
+    for args, (code, modules) in zip(commands, _loaded_each(
+            *([*args, "--db", sqlite_url] for args in commands)), strict=True):
         assert code in (0, None, 3), args
         assert {m for m in modules if m.startswith("lifecycle.machines.")} <= {
             "lifecycle.machines.batch_job", "lifecycle.machines.builtin",
@@ -201,10 +276,10 @@ def test_a_machine_not_built_in_still_has_every_built_in_guard(sqlite_url: str,
         "name": "reuse", "initial": "a", "states": ["a", "b"], "final": ["b"],
         "transitions": [{"trigger": "go", "source": "a", "dest": "b",
                          "guards": ["holds_left"]}]}))  # (batch_job's)
-    code, modules = _loaded("create", str(spec), "r1", "--db", sqlite_url)
+    (code, modules), (fired, _) = _loaded_each(["create", str(spec), "r1", "--db", sqlite_url],
+                                               ["fire", "r1", "go", "--db", sqlite_url])
     assert code in (0, None) and "lifecycle.machines.startd" in modules
-    code, _ = _loaded("fire", "r1", "go", "--db", sqlite_url)
-    assert code in (0, None)
+    assert fired in (0, None)
 
 
 @pytest.mark.parametrize("line", [
@@ -251,18 +326,17 @@ def test_machines_lists_the_built_in_ones_from_the_index(sqlite_url: str, tmp_pa
     machines' index: it imports none of them (and says what loading them all says)."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
 
-    def listed(cache: str) -> list[dict[str, object]]:
-        done = subprocess.run([sys.executable, "-m", "lifecycle", "machines", "--json", "--db",
-                               sqlite_url], capture_output=True, text=True, timeout=300,
-                              check=True, env={**os.environ, "XDG_CACHE_HOME": cache})
-        return list(json.loads(done.stdout))
-
-    assert listed(str(tmp_path / "no-index-yet")) == listed(str(tmp_path / "cache"))
-    code, modules = _loaded("machines", "--db", sqlite_url)
-    assert code in (0, None)
-    assert {m for m in modules if m.startswith("lifecycle.machines.")} == {
-        "lifecycle.machines.builtin", "lifecycle.machines.index"}
-    assert not {m for m in modules if m.startswith("lifecycle.adapters")}
+    command = ["machines", "--json", "--db", sqlite_url]
+    loading, indexed, plain = _reports(command, command, ["machines", "--db", sqlite_url])
+    assert "lifecycle.machines.batch_job" in loading["modules"]  # no index yet: loaded, kept
+    assert loading["code"] in (0, None) and indexed["code"] in (0, None)
+    assert json.loads(indexed["output"]) == json.loads(loading["output"])
+    for report in (indexed, plain):
+        modules = set(report["modules"])
+        assert report["code"] in (0, None)
+        assert {m for m in modules if m.startswith("lifecycle.machines.")} == {
+            "lifecycle.machines.builtin", "lifecycle.machines.index"}
+        assert not {m for m in modules if m.startswith("lifecycle.adapters")}
 
 
 def test_classads_and_mail_are_loaded_when_used(sqlite_url: str,
@@ -272,9 +346,9 @@ def test_classads_and_mail_are_loaded_when_used(sqlite_url: str,
     imports neither for other work (nor rich, for the lines it prints on a pipe)."""
     for name in _UNFORCED:
         monkeypatch.delenv(name, raising=False)
-    code, _ = _loaded("create", "batch_job", "j1", "--db", sqlite_url)
-    code, modules = _loaded("worker", "--until-idle", "--db", sqlite_url)
-    assert code in (0, None)
+    (created, _), (code, modules) = _loaded_each(["create", "batch_job", "j1", "--db", sqlite_url],
+                                                 ["worker", "--until-idle", "--db", sqlite_url])
+    assert created in (0, None) and code in (0, None)
     assert "lifecycle.machines.startd" in modules and "lifecycle.adapters.htcondor" in modules
     assert "classad2" not in modules and "smtplib" not in modules
     assert not {m for m in modules if m.startswith("rich")}
