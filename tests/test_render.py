@@ -3,8 +3,8 @@
 official `mermaid` library in headless Chromium (one browser for every diagram).
 
 Tests that need a renderer skip when it is missing, unless LIFECYCLE_REQUIRE_RENDERERS=1 (as
-in .ci/run). Screenshots of the Mermaid diagrams go to $LIFECYCLE_SCREENSHOTS, or to a
-temporary directory.
+in .ci/run). Screenshots of the Mermaid diagrams go to $LIFECYCLE_SCREENSHOTS at their own
+size, or to a temporary directory at half of it.
 """
 
 from __future__ import annotations
