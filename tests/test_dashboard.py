@@ -13,7 +13,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -97,7 +96,7 @@ def _populate(db_url: str, clock: SimulatedClock) -> None:
 @pytest.fixture
 def populated(db_url: str, clock: SimulatedClock) -> str:
     """A database of the test's own populated by :func:`_populate`, for the tests that write
-    to it (a worker, a writer's transaction); ``clock`` is where populating left it."""
+    to it (a worker); ``clock`` is where populating left it."""
     _populate(db_url, clock)
     return db_url
 
@@ -121,11 +120,39 @@ def _populated_once(request: pytest.FixtureRequest, templates: Templates,
 @pytest.fixture
 def shared(_populated_once: tuple[str, dt.datetime], clock: SimulatedClock) -> str:
     """As ``populated``, shared by the module's tests that only read it (the dashboard and
-    `lifecycle serve` write nothing: test_every_page_shows_hostile_data_as_text checks it);
-    ``clock`` is set to where populating left it."""
+    `lifecycle serve` write nothing: test_every_page_shows_hostile_data_as_text checks it)
+    or roll back what they write; ``clock`` is set to where populating left it."""
     url, ended = _populated_once
     clock.set(ended)
     return url
+
+
+class _TestsClock:
+    """The clock of the module's shared server: the running test's ``clock`` (a test may
+    move its own; time never goes backwards on one)."""
+
+    def __init__(self) -> None:
+        self.current = SimulatedClock(START)
+
+    def now(self) -> dt.datetime:
+        return self.current.now()
+
+
+@pytest.fixture(scope="module")
+def _served_once(_populated_once: tuple[str, dt.datetime]) -> Iterator[tuple[str, _TestsClock]]:
+    relay = _TestsClock()
+    with served(_populated_once[0], clock=relay) as base:
+        yield base, relay
+
+
+@pytest.fixture
+def site(shared: str, clock: SimulatedClock, _served_once: tuple[str, _TestsClock]) -> str:
+    """The base URL of the dashboard of ``shared``, on ``clock``: one server per database
+    kind for the module's tests that only read (starting and stopping one per test cost
+    more than most of their requests)."""
+    base, relay = _served_once
+    relay.current = clock
+    return base
 
 
 CLIENT = httpx.Client(timeout=60)
@@ -174,65 +201,64 @@ def _markup_outside_the_pages_own(text: str) -> list[str]:
     return found
 
 
-def test_every_page_shows_hostile_data_as_text(shared: str, clock: SimulatedClock) -> None:
+def test_every_page_shows_hostile_data_as_text(shared: str, site: str) -> None:
     before = dump(shared)
-    with served(shared, clock=clock) as base:
-        for path, params in _pages():
-            answer = _get(base, path, **params)
-            assert answer.status_code == 200, (path, params, answer.text)
-            assert answer.headers["content-type"].startswith("text/html")
-            assert "default-src 'none'" in answer.headers["content-security-policy"]
-            assert not _markup_outside_the_pages_own(answer.text), (path, params)
-        toggles = _get(base, "/machines/toggle").text
-        for key in MARKUP:
-            assert escape(key) in toggles
-            page = _get(base, "/machines/toggle/resource", key=key).text
-            assert escape(key) in page
-            assert escape(json.dumps('MY.Owner == "<i>x</i>"')) in page  # data, as JSON
-            risky = _get(base, "/machines/risky/resource", key=key).text
-            assert 'class="refusal"' in risky
-            assert '<span class="s-refused">refused </span><span class="s-plain">remove' in risky
-        effects = _get(base, "/effects").text
-        assert escape(ERROR) in effects
-        assert "jobs:j0&lt;x&gt;" in effects and "jobs:j1&lt;x&gt;" in effects
+    base = site
+    for path, params in _pages():
+        answer = _get(base, path, **params)
+        assert answer.status_code == 200, (path, params, answer.text)
+        assert answer.headers["content-type"].startswith("text/html")
+        assert "default-src 'none'" in answer.headers["content-security-policy"]
+        assert not _markup_outside_the_pages_own(answer.text), (path, params)
+    toggles = _get(base, "/machines/toggle").text
+    for key in MARKUP:
+        assert escape(key) in toggles
+        page = _get(base, "/machines/toggle/resource", key=key).text
+        assert escape(key) in page
+        assert escape(json.dumps('MY.Owner == "<i>x</i>"')) in page  # data, as JSON
+        risky = _get(base, "/machines/risky/resource", key=key).text
+        assert 'class="refusal"' in risky
+        assert '<span class="s-refused">refused </span><span class="s-plain">remove' in risky
+    effects = _get(base, "/effects").text
+    assert escape(ERROR) in effects
+    assert "jobs:j0&lt;x&gt;" in effects and "jobs:j1&lt;x&gt;" in effects
     assert dump(shared) == before, "the dashboard wrote to the database"
 
 
-def test_every_page_answers_json_with_the_data_as_stored(shared: str,
-                                                         clock: SimulatedClock) -> None:
-    with served(shared, clock=clock) as base:
-        for path, params in _pages():
-            answer = _get(base, path, **params, format="json")
-            assert answer.status_code == 200, (path, params, answer.text)
-            assert answer.headers["content-type"] == "application/json"
-        machines = {m["name"]: m for m in _get(base, "/", format="json").json()["machines"]}
-        assert set(machines) == {"toggle", "risky", "jobs"}
-        assert machines["toggle"]["total"] == len(MARKUP)
-        assert {s["state"]: s["count"] for s in machines["toggle"]["states"]} == {
-            "off": len(MARKUP) - len(MARKUP) // 2, "on": len(MARKUP) // 2}
-        listed = _get(base, "/machines/toggle", format="json", limit=100).json()["listing"]
-        assert sorted(r["key"] for r in listed["resources"]) == sorted(MARKUP)
-        for i, key in enumerate(MARKUP):
-            one = _get(base, "/machines/toggle/resource", key=key, format="json").json()
-            assert one["key"] == key and one["data"]["note"] == key
-            assert one["observation"]["status"] == {"Status": key}
-            assert [e["kind"] for e in one["journal"]] == ["create"] + ["transition"] * (i % 2)
-            assert one["journal"][0]["actor"] == key
-            risky = _get(base, "/machines/risky/resource", key=key, format="json").json()
-            assert [(e["kind"], e["refused"]) for e in risky["journal"]] == [
-                ("create", False), ("refusal", True)]
-        trouble = _get(base, "/effects", format="json").json()
-        assert [(e["key"], e["name"], e["last_error"]) for e in trouble["failed"]] == [
-            ("j0<x>", "deliver", f"RuntimeError: {ERROR}")]
-        assert [(e["key"], e["attempts"]) for e in trouble["retrying"]] == [("j1<x>", 1)]
-        refused = _get(base, "/refusals", format="json").json()
-        assert refused["total"] == len(MARKUP)
-        assert refused["edges"] == [{"machine": "risky", "trigger": "remove", "source": "up",
-                                     "dest": "gone", "count": len(MARKUP)}]
-        assert sorted(r["key"] for r in refused["refusals"]) == sorted(MARKUP)
-        assert _get(base, "/refusals", format="json", hours="0.001").json()["total"] == 0
-        live = _get(base, "/live", format="json").json()
-        assert live["counts"]["jobs"] == {"sent": 1, "slow": 1, "waiting": 1}
+def test_every_page_answers_json_with_the_data_as_stored(site: str) -> None:
+    base = site
+    for path, params in _pages():
+        answer = _get(base, path, **params, format="json")
+        assert answer.status_code == 200, (path, params, answer.text)
+        assert answer.headers["content-type"] == "application/json"
+    machines = {m["name"]: m for m in _get(base, "/", format="json").json()["machines"]}
+    assert set(machines) == {"toggle", "risky", "jobs"}
+    assert machines["toggle"]["total"] == len(MARKUP)
+    assert {s["state"]: s["count"] for s in machines["toggle"]["states"]} == {
+        "off": len(MARKUP) - len(MARKUP) // 2, "on": len(MARKUP) // 2}
+    listed = _get(base, "/machines/toggle", format="json", limit=100).json()["listing"]
+    assert sorted(r["key"] for r in listed["resources"]) == sorted(MARKUP)
+    for i, key in enumerate(MARKUP):
+        one = _get(base, "/machines/toggle/resource", key=key, format="json").json()
+        assert one["key"] == key and one["data"]["note"] == key
+        assert one["observation"]["status"] == {"Status": key}
+        assert [e["kind"] for e in one["journal"]] == ["create"] + ["transition"] * (i % 2)
+        assert one["journal"][0]["actor"] == key
+        risky = _get(base, "/machines/risky/resource", key=key, format="json").json()
+        assert [(e["kind"], e["refused"]) for e in risky["journal"]] == [
+            ("create", False), ("refusal", True)]
+    trouble = _get(base, "/effects", format="json").json()
+    assert [(e["key"], e["name"], e["last_error"]) for e in trouble["failed"]] == [
+        ("j0<x>", "deliver", f"RuntimeError: {ERROR}")]
+    assert [(e["key"], e["attempts"]) for e in trouble["retrying"]] == [("j1<x>", 1)]
+    refused = _get(base, "/refusals", format="json").json()
+    assert refused["total"] == len(MARKUP)
+    assert refused["edges"] == [{"machine": "risky", "trigger": "remove", "source": "up",
+                                 "dest": "gone", "count": len(MARKUP)}]
+    assert sorted(r["key"] for r in refused["refusals"]) == sorted(MARKUP)
+    assert _get(base, "/refusals", format="json", hours="0.001").json()["total"] == 0
+    live = _get(base, "/live", format="json").json()
+    assert live["counts"]["jobs"] == {"sent": 1, "slow": 1, "waiting": 1}
 
 
 def test_a_machines_resources_come_a_page_at_a_time(db_url: str,
@@ -284,8 +310,9 @@ def test_an_empty_database_has_pages_saying_so(db_url: str) -> None:
 
 
 def _unavailable(base: str, words: str) -> None:
-    """Every page says the database cannot be shown, why and what to do; none raises."""
-    for path, _ in _pages():
+    """Every page says the database cannot be shown, why and what to do; none raises. (Each
+    path once, with ``key=x``: the pages' own arguments would make the same requests again.)"""
+    for path in dict.fromkeys(path for path, _ in _pages()):
         page = _get(base, path, key="x")
         assert page.status_code == 503, (path, page.text)
         assert 'id="reason"' in page.text and words in page.text
@@ -322,24 +349,24 @@ def test_an_out_of_date_schema_is_a_clear_page_and_is_left_as_it_is(empty_db_url
         assert store.current_revision() == "0006_claimants"
 
 
-def test_bad_requests_are_answered_not_raised(shared: str, clock: SimulatedClock) -> None:
-    with served(shared, clock=clock) as base:
-        for path, params, status in [
-                ("/", {"format": "xml"}, 400), ("/machines/toggle", {"limit": "0"}, 400),
-                ("/machines/toggle", {"limit": "x"}, 400),
-                ("/machines/toggle", {"after": "a\x00b"}, 400),
-                ("/machines/toggle", {"q": "\x00"}, 400),
-                ("/machines/toggle/resource", {}, 400),
-                ("/machines/toggle/resource", {"key": "a\x00"}, 400),
-                ("/machines/toggle/resource", {"key": "k" * 5000}, 400),
-                ("/machines/toggle/resource", {"key": "nope"}, 404),
-                ("/machines/nope", {}, 404), ("/machines/nope/resource", {"key": "x"}, 404),
-                ("/machines/nope/diagram", {}, 404),
-                ("/refusals", {"hours": "nan"}, 400), ("/refusals", {"hours": "-1"}, 400)]:
-            for wanted in ("html", "json"):
-                answer = _get(base, path, **params, **({"format": wanted} if wanted == "json"
-                                                       and "format" not in params else {}))
-                assert answer.status_code == status, (path, params, answer.text)
+def test_bad_requests_are_answered_not_raised(site: str) -> None:
+    base = site
+    for path, params, status in [
+            ("/", {"format": "xml"}, 400), ("/machines/toggle", {"limit": "0"}, 400),
+            ("/machines/toggle", {"limit": "x"}, 400),
+            ("/machines/toggle", {"after": "a\x00b"}, 400),
+            ("/machines/toggle", {"q": "\x00"}, 400),
+            ("/machines/toggle/resource", {}, 400),
+            ("/machines/toggle/resource", {"key": "a\x00"}, 400),
+            ("/machines/toggle/resource", {"key": "k" * 5000}, 400),
+            ("/machines/toggle/resource", {"key": "nope"}, 404),
+            ("/machines/nope", {}, 404), ("/machines/nope/resource", {"key": "x"}, 404),
+            ("/machines/nope/diagram", {}, 404),
+            ("/refusals", {"hours": "nan"}, 400), ("/refusals", {"hours": "-1"}, 400)]:
+        for wanted in ("html", "json"):
+            answer = _get(base, path, **params, **({"format": wanted} if wanted == "json"
+                                                   and "format" not in params else {}))
+            assert answer.status_code == status, (path, params, answer.text)
 
 
 def _metrics(base: str) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -351,28 +378,28 @@ def _metrics(base: str) -> dict[str, list[tuple[dict[str, str], float]]]:
     return found
 
 
-def test_metrics_are_prometheus_text_read_from_the_database(shared: str,
-                                                             clock: SimulatedClock) -> None:
-    with served(shared, clock=clock) as base:
-        found = _metrics(base)
-        assert found["lifecycle_database_up"] == [({}, 1.0)]
-        resources = {(m["machine"], m["state"]): v for m, v in found["lifecycle_resources"]}
-        assert resources[("toggle", "on")] == len(MARKUP) // 2
-        assert resources[("risky", "up")] == len(MARKUP)
-        assert found["lifecycle_risky_refusals_total"] == [
-            ({"machine": "risky", "trigger": "remove", "source": "up", "dest": "gone"},
-             float(len(MARKUP)))]
-        assert "lifecycle_risky_transitions_total" not in found  # none fired
-        effects = {(m["name"], m["status"]): v for m, v in found["lifecycle_effects"]}
-        assert effects == {("deliver", "failed"): 1.0, ("dawdle", "retrying"): 1.0}
-        assert found["lifecycle_timers_due"] == [({}, 1.0)]
-        assert found["lifecycle_oldest_due_effect_age_seconds"] == [({}, 0.0)]
-        clock.advance(7200)  # dawdle's retry (an hour after its failure) is now overdue
-        found = _metrics(base)
-        age = found["lifecycle_oldest_due_effect_age_seconds"][0][1]
-        assert 3600 < age < 7200
-        overdue = _get(base, "/effects", format="json").json()["overdue"]
-        assert [e["key"] for e in overdue] == ["j1<x>"]
+def test_metrics_are_prometheus_text_read_from_the_database(clock: SimulatedClock,
+                                                             site: str) -> None:
+    base = site
+    found = _metrics(base)
+    assert found["lifecycle_database_up"] == [({}, 1.0)]
+    resources = {(m["machine"], m["state"]): v for m, v in found["lifecycle_resources"]}
+    assert resources[("toggle", "on")] == len(MARKUP) // 2
+    assert resources[("risky", "up")] == len(MARKUP)
+    assert found["lifecycle_risky_refusals_total"] == [
+        ({"machine": "risky", "trigger": "remove", "source": "up", "dest": "gone"},
+         float(len(MARKUP)))]
+    assert "lifecycle_risky_transitions_total" not in found  # none fired
+    effects = {(m["name"], m["status"]): v for m, v in found["lifecycle_effects"]}
+    assert effects == {("deliver", "failed"): 1.0, ("dawdle", "retrying"): 1.0}
+    assert found["lifecycle_timers_due"] == [({}, 1.0)]
+    assert found["lifecycle_oldest_due_effect_age_seconds"] == [({}, 0.0)]
+    clock.advance(7200)  # dawdle's retry (an hour after its failure) is now overdue
+    found = _metrics(base)
+    age = found["lifecycle_oldest_due_effect_age_seconds"][0][1]
+    assert 3600 < age < 7200
+    overdue = _get(base, "/effects", format="json").json()["overdue"]
+    assert [e["key"] for e in overdue] == ["j1<x>"]
 
 
 def test_risky_transitions_and_probe_answers_are_counted(db_url: str,
@@ -405,20 +432,20 @@ def test_the_live_counts_follow_writes(db_url: str, clock: SimulatedClock) -> No
         assert _get(base, "/live", format="json").json()["counts"] == {"toggle": {"on": 1}}
 
 
-def test_refusals_are_those_of_the_window_asked_for(shared: str) -> None:
-    later = SimulatedClock(dt.datetime.fromisoformat(START.replace("Z", "+00:00"))
-                           + dt.timedelta(hours=3))
-    with served(shared, clock=later) as base:
-        assert _get(base, "/refusals", format="json").json()["total"] == 0
-        assert _get(base, "/refusals", format="json", hours=4).json()["total"] == len(MARKUP)
-        page = _get(base, "/refusals").text
-        assert 'id="none"' in page
-        # the refusals before the window are said, with the window that shows them (a
-        # simulation's, written on its own clock, would otherwise not be found at all)
-        earlier = _get(base, "/refusals", format="json").json()
-        assert earlier["earlier"] == len(MARKUP) and earlier["reach_hours"] == 4
-        assert f"{len(MARKUP)} earlier refusals" in page and 'href="?hours=4"' in page
-        assert _get(base, "/refusals", format="json", hours=4).json()["earlier"] == 0
+def test_refusals_are_those_of_the_window_asked_for(clock: SimulatedClock, site: str) -> None:
+    clock.set(dt.datetime.fromisoformat(START.replace("Z", "+00:00"))
+                   + dt.timedelta(hours=3))
+    base = site
+    assert _get(base, "/refusals", format="json").json()["total"] == 0
+    assert _get(base, "/refusals", format="json", hours=4).json()["total"] == len(MARKUP)
+    page = _get(base, "/refusals").text
+    assert 'id="none"' in page
+    # the refusals before the window are said, with the window that shows them (a
+    # simulation's, written on its own clock, would otherwise not be found at all)
+    earlier = _get(base, "/refusals", format="json").json()
+    assert earlier["earlier"] == len(MARKUP) and earlier["reach_hours"] == 4
+    assert f"{len(MARKUP)} earlier refusals" in page and 'href="?hours=4"' in page
+    assert _get(base, "/refusals", format="json", hours=4).json()["earlier"] == 0
 
 
 
@@ -428,11 +455,19 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def test_a_worker_serves_the_same_metrics_on_its_own_port(populated: str) -> None:
+@pytest.fixture
+def lifecycle_cmd(forkserver: Any) -> list[str]:
+    """`python -m lifecycle`, started warm (tests/zygote.py): a worker and `lifecycle serve`
+    here end by the SIGTERM their client passes on, as the real program's would."""
+    return forkserver.python("-m", "lifecycle")  # type: ignore[no-any-return]
+
+
+def test_a_worker_serves_the_same_metrics_on_its_own_port(populated: str,
+                                                          lifecycle_cmd: list[str]) -> None:
     port = _free_port()
     worker = subprocess.Popen(
-        [sys.executable, "-m", "lifecycle", "worker", "--metrics-port", str(port),
-         "--poll", "0.2", "--db", populated],
+        [*lifecycle_cmd, "worker", "--metrics-port", str(port), "--poll", "0.2",
+         "--db", populated],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
@@ -485,10 +520,10 @@ def _listening_addresses(port: int) -> set[str]:
 
 
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads Linux's /proc/net/tcp")
-def test_lifecycle_serve_listens_on_loopback_and_stops_on_sigterm(shared: str) -> None:
+def test_lifecycle_serve_listens_on_loopback_and_stops_on_sigterm(
+        shared: str, lifecycle_cmd: list[str]) -> None:
     port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "lifecycle", "serve", "--port", str(port),
-                               "--db", shared],
+    server = subprocess.Popen([*lifecycle_cmd, "serve", "--port", str(port), "--db", shared],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
@@ -511,12 +546,14 @@ def test_lifecycle_serve_listens_on_loopback_and_stops_on_sigterm(shared: str) -
     assert f"http://127.0.0.1:{port}/" in out and "read-only" in out
 
 
-def test_pages_answer_while_a_writer_holds_its_transaction(populated: str,
+def test_pages_answer_while_a_writer_holds_its_transaction(shared: str,
                                                           clock: SimulatedClock) -> None:
     """A worker in the middle of a write (SQLite's write lock, PostgreSQL's row locks) holds
-    up no page, and no page sees what it has not committed."""
+    up no page, and no page sees what it has not committed. (The write is rolled back, so
+    the module's shared database serves; a server of the test's own opens its connections
+    while the write holds its locks.)"""
     before = {"off": len(MARKUP) - len(MARKUP) // 2, "on": len(MARKUP) // 2}
-    with Store(populated) as store, served(populated, clock=clock) as base:
+    with Store(shared) as store, served(shared, clock=clock) as base:
         with store.write() as tx:
             tx.execute("UPDATE lifecycle_resources SET state = 'on' WHERE machine = 'toggle'")
             for path, params in [("/", {}), ("/machines/toggle", {"format": "json"}),
@@ -573,11 +610,10 @@ def test_the_history_counters_are_read_again_in_the_background(
             db.dispose()
 
 
-def test_a_diagram_is_an_image_that_runs_no_script(shared: str,
-                                                   clock: SimulatedClock) -> None:
-    with served(shared, clock=clock) as base:
-        drawn = _get(base, "/machines/risky/diagram")
-        machines = _get(base, "/").text
+def test_a_diagram_is_an_image_that_runs_no_script(site: str) -> None:
+    base = site
+    drawn = _get(base, "/machines/risky/diagram")
+    machines = _get(base, "/").text
     assert drawn.status_code == 200
     if shutil.which("dot"):
         assert drawn.headers["content-type"] == "image/svg+xml"

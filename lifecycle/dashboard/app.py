@@ -8,6 +8,7 @@ statements never hold up the event loop, so the server answers while workers wri
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import math
 import socket
@@ -80,7 +81,11 @@ def _when(value: str | None) -> str:
     return moment.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
 
+@functools.cache
 def environment() -> Environment:
+    """The templates' environment, one per process: each template is compiled once, not
+    again for each application made (a test's, an embedding program's); rendering from one
+    environment in several threads is safe."""
     env = Environment(loader=FileSystemLoader(TEMPLATES),
                       autoescape=select_autoescape(default=True, default_for_string=True))
     env.filters["as_json"] = _as_json
