@@ -591,10 +591,33 @@ def test_a_state_from_which_a_liveness_property_never_holds_is_found_shortest() 
     assert check(_trap_model(jam=False), Bounds(depth=6)).passed
 
 
-def test_a_job_exit_that_gave_up_finishes_only_after_the_operators_retry() -> None:
-    model = world_model("job_exit")
+def _job_exit_retrying(retries: int) -> Machine:
+    """The job exit as its world model runs it, but a step gives up after ``retries`` retries
+    (30 s apart, as HTCondor's) instead of HTCondor's five."""
+    simulated = job_exit.BUILTIN.simulation
+    assert simulated is not None
+    policy = job_exit.Settings(max_retries=retries).retry
+
+    def simulation(world: object) -> tuple[object, object, object]:
+        guards, effects, probes = simulated(world)
+        return guards, {name: dataclasses.replace(effect, retry=policy)
+                        for name, effect in effects.items()}, probes
+
+    return Machine(job_exit.BUILTIN.spec, job_exit.BUILTIN.guards, simulation)
+
+
+def test_a_job_exit_that_gave_up_finishes_only_after_the_operators_retry(slow: bool) -> None:
+    """A step that failed on every attempt gives up (stuck_queue), and only the operator's
+    retry finishes the exit: with one retry, 30 s after the first attempt (the same give-up
+    as after HTCondor's five, in a twentieth of the states); with --slow, the world model as
+    it is, six attempts 30 s apart."""
+    if slow:
+        model = world_model("job_exit")
+        bounds = Bounds(depth=30, horizon=150)  # six failed attempts, 30 s apart, then stuck
+    else:
+        model = job_exit.model(_job_exit_retrying(1))
+        bounds = Bounds(depth=12, horizon=30)  # two failed attempts, 30 s apart, then stuck
     assert model is not None
-    bounds = Bounds(depth=30, horizon=150)  # six failed attempts, 30 s apart, then stuck
     assert check(model, bounds).passed
 
     def without_retry(view: View) -> list[Action]:
