@@ -163,6 +163,7 @@ class Store:
     @contextmanager
     def read(self) -> Iterator[Connection]:
         """A SQLAlchemy connection for reading (a deferred transaction on SQLite)."""
+        self._held.lend()
         try:
             with self.engine.connect().execution_options(lifecycle_readonly=True) as connection:
                 yield connection
@@ -172,6 +173,7 @@ class Store:
     @contextmanager
     def begin(self) -> Iterator[Connection]:
         """A SQLAlchemy connection inside one write transaction."""
+        self._held.lend()
         try:
             with self.engine.begin() as connection:
                 yield connection
@@ -224,6 +226,7 @@ class Store:
         """Reads in one read transaction on a connection of the pool: ``streams``
         for long results read with ``fetchmany`` (on PostgreSQL server-side cursors, so
         millions of rows are never held at once), and one for small reads beside them."""
+        self._held.lend()
         try:
             connection = self.engine.raw_connection()
         except DBAPIError as exc:

@@ -248,6 +248,21 @@ class HeldConnections:
         except Exception as exc:  # it is being given back; nothing else to do
             log.debug("releasing a held connection: %s", exc)
 
+    def lend(self) -> None:
+        """Before this thread takes a connection of the pool for a while (``Store.read()``,
+        ``begin()``, ``scanning()``) on PostgreSQL: the connection it holds, when no write
+        transaction is open on it, goes back to the pool, for that to take it rather than
+        the server starting a second one (a process of its own, its catalogs read again)
+        for a thread that reads and writes in turn; the thread's next write takes one
+        again. (On SQLite a connection is a file opened: the thread keeps its own, and its
+        transaction made once.)"""
+        if self.sqlite:
+            return
+        holder = getattr(self._local, "holder", None)
+        if holder is not None and holder.writing is None:
+            self._local.holder = None
+            self._release(holder.connection)
+
     def _discard(self) -> None:
         holder = getattr(self._local, "holder", None)
         self._local.holder = None
