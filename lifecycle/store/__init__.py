@@ -152,7 +152,13 @@ class Store:
                 return
 
     def upgrade(self, revision: str = "head") -> None:
-        """Upgrade the core and this store's branches (``head``: each to its newest)."""
+        """Upgrade the core and this store's branches (``head``: each to its newest). A
+        database whose version table holds just those heads already is left as it is,
+        without importing Alembic (a fifth of a second of CPU: ``lifecycle db upgrade`` run
+        again, as a deployment does)."""
+        if revision == "head" and set(self.revisions()) == {
+                migrate.head_revision(), *(migrate.branch_head(b) for b in self.branches)}:
+            return
         migrate.upgrade(self.engine, revision, self.branches)
 
     def downgrade(self, revision: str) -> None:
