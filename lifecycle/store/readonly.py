@@ -99,10 +99,9 @@ class ReadOnlyDatabase:
 def _revision(connection: Connection) -> str | None:
     """The database's schema revision; None when it has no version table (read directly:
     asking Alembic costs more than a whole page)."""
-    try:
-        with connection.begin_nested():  # PostgreSQL: a failed statement spoils no more
-            rows = connection.exec_driver_sql(
-                f"SELECT version_num FROM {migrate.VERSION_TABLE}").scalars().all()
+    try:  # (no savepoint: a database without the table is Unavailable, its read ends here)
+        rows = connection.exec_driver_sql(
+            f"SELECT version_num FROM {migrate.VERSION_TABLE}").scalars().all()
     except (OperationalError, ProgrammingError) as exc:
         if "no such table" in str(exc.orig) or "does not exist" in str(exc.orig):
             return None
