@@ -386,6 +386,12 @@ SELECT format('CREATE SCHEMA public AUTHORIZATION %I', pg_get_userbyid(nspowner)
 """The statements that make an empty database's ``public`` schema again as it is."""
 
 
+WAIT_FOR_LOCKS = "SET LOCAL lock_timeout = '10s'"
+"""No connection of the test's is open when its database is emptied, but one it could not
+name (a program given the URL without its application_name) may still hold a lock: the
+database is then dropped (with the connection) rather than the emptying waiting for ever."""
+
+
 class _Reset:
     """A database given to tests again and again: after each, its tables are emptied and its
     sequences restarted (an ``empty`` one: its ``public`` schema dropped and made again as
@@ -406,7 +412,8 @@ class _Reset:
             assert self._expected is not None
             public = self._connection.execute(PUBLIC_SCHEMA).fetchone()
             remake = [*public[:2], *public[2]] if public else []
-            self._emptying = ";\n".join(["DROP SCHEMA IF EXISTS public CASCADE", *remake])
+            self._emptying = ";\n".join([WAIT_FOR_LOCKS, "DROP SCHEMA IF EXISTS public CASCADE",
+                                         *remake])
             return
         tables = dict(self._connection.execute(TABLES).fetchall())
         self._contents = "SELECT " + ", ".join(
@@ -427,7 +434,8 @@ class _Reset:
                 del left[table]
         deletes = [f"DELETE FROM {table}" for table in order if table not in with_rows]
         restarts = [row[0] for row in self._connection.execute(SEQUENCES).fetchall()]
-        self._emptying = ";\n".join(deletes * 2 + restarts)  # twice: for what triggers kept
+        # twice: for what triggers kept
+        self._emptying = ";\n".join([WAIT_FOR_LOCKS, *deletes, *deletes, *restarts])
 
     def _state(self) -> tuple[str, tuple[str, ...]] | None:
         try:
