@@ -17,11 +17,14 @@ write and sync files; a drop also waits for every backend of the server to let g
 dropped files), more than most tests. So a database a test leaves as its template made it
 (its schema, settings and the template's rows; checked, ``_Reset``) is emptied and its
 sequences restarted, in milliseconds, and the next test of the process gets it; one the test
-changed otherwise, or left a connection open to, is dropped. Making and dropping run on a
-thread of each process's, beside the tests (``_Janitor``): the next new database is made
-while a test runs. The check that a test left no connection open counts a backend whose
-client has closed its end of the connection as gone: the server ends such a backend at its
-own pace (tenths of a second under load), and waiting for it proved nothing."""
+changed otherwise, or left a connection open to, is dropped. An empty database (the
+migration tests') is given again the same way: its ``public`` schema is dropped and made
+again as it was, and it is checked to be as ``CREATE DATABASE`` made it. Making and dropping
+run on a thread of each process's, beside the tests (``_Janitor``): when a test's database
+is dropped, the next one is made while the next test runs. The check that a test left no
+connection open counts a backend whose client has closed its end of the connection as gone:
+the server ends such a backend at its own pace (tenths of a second under load), and waiting
+for it proved nothing."""
 
 from __future__ import annotations
 
@@ -169,9 +172,11 @@ class Templates:
         self._databases: bool | None = None
         self._janitor: _Janitor | None = None
         self._next: tuple[str, Future[None]] | None = None
-        """The next test's database, being made from the template."""
+        """The next test's database, being made from the template (once one was dropped)."""
         self._free: list[str] = []
         """Databases a test used and left as the template is: emptied, ready again."""
+        self._free_empty: list[str] = []
+        """Empty databases a test used, made empty again."""
         self._resets: dict[str, _Reset] = {}
 
     # -- SQLite ------------------------------------------------------------------------------
@@ -214,12 +219,16 @@ class Templates:
             yield url
             leaked = _connections_left(name)
         finally:
-            if leaked == 0 and name in self._resets and self._resets[name].reset():
-                self._free.append(name)
+            reset = self._resets.get(name)
+            if leaked == 0 and reset is not None and reset.reset():
+                (self._free_empty if reset.empty else self._free).append(name)
             else:
-                if name in self._resets:
+                if reset is not None:
                     self._resets.pop(name).close()
                 if self._janitor is not None:
+                    if not empty and not self._free and self._next is None:
+                        # the next test's, made first: a drop waits for every backend
+                        self._next = self._copy(self._janitor, self._postgres_template())
                     self._janitor.run(drop)  # while the next test runs
                 else:
                     _admin(drop)
@@ -235,23 +244,24 @@ class Templates:
         return self._databases
 
     def _database(self, empty: bool) -> str:
-        """A new database of the caller's own: empty, or a copy of the template (the one the
-        janitor made while the last test ran; it starts on the next at once)."""
+        """A database of the caller's own: one a test before it left as it was made (emptied
+        again), else a new one, empty or a copy of the template (the one the janitor began
+        when the last test's was dropped)."""
         janitor = self._janitor or _Janitor()
         self._janitor = janitor
+        free = self._free_empty if empty else self._free
+        if free:
+            return free.pop()
         if empty:
             name = f"lc_test_{uuid.uuid4().hex[:12]}"
             janitor.run(f'CREATE DATABASE "{name}"').result()
-            return name
-        if self._free:
-            return self._free.pop()
-        template = self._postgres_template()
-        if self._next is None:
-            self._next = self._copy(janitor, template)
-        (name, made), self._next = self._next, self._copy(janitor, template)
-        made.result()
+        else:
+            if self._next is None:
+                self._next = self._copy(janitor, self._postgres_template())
+            (name, made), self._next = self._next, None
+            made.result()
         try:
-            self._resets[name] = _Reset(name)
+            self._resets[name] = _Reset(name, empty=empty)
         except BaseException:
             janitor.run(f'DROP DATABASE "{name}" WITH (FORCE)')
             raise
@@ -274,10 +284,11 @@ class Templates:
     def close(self) -> None:
         for reset in self._resets.values():
             reset.close()
-        for name in self._free:
+        for name in self._free + self._free_empty:
             _admin(f'DROP DATABASE "{name}" WITH (FORCE)')
         self._resets.clear()
         self._free.clear()
+        self._free_empty.clear()
         if self._next is not None:
             name, _made = self._next
             assert self._janitor is not None
@@ -364,17 +375,46 @@ SELECT format('SELECT setval(%L, %s, false)', schemaname || '.' || sequencename,
   FROM pg_sequences WHERE schemaname NOT IN {SYSTEM_SCHEMAS}"""
 
 
+PUBLIC_SCHEMA = """
+SELECT format('CREATE SCHEMA public AUTHORIZATION %I', pg_get_userbyid(nspowner)),
+       format('COMMENT ON SCHEMA public IS %L', obj_description(oid, 'pg_namespace')),
+       array(SELECT format('GRANT %s ON SCHEMA public TO %s', a.privilege_type,
+                           CASE a.grantee WHEN 0 THEN 'PUBLIC'
+                           ELSE quote_ident(pg_get_userbyid(a.grantee)) END)
+               FROM aclexplode(nspacl) AS a WHERE a.grantee <> nspowner)
+  FROM pg_namespace WHERE nspname = 'public'"""
+"""The statements that make an empty database's ``public`` schema again as it is."""
+
+
+WAIT_FOR_LOCKS = "SET LOCAL lock_timeout = '10s'"
+"""No connection of the test's is open when its database is emptied, but one it could not
+name (a program given the URL without its application_name) may still hold a lock: the
+database is then dropped (with the connection) rather than the emptying waiting for ever."""
+
+
 class _Reset:
     """A database given to tests again and again: after each, its tables are emptied and its
-    sequences restarted, and it is checked to be as its template made it (schema, rows,
-    settings); else it is dropped and the next test gets a new one. Emptying small tables
-    takes milliseconds; making a database takes 0.2 to 1 s, dropping one as long."""
+    sequences restarted (an ``empty`` one: its ``public`` schema dropped and made again as
+    ``CREATE DATABASE`` made it, unless it is as made already), and it is checked to be as
+    it was made (schema, rows, settings); else it is dropped and the next test gets a new
+    one. Emptying small tables takes milliseconds; making a database takes 0.2 to 1 s,
+    dropping one as long."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, empty: bool = False) -> None:
         import psycopg
 
+        self.empty = empty
         self._connection = psycopg.connect(libpq(_url(database=name, name="lc_test_reset")),
                                            autocommit=True)
+        if empty:
+            self._contents = "SELECT 1"
+            self._expected = self._state()
+            assert self._expected is not None
+            public = self._connection.execute(PUBLIC_SCHEMA).fetchone()
+            remake = [*public[:2], *public[2]] if public else []
+            self._emptying = ";\n".join([WAIT_FOR_LOCKS, "DROP SCHEMA IF EXISTS public CASCADE",
+                                         *remake])
+            return
         tables = dict(self._connection.execute(TABLES).fetchall())
         self._contents = "SELECT " + ", ".join(
             f"(SELECT md5(coalesce(string_agg(r::text, ',' ORDER BY r::text), '')) "
@@ -394,7 +434,8 @@ class _Reset:
                 del left[table]
         deletes = [f"DELETE FROM {table}" for table in order if table not in with_rows]
         restarts = [row[0] for row in self._connection.execute(SEQUENCES).fetchall()]
-        self._emptying = ";\n".join(deletes * 2 + restarts)  # twice: for what triggers kept
+        # twice: for what triggers kept
+        self._emptying = ";\n".join([WAIT_FOR_LOCKS, *deletes, *deletes, *restarts])
 
     def _state(self) -> tuple[str, tuple[str, ...]] | None:
         try:
@@ -406,6 +447,8 @@ class _Reset:
 
     def reset(self) -> bool:
         """Empty the database again; whether it is now as the template made it."""
+        if self.empty and self._state() == self._expected:
+            return True  # (a test that migrated nothing)
         try:
             with self._connection.transaction():
                 self._connection.execute(self._emptying)

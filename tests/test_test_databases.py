@@ -105,3 +105,35 @@ def test_the_next_test_gets_a_database_as_the_template_made_it(templates: Templa
             with psycopg.connect(libpq(url)) as connection:
                 assert connection.execute(
                     "SELECT id FROM lifecycle_resources").fetchone() == first_id
+
+
+def _public_schema(url: str) -> tuple[Any, ...]:
+    """The schemas, the tables, and the ``public`` schema's owner, rights and comment."""
+    with psycopg.connect(libpq(url)) as connection:
+        return tuple(connection.execute(
+            "SELECT (SELECT array_agg(nspname::text ORDER BY nspname) FROM pg_namespace), "
+            "(SELECT array_agg(tablename::text ORDER BY tablename) FROM pg_tables "
+            "  WHERE schemaname NOT IN ('pg_catalog', 'information_schema')), "
+            "nspowner::regrole::text, nspacl::text, obj_description(oid, 'pg_namespace') "
+            "FROM pg_namespace WHERE nspname = 'public'").fetchone() or ())
+
+
+def test_the_next_test_gets_an_empty_database_as_create_database_made_it(
+        templates: Templates) -> None:
+    """An empty database a test migrated (a migration test's) comes back with no table and
+    its public schema as it was; one with a schema of the test's own is not met again."""
+    with templates.postgres(empty=True) as url:
+        fresh = _public_schema(url)
+        assert fresh and fresh[1] is None  # no table
+        Store(url, upgrade=True).dispose()
+        assert _public_schema(url) != fresh
+    for made in ("CREATE TABLE public.left_behind (n INT)", "CREATE SCHEMA left_behind"):
+        with templates.postgres(empty=True) as url:
+            assert _public_schema(url) == fresh
+            with Store(url, check=False) as store:
+                assert store.current_revision() is None
+                store.upgrade()
+            with psycopg.connect(libpq(url)) as connection:
+                connection.execute(made)
+    with templates.postgres(empty=True) as url:
+        assert _public_schema(url) == fresh

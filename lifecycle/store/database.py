@@ -107,8 +107,63 @@ def create_sa_engine(url: str) -> SAEngine:
     use_postgresql()
     given = parsed.query.get("options")
     given = " ".join(given) if isinstance(given, tuple) else given
-    return create_engine(url, connect_args={
+    engine = create_engine(url, use_native_hstore=False, connect_args={
         "options": f"-c TimeZone=UTC {given}" if given else "-c TimeZone=UTC"})
+    engine.dialect.__class__ = answering_first_connect(type(engine.dialect))
+    return engine
+
+
+_ANSWERING: dict[type[Any], type[Any]] = {}
+
+
+def answering_first_connect(dialect: type[Any]) -> type[Any]:
+    """SQLAlchemy's PostgreSQL ``dialect``, learning what it asks on an engine's first
+    connection in one statement, not eight round trips: the server's version and
+    ``standard_conforming_strings`` are what the server told psycopg when it connected, the
+    default schema and isolation level one SELECT in autocommit (no BEGIN, no ROLLBACK).
+    (``use_native_hstore=False``, given to ``create_engine``, drops the hstore type's
+    lookup: lifecycle has no hstore.) Each store and command makes an engine of its own,
+    so each paid those round trips. (The dialect ``create_engine`` made from the URL is
+    given this class: the same, but for these answers.)"""
+    if dialect in _ANSWERING.values():
+        return dialect
+    if dialect in _ANSWERING:
+        return _ANSWERING[dialect]
+
+    class AnsweringFirstConnect(dialect):  # type: ignore[misc]
+        supports_statement_cache = True  # (as its base: SQLAlchemy asks each subclass)
+        _isolation: str | None = None
+
+        def _get_server_version_info(self, connection: Connection) -> tuple[int, ...]:
+            raw: Any = connection.connection.dbapi_connection
+            number = int(raw.info.server_version)
+            if number >= 100_000:  # PostgreSQL 10 on: major * 10000 + minor
+                return number // 10_000, number % 10_000
+            return number // 10_000, number // 100 % 100, number % 100
+
+        def _get_default_schema_name(self, connection: Connection) -> str | None:
+            raw: Any = connection.connection.dbapi_connection
+            autocommit = raw.autocommit
+            raw.autocommit = True
+            try:
+                row = raw.execute("SELECT current_schema(), "
+                                  "current_setting('transaction_isolation')").fetchone()
+            finally:
+                raw.autocommit = autocommit
+            self._isolation = str(row[1]).upper()
+            return cast("str | None", row[0])
+
+        def get_default_isolation_level(self, dbapi_connection: Any) -> Any:
+            learnt, self._isolation = self._isolation, None
+            return learnt or super().get_default_isolation_level(dbapi_connection)
+
+        def _set_backslash_escapes(self, connection: Connection) -> None:
+            raw: Any = connection.connection.dbapi_connection
+            self._backslash_escapes = raw.info.parameter_status(
+                "standard_conforming_strings") == "off"
+
+    _ANSWERING[dialect] = AnsweringFirstConnect
+    return AnsweringFirstConnect
 
 
 def _sqlite_engine(url: str) -> SAEngine:
@@ -192,6 +247,21 @@ class HeldConnections:
                 connection.close()
         except Exception as exc:  # it is being given back; nothing else to do
             log.debug("releasing a held connection: %s", exc)
+
+    def lend(self) -> None:
+        """Before this thread takes a connection of the pool for a while (``Store.read()``,
+        ``begin()``, ``scanning()``) on PostgreSQL: the connection it holds, when no write
+        transaction is open on it, goes back to the pool, for that to take it rather than
+        the server starting a second one (a process of its own, its catalogs read again)
+        for a thread that reads and writes in turn; the thread's next write takes one
+        again. (On SQLite a connection is a file opened: the thread keeps its own, and its
+        transaction made once.)"""
+        if self.sqlite:
+            return
+        holder = getattr(self._local, "holder", None)
+        if holder is not None and holder.writing is None:
+            self._local.holder = None
+            self._release(holder.connection)
 
     def _discard(self) -> None:
         holder = getattr(self._local, "holder", None)

@@ -11,10 +11,10 @@ import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy import Connection, create_engine, event
 from sqlalchemy.engine import Engine as SAEngine
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError, ProgrammingError
 from sqlalchemy.pool import QueuePool
 
@@ -22,7 +22,7 @@ from ..errors import DatabaseError
 from ..revisions import core_revision
 from ..urls import display_url, resolve_url
 from . import migrate
-from .database import SQLITE_BUSY_TIMEOUT_MS, parse_url, sqlite_file
+from .database import SQLITE_BUSY_TIMEOUT_MS, answering_first_connect, parse_url, sqlite_file
 from .schema import use_postgresql
 
 STATEMENT_TIMEOUT_MS = 10_000
@@ -99,10 +99,9 @@ class ReadOnlyDatabase:
 def _revision(connection: Connection) -> str | None:
     """The database's schema revision; None when it has no version table (read directly:
     asking Alembic costs more than a whole page)."""
-    try:
-        with connection.begin_nested():  # PostgreSQL: a failed statement spoils no more
-            rows = connection.exec_driver_sql(
-                f"SELECT version_num FROM {migrate.VERSION_TABLE}").scalars().all()
+    try:  # (no savepoint: a database without the table is Unavailable, its read ends here)
+        rows = connection.exec_driver_sql(
+            f"SELECT version_num FROM {migrate.VERSION_TABLE}").scalars().all()
     except (OperationalError, ProgrammingError) as exc:
         if "no such table" in str(exc.orig) or "does not exist" in str(exc.orig):
             return None
@@ -133,17 +132,15 @@ def _sqlite_engine(path: Path) -> SAEngine:
 
 def _postgresql_engine(url: str) -> SAEngine:
     use_postgresql()
-    engine = create_engine(url, pool_size=8, max_overflow=8)
-
-    @event.listens_for(engine, "connect")
-    def _read_only(dbapi_connection: Any, _record: Any) -> None:
-        autocommit = dbapi_connection.autocommit
-        dbapi_connection.autocommit = True
-        with dbapi_connection.cursor() as cursor:
-            cursor.execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
-            cursor.execute(f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}")
-        dbapi_connection.autocommit = autocommit
-
+    # read-only transactions and the statement timeout are the session's from its start,
+    # asked for when connecting (no round trip), after any options of the URL's own
+    given = make_url(url).query.get("options")
+    given = " ".join(given) if isinstance(given, tuple) else given
+    options = ("-c default_transaction_read_only=on "
+               f"-c statement_timeout={STATEMENT_TIMEOUT_MS}")
+    engine = create_engine(url, pool_size=8, max_overflow=8, use_native_hstore=False,
+                           connect_args={"options": f"{given} {options}" if given else options})
+    engine.dialect.__class__ = answering_first_connect(type(engine.dialect))
     return engine
 
 
