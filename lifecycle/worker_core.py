@@ -215,6 +215,11 @@ class WorkerCore:
     on threads of their own, and a :class:`Wait` ends when the heartbeat is due); a call that
     finishes its claims sooner starts no thread."""
 
+    _driver: int | None = None
+    """The thread that drives :meth:`working`: a handler it runs itself (the simulations'
+    inline worker, an asyncio handler on the loop's thread) saves its progress on that
+    thread's own connection, outside any transaction of the core's."""
+
     def __init__(self, engine: Engine, *, concurrency: int = 1, lease: float = DEFAULT_LEASE,
                  poll: float = 0.5, name: str | None = None, seed: int | None = None,
                  batch: int | None = None, heartbeat: float | None = None,
@@ -375,6 +380,7 @@ class WorkerCore:
         completion makes due), then winding down: the claims never started given back, the
         running handlers finished (or, on a fast stop, abandoned and given back), the
         heartbeat stopped. Returns the stats, cumulative."""
+        self._driver = threading.get_ident()
         while not self._stop.is_set():
             busy = yield from self._guarded(self._cycle)
             starting, self._starting = self._starting, []
@@ -1140,7 +1146,9 @@ class WorkerCore:
 
     def save_progress(self, call: EffectCall) -> None:
         store = self.store
-        with store.write(held=False) as tx:  # from a handler's thread: no connection kept
+        # from a handler's own thread: no connection kept; from the driver's (a handler it
+        # runs itself, between two of the core's transactions): the connection it holds
+        with store.write(held=threading.get_ident() == self._driver) as tx:
             saved = tx.changes(store.sql.save_progress, {
                 "id_": call.id, "claimed_by_": self.name, "attempts_": call.attempt,
                 "progress": store.json_param(dict(call.progress))})

@@ -126,6 +126,18 @@ def test_eventless_step(engine: Engine) -> None:
     assert entries[-1].trigger is None and entries[-1].guards == {"recycle": True}
 
 
+def test_an_unconditional_eventless_step_journals_no_trigger(store: Store) -> None:
+    """A step whose edge has no condition at all (decided before the row is read, on SQLite
+    in one pass): shown as ``(step)``, journaled with no trigger, as a guarded step is."""
+    engine = Engine(store, [{"name": "hop", "initial": "a", "states": ["a", "b"], "final": ["b"],
+                             "eventless": [{"source": "a", "dest": "b"}]}])
+    engine.create("hop", "h")
+    stepped = engine.step("hop:h", actor="me")
+    assert stepped and (stepped.trigger, stepped.source, stepped.dest) == ("(step)", "a", "b")
+    assert [(e.kind, e.trigger, e.actor) for e in engine.history("hop:h")] == [
+        ("create", None, None), ("transition", None, "me")]
+
+
 def test_history_records_every_transition(engine: Engine, clock: SimulatedClock) -> None:
     engine.create("slot", "s", {"memory": 1}, actor="admin")
     clock.advance(1)

@@ -46,8 +46,8 @@ class Transitions(RetryLoop):
         row is read (``CompiledMachine.plan``) that writes the move and its journal row alone
         is written here; any other is :meth:`decide_and_write`'s, on the row read. None, with
         nothing written, when the fire needs the loop (a probe, a machine to load, a row that
-        moved, a key not found once): :meth:`firing` then makes it from the start. The
-        arguments are checked; ``trigger`` is not the eventless one."""
+        moved, a key not found once): :meth:`firing` (:meth:`stepping`) then makes it from
+        the start. The arguments are checked; a step's plan is left to the decision."""
         store = self.store
         quick = store.sql.quick
         if quick is None:
@@ -72,7 +72,7 @@ class Transitions(RetryLoop):
             plan: Any = compiled.plans.get((state, trigger), False)  # False: not asked yet
             if plan is False:
                 plan = compiled.plan(state, trigger)
-            if plan is not None and plan.plain and not payload:
+            if plan is not None and plan.plain and not payload and trigger != EVENTLESS:
                 rid, version, seq = fetched[0], fetched[4], fetched[5]
                 dest, spec_version = plan.dest, compiled.spec.version
                 at = store.time_param(self.clock.now())
