@@ -1,7 +1,7 @@
 """Shared fixtures: a fresh database per test on SQLite (a file) and on PostgreSQL (a database
-of its own, dropped afterwards), at the code's revision or empty (tests/databases.py); and
-each test's marker, ``unit``, ``integration`` or ``system`` (see ARCHITECTURE.md, "The test
-suite")."""
+of its own, emptied or dropped afterwards), at the code's revision or empty
+(tests/databases.py); and each test's marker, ``unit``, ``integration`` or ``system`` (see
+ARCHITECTURE.md, "The test suite")."""
 
 from __future__ import annotations
 
