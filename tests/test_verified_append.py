@@ -70,3 +70,26 @@ def test_the_search_finds_an_event_across_read_chunks(tmp_path: Path) -> None:
     filler = b"x" * ((1 << 20) - 10)                   # the event straddles the first MiB
     log.write_bytes(filler + RECORD + OTHER * 1000)
     assert verified_append(call, log, RECORD) is False  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("torn_at", [1, len(RECORD) // 2, len(RECORD) - 1])
+def test_a_record_torn_by_a_crash_is_replaced_whole(tmp_path: Path, torn_at: int) -> None:
+    """An attempt that died in the middle of its write left part of the record at the end
+    of the log: the retry writes the record over it, so a reader finds the record once and
+    no fragment before it."""
+    log = tmp_path / "job.log"
+    call = _written_then_crashed(log)
+    log.write_bytes(OTHER + RECORD[:torn_at])  # what the disk kept of the attempt
+    assert verified_append(call, log, RECORD) is True  # type: ignore[arg-type]
+    assert log.read_bytes() == OTHER + RECORD
+
+
+def test_a_torn_record_that_others_wrote_after_is_left_and_written_again(
+        tmp_path: Path) -> None:
+    """Once another writer appended after the torn bytes, they are not ours to cut: the
+    record is appended whole after what the others wrote."""
+    log = tmp_path / "job.log"
+    call = _written_then_crashed(log)
+    log.write_bytes(OTHER + RECORD[:10] + OTHER)
+    assert verified_append(call, log, RECORD) is True  # type: ignore[arg-type]
+    assert log.read_bytes() == OTHER + RECORD[:10] + OTHER + RECORD
