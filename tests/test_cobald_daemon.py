@@ -161,7 +161,12 @@ def test_cobalds_daemon_runs_lifecycles_drones_through_tardis_adapters(
                 "demand": 0} and (e.actor or "").startswith("cobald:")]
             assert " < supply " in (release.actor or "")
             after = [e.dest for e in history if e.seq > release.seq and e.kind != "update"]
-            assert after[:3] == ["drain", "draining", "disintegrate"] and after[-1] == "down"
+            # drained, then disintegrated: on a busy machine a status the site made before
+            # the drain took (still Available) drains it again, as TARDIS does
+            assert "disintegrate" in after and after[-1] == "down", after
+            drained = after[:after.index("disintegrate")]
+            assert drained[:2] == ["drain", "draining"], after
+            assert set(drained) == {"drain", "draining"}, after
         # SIGTERM: COBalD's services stop, the worker gives its claims back
         said = read.stop()
         assert "SIGTERM: stopping COBalD's services" in said
