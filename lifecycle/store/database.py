@@ -104,11 +104,23 @@ def create_sa_engine(url: str) -> SAEngine:
     # datetime.UTC, which lifecycle keeps as they are instead of converting each one
     # (an options of the URL's own comes after, and wins).
     register_json_text()
+    return postgresql_engine(parsed, "-c TimeZone=UTC")
+
+
+def postgresql_engine(url: str | URL, options: str, *, last: bool = False,
+                      **pool: Any) -> SAEngine:
+    """An engine on PostgreSQL whose sessions start with ``options`` (``-c NAME=VALUE ...``,
+    given when connecting: no round trip) beside the URL's own ``options``: before them,
+    so that the URL's win, or (``last``) after them, so that these win. Its dialect answers
+    the first connection in one round trip (:func:`answering_first_connect`); ``pool``:
+    ``create_engine``'s pool arguments."""
     use_postgresql()
-    given = parsed.query.get("options")
+    given = make_url(url).query.get("options")
     given = " ".join(given) if isinstance(given, tuple) else given
-    engine = create_engine(url, use_native_hstore=False, connect_args={
-        "options": f"-c TimeZone=UTC {given}" if given else "-c TimeZone=UTC"})
+    if given:
+        options = f"{given} {options}" if last else f"{options} {given}"
+    engine = create_engine(url, use_native_hstore=False, connect_args={"options": options},
+                           **pool)
     engine.dialect.__class__ = answering_first_connect(type(engine.dialect))
     return engine
 

@@ -14,7 +14,6 @@ from pathlib import Path
 
 from sqlalchemy import Connection, create_engine, event
 from sqlalchemy.engine import Engine as SAEngine
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError, ProgrammingError
 from sqlalchemy.pool import QueuePool
 
@@ -22,8 +21,7 @@ from ..errors import DatabaseError
 from ..revisions import core_revision
 from ..urls import display_url, resolve_url
 from . import migrate
-from .database import SQLITE_BUSY_TIMEOUT_MS, answering_first_connect, parse_url, sqlite_file
-from .schema import use_postgresql
+from .database import SQLITE_BUSY_TIMEOUT_MS, parse_url, postgresql_engine, sqlite_file
 
 STATEMENT_TIMEOUT_MS = 10_000
 """PostgreSQL: the longest a dashboard statement may run (a page is never worth more)."""
@@ -131,17 +129,11 @@ def _sqlite_engine(path: Path) -> SAEngine:
 
 
 def _postgresql_engine(url: str) -> SAEngine:
-    use_postgresql()
     # read-only transactions and the statement timeout are the session's from its start,
-    # asked for when connecting (no round trip), after any options of the URL's own
-    given = make_url(url).query.get("options")
-    given = " ".join(given) if isinstance(given, tuple) else given
-    options = ("-c default_transaction_read_only=on "
-               f"-c statement_timeout={STATEMENT_TIMEOUT_MS}")
-    engine = create_engine(url, pool_size=8, max_overflow=8, use_native_hstore=False,
-                           connect_args={"options": f"{given} {options}" if given else options})
-    engine.dialect.__class__ = answering_first_connect(type(engine.dialect))
-    return engine
+    # after any options of the URL's own (which cannot lift them)
+    return postgresql_engine(url, "-c default_transaction_read_only=on "
+                                  f"-c statement_timeout={STATEMENT_TIMEOUT_MS}",
+                             last=True, pool_size=8, max_overflow=8)
 
 
 __all__ = ["STATEMENT_TIMEOUT_MS", "Connection", "ReadOnlyDatabase", "Unavailable"]
